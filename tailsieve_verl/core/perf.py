@@ -1,0 +1,241 @@
+"""Concurrency–throughput models: seconds per decode step as a function of a replica's active
+requests and their mean context (KV tokens per request).
+
+Every model is vectorised: ``step_time(active, context)`` takes scalars or equal-shape numpy arrays.
+Prefill is ignored (decode dominates long-tail rollouts); a step with 0 active requests costs 0.
+
+Specs accepted by :func:`parse_perf_model` (the CLI's ``--perf-model``):
+
+* ``linear:a=A,c=C`` — each step takes ``A + C·active`` seconds, whatever the context. A replica
+  that admits everything at t=0 then finishes in exactly ``A·max_len + C·Σ len``.
+* ``table:NAME_OR_PATH[:MODEL]`` — a measured calibration table (bundled names: ``h200-dense``,
+  ``h200-moe``; or a JSON file as written by ``tailsieve calibrate``). See :class:`TablePerf`.
+* ``fitted:NAME_OR_PATH[:MODEL]`` — a smooth ``a + b·active + k·active·context`` least-squares fit
+  to the same measurements (useful when a user measured only a few points).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+
+from .errors import TailSieveError
+
+BUNDLED_TABLES = {
+    "h200-dense": ("h200_dense_decode_curve.json", "qwen3-1.7b"),
+    "h200-moe": ("h200_moe_decode_curve.json", "qwen3-30b-a3b"),
+}
+KNOWN_SPECS = "linear:a=A,c=C | table:{h200-dense,h200-moe,PATH.json}[:MODEL] | fitted:{...}[:MODEL]"
+DEFAULT_PERF_MODEL = "table:h200-dense"
+
+
+class PerfModelError(TailSieveError):
+    """An unknown or malformed performance-model spec or calibration file."""
+
+
+class PerfModel:
+    """Base class: seconds per decode step for ``active`` requests at mean ``context`` tokens."""
+
+    name = "perf"
+
+    def step_time(self, active, context=0.0):
+        raise NotImplementedError
+
+    def per_request_tok_s(self, active: int, context: float = 1024.0) -> float:
+        """Decode speed one request sees at this concurrency (tokens per second)."""
+        return 1.0 / float(self.step_time(np.asarray([active]), np.asarray([float(context)]))[0])
+
+
+@dataclass
+class LinearPerf(PerfModel):
+    """``a + c·active`` seconds per step; the closed-form model used by tests and quick studies."""
+
+    a: float
+    c: float
+
+    def __post_init__(self) -> None:
+        if self.a < 0 or self.c < 0 or self.a + self.c <= 0:
+            raise PerfModelError(f"linear model needs a >= 0, c >= 0 and a + c > 0, got a={self.a}, c={self.c}")
+        self.name = f"linear:a={self.a:g},c={self.c:g}"
+
+    def step_time(self, active, context=0.0):
+        active = np.asarray(active, dtype=float)
+        return np.where(active > 0, self.a + self.c * active, 0.0)
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Measured decode steps of one model shape: arrays of batch, context and step seconds."""
+
+    model: str
+    batch: np.ndarray
+    context: np.ndarray
+    step_s: np.ndarray
+    source: str
+
+    @classmethod
+    def load(cls, name_or_path: str, model: str | None = None) -> "Calibration":
+        if name_or_path in BUNDLED_TABLES:
+            filename, default_model = BUNDLED_TABLES[name_or_path]
+            text = resources.files("tailsieve_verl.data").joinpath(filename).read_text()
+            model = model or default_model
+        elif os.path.exists(name_or_path):
+            text = Path(name_or_path).read_text()
+        else:
+            raise PerfModelError(
+                f"unknown calibration {name_or_path!r}: not a bundled table ({', '.join(BUNDLED_TABLES)}) "
+                "and no such file; measure one with `tailsieve calibrate` or pick a bundled table")
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise PerfModelError(f"{name_or_path}: calibration is not valid JSON ({e.msg})") from None
+        rows = data.get("rows") if isinstance(data, dict) else data
+        if not isinstance(rows, list) or not rows:
+            raise PerfModelError(f"{name_or_path}: calibration needs a non-empty 'rows' list of "
+                                 "{model, batch, context, step_ms}")
+        for i, r in enumerate(rows):
+            if not isinstance(r, dict) or not {"batch", "context", "step_ms"} <= set(r):
+                raise PerfModelError(f"{name_or_path}: row {i} lacks batch/context/step_ms: {r!r}")
+            if r["batch"] < 1 or r["context"] < 0 or r["step_ms"] <= 0:
+                raise PerfModelError(f"{name_or_path}: row {i} has batch < 1, context < 0 or step_ms <= 0: {r!r}")
+        models = sorted({str(r.get("model", "")) for r in rows})
+        if model is None:
+            if len(models) > 1:
+                raise PerfModelError(f"{name_or_path} holds several models ({', '.join(models)}); "
+                                     f"pick one: table:{name_or_path}:MODEL")
+            model = models[0]
+        rows = [r for r in rows if str(r.get("model", "")) == model]
+        if not rows:
+            raise PerfModelError(f"{name_or_path}: no rows for model {model!r}; known: {', '.join(models)}")
+        return cls(model=model,
+                   batch=np.array([r["batch"] for r in rows], dtype=float),
+                   context=np.array([r["context"] for r in rows], dtype=float),
+                   step_s=np.array([r["step_ms"] for r in rows], dtype=float) / 1000.0,
+                   source=name_or_path)
+
+
+class TablePerf(PerfModel):
+    """Interpolates a measured (batch × context) table.
+
+    A step is modelled as ``u(b) + b·(ctx − c0)·κ(b, ctx)``: ``u`` is the measured curve at the
+    smallest measured context ``c0`` (piecewise linear in batch, extrapolated with the last
+    segment's slope), and ``κ`` the measured extra cost per request per context token, interpolated
+    linearly in log-batch and in context between the measured levels and held constant beyond them.
+    Every measured point is reproduced exactly; large batches at long contexts, which a GPU table
+    often lacks, extrapolate with the per-request KV cost of the nearest measured batch.
+    """
+
+    def __init__(self, cal: Calibration):
+        self.calibration = cal
+        self.name = f"table:{cal.source}:{cal.model}"
+        levels = np.unique(cal.context)
+        self.c0 = float(levels[0])
+        base = cal.context == self.c0
+        order = np.argsort(cal.batch[base])
+        self.u_batch = cal.batch[base][order]
+        self.u_step = cal.step_s[base][order]
+        if len(self.u_batch) < 2:
+            raise PerfModelError(f"{cal.source}: need at least two batch sizes at context {self.c0:g}")
+        self.kappa_levels: list[float] = []
+        self.kappa_curves: list[tuple[np.ndarray, np.ndarray]] = []
+        for level in levels[1:]:
+            sel = cal.context == level
+            b = cal.batch[sel]
+            u = self._u(b)
+            kappa = (cal.step_s[sel] - u) / (b * (level - self.c0))
+            order = np.argsort(b)
+            self.kappa_levels.append(float(level))
+            self.kappa_curves.append((np.log(b[order]), np.maximum(kappa[order], 0.0)))
+
+    def _u(self, b: np.ndarray) -> np.ndarray:
+        x, y = self.u_batch, self.u_step
+        out = np.interp(b, x, y)
+        hi = b > x[-1]
+        if np.any(hi):
+            slope = (y[-1] - y[-2]) / (x[-1] - x[-2])
+            out[hi] = y[-1] + slope * (b[hi] - x[-1])
+        return out
+
+    def _kappa(self, b: np.ndarray, ctx: np.ndarray) -> np.ndarray:
+        if not self.kappa_levels:
+            return np.zeros_like(b)
+        logb = np.log(np.maximum(b, 1.0))
+        per_level = np.stack([np.interp(logb, xb, yk) for xb, yk in self.kappa_curves])
+        if len(self.kappa_levels) == 1:
+            return per_level[0]
+        levels = np.asarray(self.kappa_levels)
+        c = np.clip(ctx, levels[0], levels[-1])
+        j = np.clip(np.searchsorted(levels, c, side="right") - 1, 0, len(levels) - 2)
+        w = (c - levels[j]) / (levels[j + 1] - levels[j])
+        cols = np.arange(len(b))
+        return (1 - w) * per_level[j, cols] + w * per_level[j + 1, cols]
+
+    def step_time(self, active, context=0.0):
+        scalar = np.ndim(active) == 0 and np.ndim(context) == 0
+        b, ctx = np.broadcast_arrays(np.atleast_1d(np.asarray(active, dtype=float)),
+                                     np.atleast_1d(np.asarray(context, dtype=float)))
+        b, ctx = b.astype(float), ctx.astype(float)
+        u = self._u(b)
+        step = u + b * (ctx - self.c0) * self._kappa(b, ctx)
+        step = np.where(b > 0, np.maximum(step, 0.5 * u), 0.0)
+        return float(step[0]) if scalar else step
+
+
+class FittedPerf(PerfModel):
+    """Non-negative least-squares fit ``a + b·active + k·active·context`` to measured points."""
+
+    def __init__(self, batch, context, step_s, source: str = "points"):
+        from scipy.optimize import nnls
+
+        batch, context, step_s = (np.asarray(v, dtype=float) for v in (batch, context, step_s))
+        if len(batch) < 3:
+            raise PerfModelError(f"{source}: a fitted model needs at least 3 measured points, got {len(batch)}")
+        design = np.stack([np.ones_like(batch), batch, batch * context], axis=1)
+        # Relative error matters (small batches are as important as large ones): weight by 1/step.
+        w = 1.0 / step_s
+        (self.a, self.b, self.k), _ = nnls(design * w[:, None], step_s * w)
+        self.name = f"fitted:{source}"
+
+    @classmethod
+    def from_calibration(cls, cal: Calibration) -> "FittedPerf":
+        return cls(cal.batch, cal.context, cal.step_s, source=f"{cal.source}:{cal.model}")
+
+    def step_time(self, active, context=0.0):
+        active = np.asarray(active, dtype=float)
+        return np.where(active > 0, self.a + self.b * active + self.k * active * np.asarray(context, dtype=float), 0.0)
+
+
+def _split_table_spec(body: str) -> tuple[str, str | None]:
+    if body in BUNDLED_TABLES or os.path.exists(body):
+        return body, None
+    head, sep, model = body.rpartition(":")
+    if sep and (head in BUNDLED_TABLES or os.path.exists(head)):
+        return head, model
+    return body, None
+
+
+def parse_perf_model(spec: str | PerfModel) -> PerfModel:
+    """Build a model from a spec string (see module docstring); errors list the known specs."""
+    if isinstance(spec, PerfModel):
+        return spec
+    kind, sep, body = str(spec).partition(":")
+    if kind == "linear" and sep:
+        params = {}
+        for part in body.split(","):
+            key, eq, value = part.partition("=")
+            try:
+                params[key.strip()] = float(value)
+            except ValueError:
+                raise PerfModelError(f"bad linear model {spec!r}; expected linear:a=A,c=C (seconds)") from None
+        if set(params) != {"a", "c"}:
+            raise PerfModelError(f"bad linear model {spec!r}; expected exactly a and c, e.g. linear:a=0.01,c=0.0001")
+        return LinearPerf(params["a"], params["c"])
+    if kind in ("table", "fitted") and body:
+        cal = Calibration.load(*_split_table_spec(body))
+        return TablePerf(cal) if kind == "table" else FittedPerf.from_calibration(cal)
+    raise PerfModelError(f"unknown performance model {spec!r}; known: {KNOWN_SPECS}")
