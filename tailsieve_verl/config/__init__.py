@@ -1,0 +1,1 @@
+"""Hydra configs shipped with tailsieve-verl (``pkg://tailsieve_verl.config``)."""

@@ -1,0 +1,276 @@
+"""TailSieve settings (the top-level ``tailsieve:`` section of a verl config) and their start-up
+validation against the rest of a composed verl 0.9.1 config.
+
+Why one validator: the trainer calls it in ``__init__`` (inside verl's TaskRunner, before any
+worker, replica or router is launched) and ``TAILSIEVE_DRY_RUN=1`` calls it on a composed config
+without Ray, so both report the same single :class:`TailSieveConfigError` line for a bad setting.
+
+Activation (see ``tailsieve_verl/config/tailsieve_trainer.yaml`` for the full list)::
+
+    trainer.v1.trainer_mode=tailsieve +tailsieve.q0=8 +tailsieve.tail_replicas=1
+
+``tailsieve.enable=false`` (or ``mode=uniform``) runs the very same trainer with (q, m) = (0, 0):
+every group goes to the one bulk pool spanning all replicas, nothing is aborted or carried — the
+fair uniform-routing baseline for A/B comparisons.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from tailsieve_verl.core.errors import TailSieveError
+from tailsieve_verl.core.perf import DEFAULT_PERF_MODEL, PerfModel, parse_perf_model
+
+TRAINER_MODE = "tailsieve"
+SIM_ROLLOUT_NAME = "tailsieve_sim"
+# Backends whose verl server implements abort_all_requests()/resume_generation() (verified in the
+# verl 0.9.1 source: vllm_async_server.py, async_sglang_server.py) plus our simulated backend.
+ABORT_CAPABLE_ROLLOUTS = ("vllm", "sglang", SIM_ROLLOUT_NAME)
+MODES = ("adaptive", "fixed", "uniform")
+
+
+class TailSieveConfigError(TailSieveError):
+    """A TailSieve setting is invalid or inconsistent with the verl config it runs in."""
+
+
+@dataclass(frozen=True)
+class PoolEngineConfig:
+    """vLLM settings applied to the replicas of one pool (route specialisation).
+
+    ``None`` keeps what ``actor_rollout_ref.rollout`` / ``actor_rollout_ref.model.mtp`` say.
+    """
+
+    max_num_seqs: int | None = None
+    mtp_enable: bool | None = None
+    num_speculative_tokens: int | None = None
+    engine_kwargs: Mapping[str, Any] = field(default_factory=dict)
+
+    def is_default(self) -> bool:
+        return self == PoolEngineConfig()
+
+
+@dataclass(frozen=True)
+class SimBackendConfig:
+    """The simulated rollout backend (``actor_rollout_ref.rollout.name=tailsieve_sim``).
+
+    Decode steps take ``perf_model.step_time(active, context) * time_scale`` wall seconds, so a
+    CPU dry run of an hour-long H200 rollout takes ``time_scale`` hours. Response lengths come from
+    a deterministic per-prompt log-normal model (see ``integration.sim_backend.LengthModel``).
+    """
+
+    perf_model: str | None = None  # None: reuse tailsieve.perf_model
+    time_scale: float = 1.0
+    mean_response_len: float = 512.0
+    prompt_sigma: float = 1.0  # spread of per-prompt mean lengths (log space): the prompt effect
+    sample_sigma: float = 0.5  # spread of samples around their prompt's mean: the sampling effect
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class TailSieveConfig:
+    """Every TailSieve setting, with defaults that make ``trainer.v1.trainer_mode=tailsieve`` alone
+    a working adaptive configuration."""
+
+    enable: bool = True
+    mode: str = "adaptive"  # adaptive: controller moves (q, m); fixed: (q0, tail_replicas) kept
+    q0: int = 0  # tail groups at the first step (adaptive mode starts here)
+    tail_replicas: int = 1  # m0: replicas in the tail pool
+    perf_model: str = DEFAULT_PERF_MODEL  # concurrency-throughput model used by the controller
+    controller: Mapping[str, Any] = field(default_factory=dict)  # kwargs for core.controller
+    tail: PoolEngineConfig = field(default_factory=PoolEngineConfig)
+    bulk: PoolEngineConfig = field(default_factory=PoolEngineConfig)
+    sim: SimBackendConfig = field(default_factory=SimBackendConfig)
+    drain_timeout_s: float = 600.0  # abort → all aborted groups settled; longer is an error
+    poll_interval_s: float = 0.05  # TransferQueue status polling while waiting for groups
+    log_bias: bool = True  # length-bias monitor metrics
+
+    @property
+    def active(self) -> bool:
+        """False means the uniform boundary: (q, m) = (0, 0) on the same code path."""
+        return self.enable and self.mode != "uniform"
+
+    @property
+    def initial_q(self) -> int:
+        return self.q0 if self.active else 0
+
+    @property
+    def initial_m(self) -> int:
+        return self.tail_replicas if self.active else 0
+
+    def perf(self) -> PerfModel:
+        return parse_perf_model(self.perf_model)
+
+    def sim_perf(self) -> PerfModel:
+        return parse_perf_model(self.sim.perf_model or self.perf_model)
+
+
+def _section_to_dict(section: Any, where: str) -> dict[str, Any]:
+    from omegaconf import DictConfig, OmegaConf
+
+    if section is None:
+        return {}
+    if isinstance(section, DictConfig):
+        section = OmegaConf.to_container(section, resolve=True)
+    if not isinstance(section, Mapping):
+        raise TailSieveConfigError(f"{where} must be a mapping, got {type(section).__name__}: {section!r}")
+    return dict(section)
+
+
+def _build(cls: type, values: Mapping[str, Any], where: str, nested: Mapping[str, type] | None = None):
+    nested = nested or {}
+    known = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - set(known))
+    if unknown:
+        raise TailSieveConfigError(
+            f"unknown setting(s) {', '.join(f'{where}.{k}' for k in unknown)}; "
+            f"known: {', '.join(sorted(known))}"
+        )
+    kwargs: dict[str, Any] = {}
+    for name, value in values.items():
+        if name in nested:
+            kwargs[name] = _build(nested[name], _section_to_dict(value, f"{where}.{name}"), f"{where}.{name}")
+        elif name in ("controller", "engine_kwargs"):
+            kwargs[name] = _section_to_dict(value, f"{where}.{name}")
+        else:
+            kwargs[name] = value
+    return cls(**kwargs)
+
+
+def parse_tailsieve_section(section: Any) -> TailSieveConfig:
+    """Build a :class:`TailSieveConfig` from the ``tailsieve:`` section (mapping or DictConfig);
+    types and ranges are checked, cross-checks with verl's settings are in :func:`validate_verl_config`."""
+    values = _section_to_dict(section, "tailsieve")
+    cfg = _build(TailSieveConfig, values, "tailsieve", {"tail": PoolEngineConfig, "bulk": PoolEngineConfig, "sim": SimBackendConfig})
+    _check_types(cfg)
+    return cfg
+
+
+def _check_int(value: Any, where: str, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise TailSieveConfigError(f"{where} must be an integer >= {minimum}, got {value!r}")
+
+
+def _check_positive(value: Any, where: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise TailSieveConfigError(f"{where} must be a number > 0, got {value!r}")
+
+
+def _check_types(cfg: TailSieveConfig) -> None:
+    if not isinstance(cfg.enable, bool):
+        raise TailSieveConfigError(f"tailsieve.enable must be true or false, got {cfg.enable!r}")
+    if cfg.mode not in MODES:
+        raise TailSieveConfigError(f"tailsieve.mode must be one of {', '.join(MODES)}, got {cfg.mode!r}")
+    _check_int(cfg.q0, "tailsieve.q0", 0)
+    _check_int(cfg.tail_replicas, "tailsieve.tail_replicas", 0)
+    _check_positive(cfg.drain_timeout_s, "tailsieve.drain_timeout_s")
+    _check_positive(cfg.poll_interval_s, "tailsieve.poll_interval_s")
+    for pool in ("tail", "bulk"):
+        pool_cfg: PoolEngineConfig = getattr(cfg, pool)
+        if pool_cfg.max_num_seqs is not None:
+            _check_int(pool_cfg.max_num_seqs, f"tailsieve.{pool}.max_num_seqs", 1)
+        if pool_cfg.num_speculative_tokens is not None:
+            _check_int(pool_cfg.num_speculative_tokens, f"tailsieve.{pool}.num_speculative_tokens", 1)
+        if pool_cfg.mtp_enable is not None and not isinstance(pool_cfg.mtp_enable, bool):
+            raise TailSieveConfigError(f"tailsieve.{pool}.mtp_enable must be true, false or null")
+    _check_positive(cfg.sim.time_scale, "tailsieve.sim.time_scale")
+    _check_positive(cfg.sim.mean_response_len, "tailsieve.sim.mean_response_len")
+    for name in ("prompt_sigma", "sample_sigma"):
+        value = getattr(cfg.sim, name)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+            raise TailSieveConfigError(f"tailsieve.sim.{name} must be a number >= 0, got {value!r}")
+    parse_perf_model(cfg.perf_model)  # PerfModelError (a TailSieveError) names the known specs
+    if cfg.sim.perf_model is not None:
+        parse_perf_model(cfg.sim.perf_model)
+
+
+def _select(config: Any, path: str, default: Any = None) -> Any:
+    from omegaconf import OmegaConf
+
+    value = OmegaConf.select(config, path, default=default)
+    return default if value is None else value
+
+
+def rollout_replica_count(config: Any) -> int:
+    """Replicas verl's LLMServerManager will launch in the hybrid (sync) layout:
+    ``n_gpus_per_node · nnodes // (tp · dp · pp)``, as in ``LLMServerManager._initialize_llm_servers``."""
+    world = int(_select(config, "trainer.n_gpus_per_node", 1)) * int(_select(config, "trainer.nnodes", 1))
+    per_replica = 1
+    for key in ("tensor_model_parallel_size", "data_parallel_size", "pipeline_model_parallel_size"):
+        per_replica *= int(_select(config, f"actor_rollout_ref.rollout.{key}", 1))
+    return world // per_replica
+
+
+def validate_verl_config(config: Any) -> TailSieveConfig:
+    """Check a composed verl config (DictConfig) for TailSieve and return its settings.
+
+    Raises :class:`TailSieveConfigError` with one message saying what is wrong and how to fix it.
+    Starts nothing (no Ray, no workers) so it is safe for dry runs and for the trainer's __init__.
+    """
+    mode = _select(config, "trainer.v1.trainer_mode")
+    section = _select(config, "tailsieve")
+    if not bool(_select(config, "trainer.use_v1", True)):
+        raise TailSieveConfigError(
+            "TailSieve runs on verl's V1 trainer only; the legacy RayPPOTrainer (trainer.use_v1=false) "
+            "is unsupported: set trainer.use_v1=true"
+        )
+    if mode != TRAINER_MODE:
+        raise TailSieveConfigError(
+            f"trainer.v1.trainer_mode is {mode!r}, but the tailsieve settings only take effect in the "
+            f"TailSieve trainer: set trainer.v1.trainer_mode={TRAINER_MODE}"
+        )
+    cfg = parse_tailsieve_section(section)
+
+    batch = int(_select(config, "data.train_batch_size", 0))
+    if batch < 1:
+        raise TailSieveConfigError(f"data.train_batch_size must be >= 1, got {batch}")
+    replicas = rollout_replica_count(config)
+    rollout_name = _select(config, "actor_rollout_ref.rollout.name")
+    if rollout_name not in ABORT_CAPABLE_ROLLOUTS:
+        raise TailSieveConfigError(
+            f"actor_rollout_ref.rollout.name={rollout_name!r} cannot abort in-flight requests, which TailSieve "
+            f"needs to cut the bulk pool at B - q finished groups; use one of {', '.join(ABORT_CAPABLE_ROLLOUTS)}"
+        )
+    if bool(_select(config, "actor_rollout_ref.rollout.disaggregation.enabled", False)):
+        raise TailSieveConfigError(
+            "actor_rollout_ref.rollout.disaggregation.enabled=true is unsupported by TailSieve "
+            "(pools are whole replicas); disable prefill/decode disaggregation"
+        )
+    if bool(_select(config, "algorithm.filter_groups.enable", False)):
+        raise TailSieveConfigError(
+            "algorithm.filter_groups (DAPO dynamic sampling) is unsupported with TailSieve: both decide which "
+            "groups a step consumes; disable one of them"
+        )
+    if int(_select(config, "trainer.v1.tailsieve.parameter_sync_step", 1)) != 1:
+        raise TailSieveConfigError("trainer.v1.tailsieve.parameter_sync_step must be 1: TailSieve is synchronous")
+    if cfg.active:
+        if cfg.q0 >= batch:
+            raise TailSieveConfigError(
+                f"tailsieve.q0={cfg.q0} must be < data.train_batch_size={batch}: the bulk pool must finish "
+                f"at least one fresh group per step"
+            )
+        if replicas < 2:
+            raise TailSieveConfigError(
+                f"TailSieve needs at least 2 rollout replicas (one tail, one bulk), but this config launches "
+                f"{replicas} (trainer.n_gpus_per_node x trainer.nnodes / rollout tp x dp x pp); add GPUs, lower "
+                f"the rollout parallel sizes, or set tailsieve.enable=false"
+            )
+        if not 1 <= cfg.tail_replicas < replicas:
+            raise TailSieveConfigError(
+                f"tailsieve.tail_replicas={cfg.tail_replicas} must be in [1, {replicas - 1}]: the tail and bulk "
+                f"pools each need at least one of the {replicas} rollout replicas"
+            )
+    for pool in ("tail", "bulk"):
+        pool_cfg: PoolEngineConfig = getattr(cfg, pool)
+        if pool_cfg.num_speculative_tokens is not None and pool_cfg.mtp_enable is False:
+            raise TailSieveConfigError(
+                f"tailsieve.{pool}.num_speculative_tokens is set but tailsieve.{pool}.mtp_enable=false"
+            )
+        wants_mtp = pool_cfg.mtp_enable or (pool_cfg.num_speculative_tokens is not None and pool_cfg.mtp_enable is None)
+        if wants_mtp and not bool(_select(config, "actor_rollout_ref.model.mtp.enable", False)):
+            raise TailSieveConfigError(
+                f"tailsieve.{pool} asks for MTP speculative decoding, but the model's MTP head is not loaded: set "
+                f"actor_rollout_ref.model.mtp.enable=true (the rollout-side switch stays per pool)"
+            )
+    return cfg
