@@ -1,0 +1,201 @@
+"""Prompt templates and rule-based rewards for the two TailSieve recipe workloads.
+
+The templates and the reward parsers live together because they are one contract: the data
+preparation script (``scripts/prepare_data.py``) writes prompts with :func:`math_prompt` /
+:func:`code_prompt`, and verl scores the responses with :func:`compute_score`, wired in by the
+recipes through ``reward.custom_reward_function.path=<this file> ...name=compute_score``.
+
+* ``tailsieve_math``: the final answer goes in ``\\boxed{...}`` followed at once by the ``<END>``
+  terminator (the recipes' stop string). Reward 1 if the boxed answer equals the ground truth
+  (verl's MATH normalisation, then an exact rational comparison), else 0; a response with no
+  ``\\boxed{}<END>`` ending scores 0.
+* ``tailsieve_code``: bounded reasoning (reasoning, correctness, edge cases, complexity), then
+  exactly one complete Python function in one fenced block. Reward = 1 if the function passes
+  every test (``assert`` lines), else 0; a response with zero or several code blocks or functions
+  scores 0. The tests run in a separate, isolated Python process with CPU, memory and wall-clock
+  limits — a guard against runaway code, not a security sandbox (use verl's sandbox_fusion
+  reward for untrusted settings).
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from fractions import Fraction
+from typing import Any
+
+MATH_DATA_SOURCE = "tailsieve_math"
+CODE_DATA_SOURCE = "tailsieve_code"
+END_TOKEN = "<END>"
+
+MATH_TEMPLATE = (
+    "{question}\n\n"
+    "Solve the problem step by step. End your response with the final answer in the form "
+    "\\boxed{{ANSWER}} followed immediately by {end}, and write nothing after {end}."
+)
+
+CODE_TEMPLATE = (
+    "{question}\n\n"
+    "Answer in this order, keeping each part brief:\n"
+    "1. Reasoning: how you will solve the problem.\n"
+    "2. Correctness: why the approach is correct.\n"
+    "3. Edge cases: the edge cases and how they are handled.\n"
+    "4. Complexity: time and space complexity.\n"
+    "Then give exactly one complete Python function named `{entry_point}` in a single "
+    "```python code block, with any imports inside the block. Do not write any other code block."
+)
+
+# Tests for generated code: wall-clock seconds, CPU seconds and address space (bytes) per response.
+CODE_TIMEOUT_S = 10.0
+CODE_CPU_LIMIT_S = 8
+CODE_MEMORY_LIMIT_BYTES = 1 << 30
+
+_BOXED_END = re.compile(r"\\boxed\s*\{")
+_CODE_BLOCK = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)```", re.DOTALL)
+
+
+def math_prompt(question: str) -> str:
+    return MATH_TEMPLATE.format(question=question.strip(), end=END_TOKEN)
+
+
+def code_prompt(question: str, entry_point: str) -> str:
+    return CODE_TEMPLATE.format(question=question.strip(), entry_point=entry_point)
+
+
+# ---------------------------------------------------------------------------------------------
+# math
+
+
+def extract_boxed_answer(response: str) -> str | None:
+    """The content of the last ``\\boxed{...}`` if it is followed at once by ``<END>`` (or by the
+    end of the text, for engines that strip the stop string), else None."""
+    text = response.rstrip()
+    if text.endswith(END_TOKEN):
+        text = text[: -len(END_TOKEN)].rstrip()
+    starts = [m.end() for m in _BOXED_END.finditer(text)]
+    if not starts:
+        return None
+    start = starts[-1]
+    depth = 1
+    for i in range(start, len(text)):
+        if text[i] == "{":
+            depth += 1
+        elif text[i] == "}":
+            depth -= 1
+            if depth == 0:
+                return text[start:i].strip() if not text[i + 1 :].strip() else None
+    return None
+
+
+def _as_number(text: str) -> Fraction | None:
+    cleaned = text.replace(",", "").replace("$", "").replace("\\!", "").strip().rstrip(".")
+    frac = re.fullmatch(r"(-?)\\d?frac\{(-?\d+)\}\{(-?\d+)\}", cleaned)
+    try:
+        if frac:
+            value = Fraction(int(frac.group(2)), int(frac.group(3)))
+            return -value if frac.group(1) else value
+        return Fraction(cleaned)
+    except (ValueError, ZeroDivisionError):
+        return None
+
+
+def math_answers_equal(answer: str, ground_truth: str) -> bool:
+    from verl.utils.reward_score.math_reward import is_equiv
+
+    if is_equiv(answer, ground_truth):
+        return True
+    a, b = _as_number(answer), _as_number(ground_truth)
+    return a is not None and b is not None and a == b
+
+
+def math_score(solution_str: str, ground_truth: str) -> float:
+    answer = extract_boxed_answer(solution_str)
+    return 1.0 if answer is not None and math_answers_equal(answer, str(ground_truth)) else 0.0
+
+
+# ---------------------------------------------------------------------------------------------
+# code
+
+
+def extract_single_function(response: str) -> str | None:
+    """The code of the response's only fenced block if that block parses and defines exactly one
+    top-level function (imports allowed), else None."""
+    blocks = _CODE_BLOCK.findall(response)
+    if len(blocks) != 1:
+        return None
+    code = blocks[0]
+    try:
+        tree = ast.parse(code)
+    except SyntaxError:
+        return None
+    functions = [node for node in tree.body if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    others = [node for node in tree.body
+              if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Import, ast.ImportFrom))
+              and not (isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant))]
+    if len(functions) != 1 or others:
+        return None
+    return code
+
+
+def parse_code_ground_truth(ground_truth: str | dict) -> tuple[str, list[str]]:
+    """``{"entry_point": name, "tests": ["assert ...", ...]}`` (a dict or its JSON string)."""
+    spec = json.loads(ground_truth) if isinstance(ground_truth, str) else dict(ground_truth)
+    entry_point, tests = spec.get("entry_point"), spec.get("tests")
+    if not isinstance(entry_point, str) or not isinstance(tests, list) or not tests:
+        raise ValueError("code ground truth needs 'entry_point' (str) and a non-empty 'tests' list")
+    return entry_point, [str(t) for t in tests]
+
+
+def _limit_child_resources() -> None:  # runs in the child between fork and exec
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_CPU, (CODE_CPU_LIMIT_S, CODE_CPU_LIMIT_S))
+    resource.setrlimit(resource.RLIMIT_AS, (CODE_MEMORY_LIMIT_BYTES, CODE_MEMORY_LIMIT_BYTES))
+    os.setsid()
+
+
+def run_function_tests(code: str, entry_point: str, tests: list[str], timeout_s: float = CODE_TIMEOUT_S) -> bool:
+    """True if ``code`` defines ``entry_point`` and every test passes in an isolated interpreter."""
+    program = "\n".join([code, "", f"assert callable({entry_point})", *tests, ""])
+    with tempfile.TemporaryDirectory(prefix="tailsieve_code_") as workdir:
+        path = os.path.join(workdir, "candidate.py")
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(program)
+        try:
+            result = subprocess.run(
+                [sys.executable, "-I", "-S", path], cwd=workdir, stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=timeout_s,
+                preexec_fn=_limit_child_resources if os.name == "posix" else None,
+                env={"PATH": os.environ.get("PATH", ""), "PYTHONHASHSEED": "0"},
+            )
+        except subprocess.TimeoutExpired:
+            return False
+    return result.returncode == 0
+
+
+def code_score(solution_str: str, ground_truth: str | dict) -> float:
+    entry_point, tests = parse_code_ground_truth(ground_truth)
+    code = extract_single_function(solution_str)
+    if code is None:
+        return 0.0
+    return 1.0 if run_function_tests(code, entry_point, tests) else 0.0
+
+
+# ---------------------------------------------------------------------------------------------
+# verl entry point
+
+
+def compute_score(data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None = None,
+                  **kwargs: Any) -> float:
+    """verl ``custom_reward_function`` entry point (NaiveRewardManager calling convention)."""
+    if data_source == MATH_DATA_SOURCE:
+        return math_score(solution_str, ground_truth)
+    if data_source == CODE_DATA_SOURCE:
+        return code_score(solution_str, ground_truth)
+    raise ValueError(f"tailsieve_verl.rewards: unknown data_source {data_source!r}; expected "
+                     f"{MATH_DATA_SOURCE!r} or {CODE_DATA_SOURCE!r} (prepare data with scripts/prepare_data.py)")
