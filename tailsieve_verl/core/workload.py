@@ -1,0 +1,247 @@
+"""Synthetic rollout workloads with persistent prompt difficulty, and the seed's tail transform.
+
+Response length model (log space, before the transform and truncation)::
+
+    log L = log(median) + prompt_i + checkpoint_t + interaction_{i,t} + sampling_{i,t,j}
+
+with variance shares taken from the seed's measurement of response-length variance
+(prompt 64.8 %, sampling 26.1 %, checkpoint 2.2 %, prompt×checkpoint interaction 6.9 %) of a total
+log-variance ``log_sigma²``. The prompt effect is fixed per prompt (what makes a tail prompt a tail
+prompt again next step); the checkpoint and interaction effects drift slowly as AR(1) processes over
+training steps (``drift_corr`` per step); sampling noise is fresh for every response.
+
+The *tail transform* (seed, appendix) then changes only lengths above the median, keeps their order
+and the median, and maps the original P90 to ``r × median`` so that P90/P50 = r (presets: weak
+r = 1.5, strong r = 6; ``real`` keeps the model's own ratio, ≈ 3.6). Finally lengths are rounded and
+truncated at ``max_response_length``, which leaves the point mass a real rollout shows there.
+
+:class:`PromptPool` serves both the offline study (one step's groups) and the multi-step simulator
+(fresh lengths on every regeneration of a prompt, drifting with the checkpoint); it can also draw
+from an observed trace (per prompt, lengths resampled with replacement).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Sequence
+
+import numpy as np
+
+from .errors import TailSieveError
+from .trace import Group, Trace
+
+# Seed measurement: shares of response-length variance.
+SEED_VARIANCE_SHARES = {"prompt": 0.648, "sampling": 0.261, "checkpoint": 0.022, "interaction": 0.069}
+Z90 = 1.2815515655446004  # standard normal 90th percentile
+
+
+class WorkloadError(TailSieveError):
+    """A bad workload preset, parameter or prompt source."""
+
+
+@dataclass(frozen=True)
+class WorkloadSpec:
+    """Parameters of a synthetic workload; ``tail_ratio`` None keeps the model's own P90/P50."""
+
+    name: str
+    median_len: float = 1024.0
+    log_sigma: float = 1.0
+    tail_ratio: float | None = None
+    max_response_length: int = 16384
+    drift_corr: float = 0.9
+    prompt_share: float = SEED_VARIANCE_SHARES["prompt"]
+    sampling_share: float = SEED_VARIANCE_SHARES["sampling"]
+    checkpoint_share: float = SEED_VARIANCE_SHARES["checkpoint"]
+    interaction_share: float = SEED_VARIANCE_SHARES["interaction"]
+    prompt_len: int = 0
+
+    def __post_init__(self) -> None:
+        shares = (self.prompt_share, self.sampling_share, self.checkpoint_share, self.interaction_share)
+        if any(s < 0 for s in shares) or abs(sum(shares) - 1.0) > 1e-6:
+            raise WorkloadError(f"workload {self.name!r}: variance shares must be >= 0 and sum to 1, got {shares}")
+        if self.median_len < 1 or self.log_sigma < 0:
+            raise WorkloadError(f"workload {self.name!r}: need median_len >= 1 and log_sigma >= 0")
+        if self.max_response_length < 1 or self.max_response_length < self.median_len:
+            raise WorkloadError(f"workload {self.name!r}: max_response_length ({self.max_response_length}) must be "
+                                f">= the median length ({self.median_len:g})")
+        if self.tail_ratio is not None and self.tail_ratio <= 1:
+            raise WorkloadError(f"workload {self.name!r}: tail ratio P90/P50 must be > 1, got {self.tail_ratio}")
+        if not 0 <= self.drift_corr <= 1:
+            raise WorkloadError(f"workload {self.name!r}: drift_corr must lie in [0, 1], got {self.drift_corr}")
+
+    @property
+    def model_p90_ratio(self) -> float:
+        """P90/P50 of the untransformed length model (its marginal is log-normal)."""
+        return float(np.exp(Z90 * self.log_sigma))
+
+
+PRESETS: dict[str, WorkloadSpec] = {
+    "weak": WorkloadSpec("weak", tail_ratio=1.5),
+    "real": WorkloadSpec("real"),
+    "strong": WorkloadSpec("strong", tail_ratio=6.0),
+}
+
+
+def get_preset(name: str, **overrides) -> WorkloadSpec:
+    """A preset by name, optionally with fields replaced (e.g. ``max_response_length``)."""
+    if name not in PRESETS:
+        raise WorkloadError(f"unknown workload preset {name!r}; choose one of {', '.join(PRESETS)} "
+                            "or give a trace file")
+    return replace(PRESETS[name], **{k: v for k, v in overrides.items() if v is not None})
+
+
+@dataclass(frozen=True)
+class TailTransform:
+    """Monotone map that stretches (or squeezes) lengths above ``median`` by ``scale``."""
+
+    median: float
+    scale: float
+
+    @classmethod
+    def fit(cls, median: float, p90: float, ratio: float) -> "TailTransform":
+        """The map that sends ``p90`` to ``ratio × median`` and fixes everything up to the median."""
+        if ratio <= 1:
+            raise WorkloadError(f"tail ratio P90/P50 must be > 1, got {ratio}")
+        if not p90 > median:
+            raise WorkloadError(f"cannot reshape the tail: P90 ({p90:g}) is not above the median ({median:g}); "
+                                "the lengths have no upper tail")
+        return cls(float(median), float((ratio - 1.0) * median / (p90 - median)))
+
+    def __call__(self, lengths: np.ndarray) -> np.ndarray:
+        x = np.asarray(lengths, dtype=float)
+        return np.where(x > self.median, self.median + (x - self.median) * self.scale, x)
+
+
+def tail_transform(lengths: Sequence[float], ratio: float, max_response_length: int | None = None) -> np.ndarray:
+    """The seed's transform on an observed set of lengths: empirical median and P90, P90/P50 → ratio."""
+    x = np.asarray(lengths, dtype=float)
+    if x.size == 0:
+        raise WorkloadError("tail transform needs at least one length")
+    transform = TailTransform.fit(float(np.median(x)), float(np.percentile(x, 90)), ratio)
+    out = np.rint(transform(x)).astype(np.int64)
+    return np.minimum(out, max_response_length) if max_response_length is not None else out
+
+
+class PromptPool:
+    """A dataset of prompts with persistent difficulty; each call samples fresh response lengths.
+
+    ``sample_group(prompt_id, n, step, rng)`` draws n lengths for that prompt under the checkpoint of
+    training step ``step``: prompt effect fixed, checkpoint/interaction effects drifting with the
+    step (a deterministic function of the pool's seed, so every caller sees the same checkpoint),
+    sampling noise from ``rng``.
+    """
+
+    def __init__(self, spec: WorkloadSpec | str, n_prompts: int, seed: int = 0):
+        self.spec = get_preset(spec) if isinstance(spec, str) else spec
+        if n_prompts < 1:
+            raise WorkloadError(f"a prompt pool needs at least one prompt, got {n_prompts}")
+        self._rng = np.random.default_rng(seed)
+        self.prompt_ids: tuple[str, ...] = tuple(f"p{i:06d}" for i in range(n_prompts))
+        self._index = {pid: i for i, pid in enumerate(self.prompt_ids)}
+        var = self.spec.log_sigma ** 2
+        self._sd = {name: float(np.sqrt(getattr(self.spec, f"{name}_share") * var))
+                    for name in ("prompt", "sampling", "checkpoint", "interaction")}
+        self.difficulty = self._rng.normal(0.0, self._sd["prompt"], n_prompts)
+        self._checkpoint: list[float] = []
+        self._interaction: list[np.ndarray] = []
+        self._observed: list[np.ndarray] | None = None
+        self._transform = (TailTransform.fit(self.spec.median_len, self.spec.median_len * self.spec.model_p90_ratio,
+                                             self.spec.tail_ratio) if self.spec.tail_ratio is not None else None)
+
+    @classmethod
+    def from_trace(cls, trace: Trace, tail_ratio: float | None = None, max_response_length: int | None = None,
+                   seed: int = 0) -> "PromptPool":
+        """Prompts of an observed trace; lengths resampled with replacement per prompt, no drift.
+
+        With ``tail_ratio`` the seed's transform is fitted on the trace's pooled lengths.
+        """
+        lengths = np.asarray(trace.lengths, dtype=float)
+        cap = int(max_response_length or lengths.max())
+        spec = WorkloadSpec(f"trace:{trace.name}", median_len=max(1.0, float(np.median(lengths))), log_sigma=0.0,
+                            tail_ratio=tail_ratio, max_response_length=max(cap, int(np.ceil(np.median(lengths)))),
+                            prompt_len=0)
+        pool = cls.__new__(cls)
+        pool.spec = spec
+        pool._rng = np.random.default_rng(seed)
+        pool.prompt_ids = tuple(g.prompt_id for g in trace)
+        pool._index = {pid: i for i, pid in enumerate(pool.prompt_ids)}
+        pool._observed = [np.asarray(g.lengths, dtype=np.int64) for g in trace]
+        pool._prompt_lens = [g.prompt_len for g in trace]
+        pool._sd = dict.fromkeys(("prompt", "sampling", "checkpoint", "interaction"), 0.0)
+        pool._checkpoint, pool._interaction = [], []
+        pool.difficulty = np.array([np.log(max(1.0, float(np.mean(x)))) for x in pool._observed])
+        pool._transform = (TailTransform.fit(float(np.median(lengths)), float(np.percentile(lengths, 90)), tail_ratio)
+                           if tail_ratio is not None else None)
+        return pool
+
+    def __len__(self) -> int:
+        return len(self.prompt_ids)
+
+    def _effects_at(self, step: int) -> tuple[float, np.ndarray]:
+        if step < 0:
+            raise WorkloadError(f"training step must be >= 0, got {step}")
+        rho = self.spec.drift_corr
+        innovation = np.sqrt(1.0 - rho * rho)
+        while len(self._checkpoint) <= step:
+            if not self._checkpoint:
+                c = self._rng.normal(0.0, self._sd["checkpoint"])
+                inter = self._rng.normal(0.0, self._sd["interaction"], len(self.prompt_ids))
+            else:
+                c = rho * self._checkpoint[-1] + innovation * self._rng.normal(0.0, self._sd["checkpoint"])
+                inter = rho * self._interaction[-1] + innovation * self._rng.normal(
+                    0.0, self._sd["interaction"], len(self.prompt_ids))
+            self._checkpoint.append(float(c))
+            self._interaction.append(inter)
+        return self._checkpoint[step], self._interaction[step]
+
+    def log_lengths(self, prompt_id: str, n: int, step: int, rng: np.random.Generator) -> np.ndarray:
+        """Untransformed, untruncated log lengths (the variance-share model; for diagnostics)."""
+        if self._observed is not None:
+            raise WorkloadError("a trace-backed pool has no length model; use sample_group")
+        i = self._prompt_index(prompt_id)
+        checkpoint, interaction = self._effects_at(step)
+        mean = np.log(self.spec.median_len) + self.difficulty[i] + checkpoint + interaction[i]
+        return mean + rng.normal(0.0, self._sd["sampling"], n)
+
+    def sample_group(self, prompt_id: str, n: int, step: int, rng: np.random.Generator) -> Group:
+        """n fresh response lengths for ``prompt_id`` under the checkpoint of ``step``."""
+        if n < 1:
+            raise WorkloadError(f"group size must be >= 1, got {n}")
+        i = self._prompt_index(prompt_id)
+        if self._observed is not None:
+            if step < 0:
+                raise WorkloadError(f"training step must be >= 0, got {step}")
+            raw = rng.choice(self._observed[i], size=n, replace=True).astype(float)
+            prompt_len = self._prompt_lens[i]
+        else:
+            raw = np.exp(self.log_lengths(prompt_id, n, step, rng))
+            prompt_len = self.spec.prompt_len
+        if self._transform is not None:
+            raw = self._transform(raw)
+        lengths = np.clip(np.rint(raw), 1, self.spec.max_response_length).astype(np.int64)
+        return Group(prompt_id, tuple(int(v) for v in lengths), int(prompt_len))
+
+    def sample_groups(self, prompt_ids: Sequence[str], n: int, step: int, rng: np.random.Generator) -> list[Group]:
+        return [self.sample_group(pid, n, step, rng) for pid in prompt_ids]
+
+    def sample_batch(self, batch_size: int, n: int, step: int, rng: np.random.Generator) -> list[Group]:
+        """``batch_size`` distinct prompts drawn uniformly, n samples each."""
+        if not 1 <= batch_size <= len(self):
+            raise WorkloadError(f"batch size must be between 1 and the pool size ({len(self)}), got {batch_size}")
+        picks = rng.choice(len(self), size=batch_size, replace=False)
+        return self.sample_groups([self.prompt_ids[i] for i in picks], n, step, rng)
+
+    def _prompt_index(self, prompt_id: str) -> int:
+        try:
+            return self._index[prompt_id]
+        except KeyError:
+            raise WorkloadError(f"unknown prompt {prompt_id!r}; the pool has {len(self)} prompts") from None
+
+
+def generate_trace(workload: WorkloadSpec | str, n_groups: int, group_size: int, seed: int = 0, step: int = 0,
+                   name: str | None = None) -> Trace:
+    """One rollout step's groups from a fresh pool of ``n_groups`` prompts."""
+    pool = PromptPool(workload, n_groups, seed=seed)
+    rng = np.random.default_rng([seed, 1])
+    groups = pool.sample_groups(pool.prompt_ids, group_size, step, rng)
+    return Trace(tuple(groups), name=name or f"{pool.spec.name}:seed{seed}")
