@@ -24,6 +24,7 @@ from tailsieve_verl.core.errors import TailSieveError
 from tailsieve_verl.core.perf import DEFAULT_PERF_MODEL, PerfModel, parse_perf_model
 
 TRAINER_MODE = "tailsieve"
+AGENT_LOOP_MANAGER = "tailsieve_verl.integration.agent_loop.TailSieveAgentLoopManager"
 SIM_ROLLOUT_NAME = "tailsieve_sim"
 # Backends whose verl server implements abort_all_requests()/resume_generation() (verified in the
 # verl 0.9.1 source: vllm_async_server.py, async_sglang_server.py) plus our simulated backend.
@@ -98,6 +99,26 @@ class TailSieveConfig:
     @property
     def initial_m(self) -> int:
         return self.tail_replicas if self.active else 0
+
+    def controller_config(self):
+        """The core controller's config: q0/tail_replicas seed it, ``mode=fixed`` (or per-pool engine
+        settings, which are fixed at engine launch) pins the split, ``tailsieve.controller`` adds the rest."""
+        from tailsieve_verl.core.controller import ControllerConfig
+
+        known = {f.name for f in dataclasses.fields(ControllerConfig)}
+        reserved = {"q_init", "m_init", "fixed_tail_replicas"}
+        bad = sorted(set(self.controller) - (known - reserved))
+        if bad:
+            raise TailSieveConfigError(
+                f"unknown or reserved tailsieve.controller key(s) {', '.join(bad)}; set q0 / tail_replicas / mode "
+                f"instead of {', '.join(sorted(reserved))}; known: {', '.join(sorted(known - reserved))}"
+            )
+        pinned = self.mode == "fixed" or not (self.tail.is_default() and self.bulk.is_default())
+        kwargs = dict(self.controller)
+        if self.mode == "fixed":
+            kwargs["inner_loop"] = False
+        return ControllerConfig(q_init=self.q0, m_init=self.tail_replicas,
+                                fixed_tail_replicas=self.tail_replicas if pinned else None, **kwargs)
 
     def perf(self) -> PerfModel:
         return parse_perf_model(self.perf_model)
@@ -261,6 +282,10 @@ def validate_verl_config(config: Any) -> TailSieveConfig:
                 f"tailsieve.tail_replicas={cfg.tail_replicas} must be in [1, {replicas - 1}]: the tail and bulk "
                 f"pools each need at least one of the {replicas} rollout replicas"
             )
+        try:
+            cfg.controller_config().validate(replicas, batch)
+        except TypeError as exc:
+            raise TailSieveConfigError(f"tailsieve.controller: {exc}") from None
     for pool in ("tail", "bulk"):
         pool_cfg: PoolEngineConfig = getattr(cfg, pool)
         if pool_cfg.num_speculative_tokens is not None and pool_cfg.mtp_enable is False:
@@ -273,4 +298,43 @@ def validate_verl_config(config: Any) -> TailSieveConfig:
                 f"tailsieve.{pool} asks for MTP speculative decoding, but the model's MTP head is not loaded: set "
                 f"actor_rollout_ref.model.mtp.enable=true (the rollout-side switch stays per pool)"
             )
+    return cfg
+
+
+def router_config_path() -> str:
+    """Absolute path of the shipped router yaml (verl resolves it in the trainer process only)."""
+    from importlib.resources import files
+
+    return str(files("tailsieve_verl.config") / "router.yaml")
+
+
+def wire_verl_config(config: Any) -> TailSieveConfig:
+    """Validate, then point verl at TailSieve's router and agent-loop manager and hand the settings
+    to the rollout replicas (``actor_rollout_ref.rollout.custom.tailsieve``). Called by the trainer
+    in ``__init__``, before verl launches any worker; refuses to replace a user's own router or
+    agent-loop manager."""
+    from omegaconf import OmegaConf, open_dict
+
+    cfg = validate_verl_config(config)
+    router_yaml = router_config_path()
+    rollout = config.actor_rollout_ref.rollout
+    router = OmegaConf.select(rollout, "router_config_path")
+    if router not in (None, router_yaml):
+        raise TailSieveConfigError(
+            f"actor_rollout_ref.rollout.router_config_path={router!r}: TailSieve routes groups to pools with its own "
+            f"router; remove this override"
+        )
+    manager = OmegaConf.select(rollout, "agent.agent_loop_manager_class")
+    if manager not in (None, AGENT_LOOP_MANAGER):
+        raise TailSieveConfigError(
+            f"actor_rollout_ref.rollout.agent.agent_loop_manager_class={manager!r}: TailSieve needs its own "
+            f"agent-loop manager ({AGENT_LOOP_MANAGER}); remove this override"
+        )
+    section = _section_to_dict(OmegaConf.select(config, "tailsieve"), "tailsieve")
+    with open_dict(config):
+        rollout.router_config_path = router_yaml
+        rollout.agent.agent_loop_manager_class = AGENT_LOOP_MANAGER
+        if OmegaConf.select(rollout, "custom") is None:
+            rollout.custom = {}
+        rollout.custom.tailsieve = section
     return cfg

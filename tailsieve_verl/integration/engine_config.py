@@ -1,0 +1,90 @@
+"""Per-pool engine configuration (route specialisation).
+
+verl launches every rollout replica from one ``RolloutConfig``. TailSieve gives the tail pool (the
+first ``tailsieve.tail_replicas`` replica ranks) and the bulk pool their own ``max_num_seqs``, MTP
+speculative decoding switch and depth (``num_speculative_tokens``) and extra vLLM ``engine_kwargs``:
+the tail pool is a low-concurrency, long-horizon stream where deeper speculation pays off, the bulk
+pool is a high-concurrency batch where it would not.
+
+Engines are configured at launch, so a replica keeps its pool's engine settings for the whole run;
+with per-pool settings the trainer therefore pins the split at ``tail_replicas`` (the controller
+still moves q). MTP drafter weights across weight updates: with Megatron (+mbridge) verl trains
+the MTP head and syncs it with the policy each step; with FSDP the drafter keeps the weights loaded
+at engine start (stale but still a valid proposer — acceptance rate, not correctness, degrades as the
+policy drifts). See the README.
+
+The settings travel to the replicas inside ``actor_rollout_ref.rollout.custom["tailsieve"]`` (a
+free-form field of verl's RolloutConfig), written by :func:`tailsieve_verl.integration.config.wire_verl_config`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping
+
+from tailsieve_verl.integration.config import PoolEngineConfig, TailSieveConfig, parse_tailsieve_section
+
+TAIL = "tail"
+BULK = "bulk"
+
+
+def settings_from_rollout_config(rollout_config: Any) -> TailSieveConfig:
+    """The TailSieve settings carried by a RolloutConfig (dataclass or DictConfig)."""
+    custom = getattr(rollout_config, "custom", None)
+    if custom is None and isinstance(rollout_config, Mapping):
+        custom = rollout_config.get("custom")
+    section = (custom or {}).get("tailsieve") if custom is not None else None
+    return parse_tailsieve_section(section or {})
+
+
+def launch_pool(replica_rank: int, settings: TailSieveConfig) -> str:
+    """Pool a replica belongs to at launch: ranks ``0 .. initial_m - 1`` form the tail pool."""
+    return TAIL if replica_rank < settings.initial_m else BULK
+
+
+def pool_engine(replica_rank: int, settings: TailSieveConfig) -> PoolEngineConfig:
+    return settings.tail if launch_pool(replica_rank, settings) == TAIL else settings.bulk
+
+
+def has_pool_engine_settings(settings: TailSieveConfig) -> bool:
+    return settings.active and not (settings.tail.is_default() and settings.bulk.is_default())
+
+
+def specialise_rollout_config(rollout_config: Any, pool: PoolEngineConfig) -> Any:
+    """A copy of verl's RolloutConfig dataclass with one pool's engine settings applied."""
+    changes: dict[str, Any] = {}
+    if pool.max_num_seqs is not None:
+        changes["max_num_seqs"] = pool.max_num_seqs
+    if pool.mtp_enable is not None or pool.num_speculative_tokens is not None:
+        mtp_changes: dict[str, Any] = {"enable_rollout": pool.mtp_enable if pool.mtp_enable is not None else True}
+        if pool.num_speculative_tokens is not None:
+            mtp_changes["num_speculative_tokens"] = pool.num_speculative_tokens
+        changes["mtp"] = dataclasses.replace(rollout_config.mtp, **mtp_changes)
+    if pool.engine_kwargs:
+        merged = {key: dict(value) for key, value in (rollout_config.engine_kwargs or {}).items()}
+        merged.setdefault("vllm", {}).update(dict(pool.engine_kwargs))
+        changes["engine_kwargs"] = merged
+    return dataclasses.replace(rollout_config, **changes) if changes else rollout_config
+
+
+def _load_pool_specialised_vllm():
+    from verl.workers.rollout.vllm_rollout.vllm_async_server import vLLMReplica
+
+    class PoolSpecialisedVLLMReplica(vLLMReplica):
+        """verl's vLLMReplica launched with its pool's engine settings (keyed on replica_rank)."""
+
+        def __init__(self, replica_rank: int, config: Any, *args: Any, **kwargs: Any):
+            super().__init__(replica_rank, config, *args, **kwargs)
+            settings = settings_from_rollout_config(self.config)
+            self.pool = launch_pool(replica_rank, settings)
+            self.config = specialise_rollout_config(self.config, pool_engine(replica_rank, settings))
+
+    return PoolSpecialisedVLLMReplica
+
+
+def install_pool_specialised_vllm() -> None:
+    """Point verl's ``vllm`` replica entry at the pool-specialised subclass (trainer process only,
+    and only when per-pool settings exist, so stock runs keep verl's own class)."""
+    from verl.workers.rollout.replica import RolloutReplicaRegistry
+
+    RolloutReplicaRegistry.register("vllm", _load_pool_specialised_vllm)

@@ -1,0 +1,310 @@
+"""Simulated rollout backend ``actor_rollout_ref.rollout.name=tailsieve_sim`` (a product feature).
+
+A :class:`SimReplica` is registered in verl's ``RolloutReplicaRegistry``; each replica runs one
+:class:`SimServer` Ray actor (CPU only) that speaks the token-in/token-out API of verl's
+``vLLMHttpServer`` — ``generate``, ``abort_all_requests`` (pause + abort, parked admissions),
+``resume_generation``, ``wait_for_requests_to_drain``, sleep/wake — and decodes with the core's
+continuous-batching model: FIFO admission under ``max_num_seqs``, one token per active request per
+step, a step costing ``perf.step_time(active, mean_context)`` seconds (the formula of
+``core.replica.simulate_replica``), stretched by ``tailsieve.sim.time_scale`` into wall time.
+
+Why: a user can dry-run a recipe's routing on a CPU, and the tests drive verl's real rollout path
+(agent loops, TransferQueue, replay buffer, router) without a GPU. The weights are not simulated:
+``tailsieve_sim`` runs as standalone replicas (the trainer's weight sync to them is a no-op).
+
+Response lengths (documented source): :class:`LengthModel`, a deterministic per-prompt log-normal
+model — the prompt's token ids seed its mean (the prompt effect, ``sim.prompt_sigma``), the request
+id seeds the sample around it (the sampling effect, ``sim.sample_sigma``). Generated token ids are
+real ids of the tokenizer (its non-special vocabulary), so verl's pipeline decodes them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import numpy as np
+import ray
+
+from tailsieve_verl.core.perf import PerfModel, parse_perf_model
+from tailsieve_verl.integration.config import SIM_ROLLOUT_NAME, SimBackendConfig, parse_tailsieve_section
+
+logger = logging.getLogger(__name__)
+
+
+def _seed(*parts: object) -> int:
+    digest = hashlib.blake2b("|".join(map(str, parts)).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little")
+
+
+@dataclass(frozen=True)
+class LengthModel:
+    """Deterministic response lengths: ``mean · exp(σp·zp − σp²/2) · exp(σs·zs − σs²/2)`` where
+    ``zp`` is seeded by the prompt ids and ``zs`` by the request; clipped to ``[1, max_tokens]``."""
+
+    mean: float
+    prompt_sigma: float
+    sample_sigma: float
+    seed: int = 0
+
+    def prompt_mean(self, prompt_ids: list[int]) -> float:
+        z = np.random.default_rng(_seed(self.seed, "prompt", *prompt_ids)).standard_normal()
+        return self.mean * float(np.exp(self.prompt_sigma * z - self.prompt_sigma**2 / 2))
+
+    def sample(self, prompt_ids: list[int], request_key: str, max_tokens: int) -> int:
+        z = np.random.default_rng(_seed(self.seed, "sample", request_key)).standard_normal()
+        length = self.prompt_mean(prompt_ids) * float(np.exp(self.sample_sigma * z - self.sample_sigma**2 / 2))
+        return int(min(max(round(length), 1), max_tokens))
+
+
+@dataclass
+class _Request:
+    request_id: str
+    prompt_len: int
+    target: int
+    tokens: list[int]
+    done: asyncio.Future
+    generated: int = 0
+
+
+@dataclass
+class SimStats:
+    """Cumulative counters of one server (simulated seconds are model seconds, before time_scale)."""
+
+    completed: int = 0
+    aborted: int = 0
+    tokens: int = 0
+    aborted_tokens: int = 0
+    busy_sim_s: float = 0.0
+    steps: int = 0
+    max_active: int = 0
+    per_request_finish: dict = field(default_factory=dict)
+
+
+class SimServer:
+    """One simulated inference server (wrapped by ``ray.remote`` in :class:`SimReplica`)."""
+
+    def __init__(self, replica_rank: int, max_num_seqs: int, max_model_len: int, response_length: int,
+                 tailsieve_section: dict, vocab_ids: list[int], address: str):
+        cfg = parse_tailsieve_section(tailsieve_section)
+        self.sim: SimBackendConfig = cfg.sim
+        self.perf: PerfModel = parse_perf_model(cfg.sim.perf_model or cfg.perf_model)
+        self.lengths = LengthModel(cfg.sim.mean_response_len, cfg.sim.prompt_sigma, cfg.sim.sample_sigma, cfg.sim.seed)
+        self.replica_rank = replica_rank
+        self.max_num_seqs = max_num_seqs
+        self.max_model_len = max_model_len
+        self.response_length = response_length
+        self.vocab_ids = np.asarray(vocab_ids, dtype=np.int64)
+        self.address = address
+        self.global_steps: Optional[int] = None
+        self.stats = SimStats()
+        self._waiting: list[_Request] = []
+        self._active: list[_Request] = []
+        self._wake = asyncio.Event()
+        self._paused = False
+        self._resume_event = asyncio.Event()
+        self._resume_event.set()
+        self._rejecting = False
+        self._loop_task: asyncio.Task | None = None
+
+    # ---- verl server API -------------------------------------------------------------------
+    def get_server_address(self) -> tuple[str, int]:
+        return self.address, 0
+
+    async def generate(self, prompt_ids: list[int], sampling_params: dict[str, Any], request_id: str,
+                       image_data: Optional[list[Any]] = None, video_data: Optional[list[Any]] = None,
+                       audio_data: Optional[list[Any]] = None, mm_processor_kwargs: Optional[dict] = None,
+                       priority: int = 0, **_: Any):
+        from verl.workers.rollout.replica import TokenOutput
+
+        while self._paused:  # parked behind a closed gate, like vLLMHttpServer._park_until_admitted
+            if self._rejecting:
+                return TokenOutput(token_ids=[], stop_reason="aborted", extra_fields={"global_steps": self.global_steps})
+            await self._resume_event.wait()
+        prompt_ids = [int(t) for t in prompt_ids]
+        room = self.max_model_len - len(prompt_ids)
+        if room < 1:
+            raise ValueError(f"Prompt length ({len(prompt_ids)}) leaves no room to generate within "
+                             f"max_model_len {self.max_model_len}")
+        max_tokens = int(sampling_params.get("max_tokens") or self.response_length)
+        max_tokens = max(1, min(max_tokens, room, self.response_length))
+        target = self.lengths.sample(prompt_ids, request_id, max_tokens)
+        rng = np.random.default_rng(_seed(self.lengths.seed, "tokens", request_id))
+        tokens = self.vocab_ids[rng.integers(0, len(self.vocab_ids), size=target)].tolist()
+        request = _Request(request_id, len(prompt_ids), target, tokens, asyncio.get_running_loop().create_future())
+        self._waiting.append(request)
+        self._ensure_loop()
+        self._wake.set()
+        generated, stop_reason = await request.done
+        log_probs = [0.0] * generated if sampling_params.get("logprobs") else None
+        return TokenOutput(token_ids=tokens[:generated], log_probs=log_probs, stop_reason=stop_reason,
+                           num_preempted=0, extra_fields={"global_steps": self.global_steps})
+
+    async def abort_all_requests(self, reset_prefix_cache: bool = True, reject_request: bool = False) -> dict:
+        """Close the admission gate and abort every waiting and running request (partial tokens are
+        returned with stop_reason="aborted"); stays paused until :meth:`resume_generation`."""
+        self._paused = True
+        self._rejecting = reject_request
+        self._resume_event.clear()
+        victims = self._active + self._waiting
+        self._active, self._waiting = [], []
+        for request in victims:
+            self.stats.aborted += 1
+            self.stats.aborted_tokens += request.generated
+            if not request.done.done():
+                request.done.set_result((request.generated, "aborted"))
+        self._wake.set()
+        return {"aborted_count": len(victims), "request_ids": [r.request_id for r in victims]}
+
+    async def resume_generation(self) -> None:
+        self._paused = False
+        self._rejecting = False
+        self._resume_event.set()
+
+    async def resume_engine_generation(self) -> None:
+        return None
+
+    async def open_submission_gate(self) -> None:
+        await self.resume_generation()
+
+    async def wait_for_requests_to_drain(self) -> None:
+        while self._active or self._waiting:
+            await asyncio.sleep(0.005)
+
+    async def set_global_steps(self, global_steps: int) -> None:
+        self.global_steps = global_steps
+
+    async def wake_up(self, tags: list[str] | None = None) -> None:
+        return None
+
+    async def sleep(self) -> None:
+        return None
+
+    async def clear_kv_cache(self) -> None:
+        return None
+
+    async def release_kv_cache(self) -> None:
+        return None
+
+    async def resume_kv_cache(self) -> None:
+        return None
+
+    async def start_profile(self, **kwargs: Any) -> None:
+        return None
+
+    async def stop_profile(self) -> None:
+        return None
+
+    # ---- introspection (tests, dry runs) ------------------------------------------------------
+    def get_stats(self) -> dict:
+        s = self.stats
+        return {"completed": s.completed, "aborted": s.aborted, "tokens": s.tokens, "aborted_tokens": s.aborted_tokens,
+                "busy_sim_s": s.busy_sim_s, "steps": s.steps, "max_active": s.max_active,
+                "active": len(self._active), "waiting": len(self._waiting), "paused": self._paused}
+
+    # ---- decode loop ---------------------------------------------------------------------------
+    def _ensure_loop(self) -> None:
+        if self._loop_task is None or self._loop_task.done():
+            self._loop_task = asyncio.get_running_loop().create_task(self._decode_loop())
+
+    async def _decode_loop(self) -> None:
+        while True:
+            while len(self._active) < self.max_num_seqs and self._waiting:  # FIFO admission under the cap
+                self._active.append(self._waiting.pop(0))
+            if not self._active:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            self.stats.max_active = max(self.stats.max_active, len(self._active))
+            active = len(self._active)
+            mean_ctx = float(np.mean([r.prompt_len + r.generated for r in self._active]))
+            horizon = min(r.target - r.generated for r in self._active)  # steps to the next finish
+            step_s = np.asarray(self.perf.step_time(np.full(horizon, active), mean_ctx + np.arange(horizon)), dtype=float)
+            clock = np.cumsum(step_s)
+            self._wake.clear()
+            start = time.monotonic()
+            woken = False
+            try:
+                await asyncio.wait_for(self._wake.wait(), timeout=float(clock[-1]) * self.sim.time_scale)
+                woken = True
+            except asyncio.TimeoutError:
+                pass
+            if not self._active:  # aborted while sleeping
+                continue
+            steps = horizon
+            if woken:  # an arrival or an abort: count only the whole steps that elapsed
+                elapsed_sim = (time.monotonic() - start) / self.sim.time_scale
+                steps = int(np.searchsorted(clock, elapsed_sim, side="right"))
+            if steps == 0:
+                continue
+            self.stats.steps += steps
+            self.stats.busy_sim_s += float(clock[steps - 1])
+            still_active = []
+            for request in self._active:
+                request.generated += steps
+                self.stats.tokens += steps
+                if request.generated >= request.target:
+                    self.stats.completed += 1
+                    request.done.set_result((request.target, "completed"))
+                else:
+                    still_active.append(request)
+            self._active = still_active
+
+
+def _vocab_ids(tokenizer: Any) -> list[int]:
+    special = set(getattr(tokenizer, "all_special_ids", []) or [])
+    ids = [i for i in range(len(tokenizer)) if i not in special]
+    if not ids:
+        raise ValueError("the tokenizer has no non-special tokens for the simulated backend to emit")
+    return ids
+
+
+def _replica_base():
+    from verl.workers.rollout.replica import RolloutMode, RolloutReplica
+
+    class SimReplica(RolloutReplica):
+        """verl rollout replica whose single server is a CPU :class:`SimServer` actor.
+
+        Works in the standalone and hybrid layouts: it never asks for GPU bundles, so replicas may
+        land on any node of a multi-node Ray cluster (their address names the node)."""
+
+        def __init__(self, *args: Any, **kwargs: Any):
+            super().__init__(*args, **kwargs)
+            self.server_class = ray.remote(SimServer)
+
+        async def init_hybrid(self, worker_group: Any) -> None:
+            self.rollout_mode = RolloutMode.HYBRID
+            await self.launch_servers()
+
+        async def init_standalone(self) -> None:
+            self.rollout_mode = RolloutMode.STANDALONE
+            await self.launch_servers()
+
+        async def launch_servers(self) -> None:
+            from tailsieve_verl.integration.engine_config import pool_engine, settings_from_rollout_config
+
+            settings = settings_from_rollout_config(self.config)
+            pool = pool_engine(self.replica_rank, settings)
+            max_num_seqs = pool.max_num_seqs or int(self.config.max_num_seqs)
+            max_model_len = int(self.config.max_model_len or (self.config.prompt_length + self.config.response_length))
+            node_ip = ray.util.get_node_ip_address()
+            address = f"{SIM_ROLLOUT_NAME}-{self.replica_rank}{self.name_suffix}@{node_ip}"
+            section = (self.config.custom or {}).get("tailsieve") or {}
+            server = self.server_class.options(max_concurrency=self.max_concurrency, num_cpus=0).remote(
+                self.replica_rank, max_num_seqs, max_model_len, int(self.config.response_length),
+                dict(section), _vocab_ids(self.model_config.tokenizer), address)
+            self.servers = [server]
+            self._server_address, _ = await server.get_server_address.remote()
+            self._server_handle = server
+
+        async def sleep(self) -> None:
+            await self.servers[0].wait_for_requests_to_drain.remote()
+
+        async def abort_all_requests(self, reject_request: bool = False) -> dict:
+            return await self.servers[0].abort_all_requests.remote(reject_request=reject_request)
+
+    return SimReplica
