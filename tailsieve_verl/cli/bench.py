@@ -1,0 +1,114 @@
+"""`tailsieve bench`: run the uniform, TailSieve and oracle assignments of one rollout step for real
+on vLLM OpenAI servers (forced response lengths) and print measured makespans and speedups next to
+the simulator's prediction with a calibration measured on the same server."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from ..core.errors import TailSieveError
+from ..core.perf import Calibration, TablePerf
+from ..core.trace import read_trace
+from .calibrate import int_list, progress_bar
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "bench", help="measure uniform vs TailSieve vs oracle routing on real vLLM servers",
+        description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--trace", required=True, help="one rollout step: JSONL/Parquet groups or a verl rollout dump")
+    p.add_argument("--replicas", "-R", type=int, required=True, help="replicas R of the step")
+    p.add_argument("--url", action="append", required=True,
+                   help="vLLM OpenAI server; repeat for up to R servers (replicas run concurrently), fewer "
+                        "servers run their replicas one after another")
+    p.add_argument("--model", help="served model name (default: the server's only model)")
+    p.add_argument("--calibration", help="calibration JSON measured on the same server (default: measure one "
+                                         "now, covering the concurrency the step needs, and save it next to --out)")
+    p.add_argument("--policies", default="uniform,tailsieve,oracle", help="comma list from uniform,tailsieve,oracle")
+    p.add_argument("--repeats", type=int, default=3, help="interleaved repeats of every policy")
+    p.add_argument("--q", type=int, help="TailSieve carried groups (with --m; default: the simulator's best split)")
+    p.add_argument("--m", type=int, help="TailSieve tail replicas (with --q)")
+    p.add_argument("--length-scale", type=float, default=1.0, help="multiply every response length (fit a small server)")
+    p.add_argument("--max-len", type=int, help="clip response lengths after scaling")
+    p.add_argument("--max-num-seqs", type=int, help="the servers' max_num_seqs, for the prediction (default: no cap)")
+    p.add_argument("--oracle-time-limit", type=float, default=10.0, help="seconds for the exact oracle search")
+    p.add_argument("--calibration-prompt-lens", type=int_list, default=(16, 448),
+                   help="prompt lengths of a calibration measured here")
+    p.add_argument("--out", default="bench.json", help="report JSON to write")
+    p.add_argument("--json", action="store_true", help="print the report as JSON instead of a table")
+    p.set_defaults(func=run)
+
+
+def _calibration_batches(groups, n_replicas: int, max_num_seqs: int | None) -> tuple[int, ...]:
+    """Powers of two up to the largest per-replica concurrency any assignment can reach."""
+    need = sum(g.n for g in groups)
+    if max_num_seqs:
+        need = min(need, max_num_seqs)
+    batches, b = [1], 2
+    while b < need:
+        batches.append(b)
+        b *= 2
+    batches.append(max(need, 2))
+    return tuple(sorted(set(batches)))
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..tools.bench import bench, check_lengths, scale_groups
+    from ..tools.calibrate import SweepPlan, calibrate, write_calibration
+    from ..tools.openai_client import OpenAIServer
+
+    if (args.q is None) != (args.m is None):
+        raise TailSieveError("give --q and --m together (or neither, to let the simulator pick the split)")
+    policies = tuple(p.strip() for p in args.policies.split(",") if p.strip())
+    groups = scale_groups(read_trace(args.trace).groups, args.length_scale, args.max_len)
+    servers = [OpenAIServer(url, args.model) for url in args.url]
+    for server in servers:
+        check_lengths(groups, server.max_model_len)
+    out = Path(args.out)
+    if args.calibration:
+        cal = Calibration.load(args.calibration)
+    else:
+        plan = SweepPlan(batches=_calibration_batches(groups, args.replicas, args.max_num_seqs),
+                         prompt_lens=tuple(args.calibration_prompt_lens))
+        with progress_bar("calibrate", len(plan.points), quiet=args.json) as advance:
+            doc = calibrate(servers[0], plan, on_point=lambda d, t, row: advance(
+                f"batch {row['batch']} ctx {row['context']:.0f}"))
+        cal = write_calibration(doc, out.with_name(out.stem + ".calibration.json"))
+    perf = TablePerf(cal)
+    runs = args.repeats * len(policies) + ("tailsieve" in policies)
+    with progress_bar("bench", runs, quiet=args.json) as advance:
+        report = bench(groups, servers, args.replicas, perf, policies=policies, repeats=args.repeats,
+                       split=None if args.q is None else (args.q, args.m), max_num_seqs=args.max_num_seqs,
+                       oracle_time_limit_s=args.oracle_time_limit,
+                       on_run=lambda d, t, name, s: advance(f"{name}: {s:.2f}s"))
+    report["trace"] = str(args.trace)
+    report["length_scale"] = args.length_scale
+    report["calibration"] = cal.source
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return 0
+    print_report(report)
+    print(f"wrote {out}")
+    return 0
+
+
+def print_report(report: dict) -> None:
+    print(f"{report['n_groups']} groups / {report['n_responses']} responses on R={report['n_replicas']} "
+          f"({report['replicas_per_server_run']}; {len(report['servers'])} server(s)), {report['repeats']} repeats, "
+          f"model {report['perf_model']}")
+    sel = report.get("tailsieve_selection")
+    if sel:
+        print(f"tailsieve: q={sel['q']} carried groups on m={sel['m']} tail replicas (selected by a real "
+              f"partial-rollout cutoff)")
+    head = f"{'policy':<10} {'predicted s':>11} {'measured s':>11} {'range s':>15} {'pred err':>9} " \
+           f"{'pred speedup':>12} {'meas speedup':>12}"
+    print(head)
+    for row in report["policies"]:
+        lo, hi = row["measured_makespan_range_s"]
+        print(f"{row['policy']:<10} {row['predicted_makespan_s']:>11.2f} {row['measured_makespan_s']:>11.2f} "
+              f"{f'{lo:.2f}–{hi:.2f}':>15} {row['prediction_error']:>+8.1%} {row['predicted_speedup']:>11.3f}x "
+              f"{row['measured_speedup']:>11.3f}x")

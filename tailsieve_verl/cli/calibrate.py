@@ -1,0 +1,83 @@
+"""`tailsieve calibrate`: measure a live vLLM OpenAI server's decode step time over concurrency ×
+context and write the calibration JSON that ``table:PATH`` / ``fitted:PATH`` read."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+from typing import Callable, Iterator
+
+from ..core.perf import TablePerf
+
+
+def int_list(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values:
+        raise argparse.ArgumentTypeError("expected at least one integer")
+    return values
+
+
+@contextlib.contextmanager
+def progress_bar(label: str, total: int, quiet: bool = False) -> Iterator[Callable[[str], None]]:
+    """A rich progress bar on stderr (nothing when ``quiet``); yields ``advance(description)``."""
+    if quiet:
+        yield lambda description: None
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    columns = (TextColumn(f"{label} [progress.description]{{task.description}}"), BarColumn(),
+               MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=Console(file=sys.stderr), transient=False) as progress:
+        task = progress.add_task("starting", total=total)
+        yield lambda description: progress.update(task, advance=1, description=description)
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "calibrate", help="measure decode step time vs concurrency × context on a live vLLM server",
+        description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--url", required=True, help="vLLM OpenAI-compatible server, e.g. http://127.0.0.1:8000")
+    p.add_argument("--model", help="served model name (default: the server's only model)")
+    p.add_argument("--out", default="calibration.json", help="calibration JSON to write")
+    p.add_argument("--batches", type=int_list, default=(1, 2, 4, 8, 16, 32),
+                   help="concurrent requests per point (comma list)")
+    p.add_argument("--prompt-lens", type=int_list, default=(16, 448),
+                   help="prompt tokens per request (comma list); sets the context levels")
+    p.add_argument("--decode-short", type=int, default=16, help="tokens of the short run")
+    p.add_argument("--decode-long", type=int, default=64, help="tokens of the long run")
+    p.add_argument("--repeats", type=int, default=3, help="short/long pairs per point (median kept)")
+    p.add_argument("--device", help="hardware description stored in the file (default: this host's CPU)")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds per HTTP request")
+    p.add_argument("--json", action="store_true", help="print the calibration document as JSON")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..tools.calibrate import SweepPlan, calibrate, write_calibration
+    from ..tools.openai_client import OpenAIServer
+
+    plan = SweepPlan(batches=tuple(args.batches), prompt_lens=tuple(args.prompt_lens),
+                     decode_short=args.decode_short, decode_long=args.decode_long, repeats=args.repeats)
+    server = OpenAIServer(args.url, args.model, timeout_s=args.timeout)
+    with progress_bar("calibrate", len(plan.points), quiet=args.json) as advance:
+        doc = calibrate(server, plan, device=args.device,
+                        on_point=lambda done, total, row: advance(
+                            f"batch {row['batch']:>4} ctx {row['context']:>6.0f}: {row['step_ms']:.2f} ms/step"))
+    cal = write_calibration(doc, args.out)
+    TablePerf(cal)  # the file must build the table model that `table:PATH` will build
+    if args.json:
+        print(json.dumps(doc, indent=2))
+        return 0
+    print(f"model {cal.model} on {doc['device']} (server {doc['server_version']})")
+    print(f"{'batch':>6} {'context':>8} {'step ms':>9} {'tok/s/req':>10}")
+    for row in doc["rows"]:
+        print(f"{row['batch']:>6} {row['context']:>8.0f} {row['step_ms']:>9.2f} {row['per_request_tok_s']:>10.1f}")
+    print(f"wrote {args.out}; use it as --perf-model table:{args.out}")
+    return 0
+

@@ -1,0 +1,292 @@
+"""Measure routing policies on real vLLM servers (``tailsieve bench``).
+
+For one rollout step (a trace of prompt groups with known response lengths) and R replicas, each
+policy's assignment is run for real: every response becomes a forced-length completion
+(``min_tokens == max_tokens == length``, ``ignore_eos``), the n samples of a group share one prompt
+and one replica, and a replica's requests are submitted together at its start. A replica's time is
+from its start until its last response returns; the step's makespan is the maximum over replicas.
+With R server URLs the replicas run concurrently (replica r on URL r); with U < R URLs, the replicas
+mapped to one URL (r mod U) run one after another on it — legitimate because replicas of a
+synchronous step are independent, so only each replica's own duration matters.
+
+Next to each measurement the simulator predicts the same assignment
+(:func:`core.replica.evaluate_assignment`) with a ``table:`` model built from a calibration measured
+on the same server, so prediction error and speedups can be read side by side.
+
+Policies:
+
+* ``uniform`` — groups round-robin over all replicas (verl's group-atomic baseline);
+* ``tailsieve`` — the steady state of partial-rollout routing on this step, driven by a real
+  engine: a first *selection run* executes the uniform assignment for real; the ``q`` groups still
+  unfinished once ``B − q`` groups had finished are the ones a bulk pool would have aborted and
+  carried (prompt identities only). They go round-robin to ``m`` tail replicas, the other groups
+  round-robin to the ``R − m`` bulk replicas. (q, m) is the split the simulator predicts best for
+  this selection rule (or fixed by the caller), i.e. where TailSieve's controller settles;
+* ``oracle`` — the makespan-optimal assignment for known lengths under the calibrated model
+  (``core.policies.route("exact")``; if its time budget runs out, the best found, flagged).
+
+Repeats run the policies interleaved (ABC, CBA, …) and report medians and the spread, because a
+shared machine drifts.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import statistics
+import threading
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import numpy as np
+
+from ..core.errors import TailSieveError
+from ..core.perf import PerfModel
+from ..core.policies import route, uniform_assignment
+from ..core.replica import evaluate_assignment
+from ..core.trace import Group
+from .openai_client import ForcedRequest, OpenAIServer, synthetic_prompt
+
+POLICIES = ("uniform", "tailsieve", "oracle")
+
+
+class BenchError(TailSieveError):
+    """A benchmark that cannot run as asked (bad sizes, policies or lengths)."""
+
+
+@dataclass(frozen=True)
+class MeasuredStep:
+    """One real run of an assignment."""
+
+    replica_times_s: tuple[float, ...]
+    group_finish_s: tuple[float, ...]  # per group, trace order, from its replica's start
+
+    @property
+    def makespan_s(self) -> float:
+        return max(self.replica_times_s)
+
+
+def pooled_assignment(tail: Sequence[int], n_groups: int, n_replicas: int, tail_replicas: int) -> np.ndarray:
+    """Round-robin the ``tail`` groups over replicas 0..m-1 and the others over m..R-1 (trace order)."""
+    if not 1 <= tail_replicas < n_replicas:
+        raise BenchError(f"tail replicas must be in 1..{n_replicas - 1} for {n_replicas} replicas, got {tail_replicas}")
+    is_tail = np.zeros(n_groups, dtype=bool)
+    is_tail[list(tail)] = True
+    assignment = np.empty(n_groups, dtype=np.int64)
+    assignment[is_tail] = uniform_assignment(int(is_tail.sum()), tail_replicas)
+    assignment[~is_tail] = uniform_assignment(int((~is_tail).sum()), n_replicas - tail_replicas, tail_replicas)
+    return assignment
+
+
+def carried_at_cutoff(group_finish_s: Sequence[float], q: int) -> list[int]:
+    """The partial-rollout rule: the ``q`` groups still running once ``B − q`` groups have finished."""
+    if q <= 0:
+        return []
+    order = np.argsort(np.asarray(group_finish_s), kind="stable")
+    return sorted(int(i) for i in order[len(order) - q:])
+
+
+def best_tailsieve_split(groups: Sequence[Group], n_replicas: int, perf: PerfModel,
+                         uniform_group_finish_s: Sequence[float], max_num_seqs: int | None = None
+                         ) -> tuple[int, int, float]:
+    """(q, m, predicted makespan) minimising the predicted makespan under the partial-rollout rule."""
+    best = (0, 0, evaluate_assignment(groups, uniform_assignment(len(groups), n_replicas), n_replicas, perf,
+                                      max_num_seqs).makespan_s)
+    for m in range(1, n_replicas):
+        for q in range(1, len(groups) - (n_replicas - m) + 1):
+            tail = carried_at_cutoff(uniform_group_finish_s, q)
+            assignment = pooled_assignment(tail, len(groups), n_replicas, m)
+            makespan = evaluate_assignment(groups, assignment, n_replicas, perf, max_num_seqs).makespan_s
+            if makespan < best[2] - 1e-12:
+                best = (q, m, makespan)
+    return best
+
+
+def _replica_requests(groups: Sequence[Group], members: Sequence[int]) -> tuple[list[ForcedRequest], list[int]]:
+    requests, owner = [], []
+    for i in members:
+        prompt = synthetic_prompt(groups[i].prompt_len, key=i)
+        for length in groups[i].lengths:
+            if length > 0:
+                requests.append(ForcedRequest(prompt, int(length)))
+                owner.append(int(i))
+    return requests, owner
+
+
+def run_assignment(servers: Sequence[OpenAIServer], groups: Sequence[Group], assignment: np.ndarray,
+                   n_replicas: int) -> MeasuredStep:
+    """Run every replica's groups for real; replicas on distinct servers run concurrently."""
+    replica_times = [0.0] * n_replicas
+    group_finish = [0.0] * len(groups)
+    errors: list[BaseException] = []
+
+    def run_lane(server: OpenAIServer, replicas: list[int]) -> None:
+        try:
+            for r in replicas:
+                requests, owner = _replica_requests(groups, np.flatnonzero(assignment == r))
+                if not requests:
+                    continue
+                timings = server.run_together(requests)
+                replica_times[r] = max(t.finish_s for t in timings)
+                for i, t in zip(owner, timings):
+                    group_finish[i] = max(group_finish[i], t.finish_s)
+        except BaseException as e:
+            errors.append(e)
+
+    lanes = [(servers[u], [r for r in range(n_replicas) if r % len(servers) == u]) for u in range(len(servers))]
+    threads = [threading.Thread(target=run_lane, args=lane, daemon=True) for lane in lanes if lane[1]]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return MeasuredStep(tuple(replica_times), tuple(group_finish))
+
+
+@dataclass
+class PolicyResult:
+    policy: str
+    assignment: list[int]
+    predicted_s: float
+    predicted_replica_s: list[float]
+    measured_s: list[float] = field(default_factory=list)
+    measured_replica_s: list[list[float]] = field(default_factory=list)
+
+    @property
+    def measured_median_s(self) -> float:
+        return statistics.median(self.measured_s)
+
+    @property
+    def prediction_error(self) -> float:
+        """(predicted − measured) / measured, on the median measured makespan."""
+        return (self.predicted_s - self.measured_median_s) / self.measured_median_s
+
+
+def check_lengths(groups: Sequence[Group], max_model_len: int | None) -> None:
+    if not groups:
+        raise BenchError("the trace has no groups")
+    if max_model_len is None:
+        return
+    worst = max(g.prompt_len + g.max_len for g in groups)
+    if worst > max_model_len:
+        raise BenchError(f"a group needs {worst} tokens of context but the server allows {max_model_len}; "
+                         "shrink the lengths with --length-scale/--max-len or start the server with a larger "
+                         "--max-model-len")
+
+
+def scale_groups(groups: Sequence[Group], scale: float, max_len: int | None) -> list[Group]:
+    """Scale (and optionally clip) response lengths so a long trace fits a small server; >= 1 token."""
+    if scale <= 0:
+        raise BenchError(f"--length-scale must be > 0, got {scale}")
+    out = []
+    for g in groups:
+        lengths = [max(1, int(round(x * scale))) for x in g.lengths]
+        if max_len is not None:
+            lengths = [min(x, max_len) for x in lengths]
+        out.append(Group(g.prompt_id, tuple(lengths), g.prompt_len))
+    return out
+
+
+def bench(groups: Sequence[Group], servers: Sequence[OpenAIServer], n_replicas: int, perf: PerfModel,
+          policies: Sequence[str] = POLICIES, oracle_time_limit_s: float = 10.0,
+          repeats: int = 3, split: tuple[int, int] | None = None, max_num_seqs: int | None = None,
+          on_run: Callable[[int, int, str, float], None] | None = None) -> dict:
+    """Plan, run and compare the policies; returns a JSON-able report (see module docstring)."""
+    if n_replicas < 2:
+        raise BenchError(f"need at least 2 replicas (a tail and a bulk pool), got {n_replicas}")
+    if not servers:
+        raise BenchError("need at least one server URL")
+    if len(servers) > n_replicas:
+        raise BenchError(f"{len(servers)} server URLs for {n_replicas} replicas; give at most R URLs")
+    unknown = [p for p in policies if p not in POLICIES]
+    if unknown or "uniform" not in policies:
+        raise BenchError(f"policies must include uniform and come from {', '.join(POLICIES)}; got {list(policies)}")
+    if repeats < 1:
+        raise BenchError(f"repeats must be >= 1, got {repeats}")
+    n_groups = len(groups)
+    uniform = uniform_assignment(n_groups, n_replicas)
+    total_runs = repeats * len(policies) + ("tailsieve" in policies)
+    done = 0
+    results: dict[str, PolicyResult] = {}
+    report: dict = {}
+
+    def record(name: str, assignment: np.ndarray) -> None:
+        ev = evaluate_assignment(groups, assignment, n_replicas, perf, max_num_seqs)
+        results[name] = PolicyResult(name, [int(a) for a in assignment], ev.makespan_s, list(ev.replica_times_s))
+
+    record("uniform", uniform)
+    if "tailsieve" in policies:
+        # Selection run: the uniform assignment for real; its finish order is the partial-rollout signal.
+        selection = run_assignment(servers, groups, uniform, n_replicas)
+        done += 1
+        if on_run:
+            on_run(done, total_runs, "selection (uniform)", selection.makespan_s)
+        predicted_uniform = evaluate_assignment(groups, uniform, n_replicas, perf, max_num_seqs)
+        if split is None:
+            q, m, _ = best_tailsieve_split(groups, n_replicas, perf, selection.group_finish_s, max_num_seqs)
+        else:
+            q, m = split
+        if q == 0 or m == 0:
+            record("tailsieve", uniform)
+            carried: list[int] = []
+        else:
+            if not 1 <= q <= n_groups - (n_replicas - m):
+                raise BenchError(f"q must be in 1..{n_groups - (n_replicas - m)} with m={m}, got {q}")
+            carried = carried_at_cutoff(selection.group_finish_s, q)
+            record("tailsieve", pooled_assignment(carried, n_groups, n_replicas, m))
+        predicted_carried = carried_at_cutoff(predicted_uniform.group_finish_s, q)
+        report["tailsieve_selection"] = {
+            "q": q, "m": m, "carried_groups": [groups[i].prompt_id for i in carried],
+            "selection_run_makespan_s": selection.makespan_s,
+            "carried_overlap_with_predicted_rule": len(set(carried) & set(predicted_carried)),
+        }
+    if "oracle" in policies:
+        routing = route("exact", groups, n_replicas, perf, max_num_seqs=max_num_seqs, time_limit_s=oracle_time_limit_s)
+        record("oracle", routing.assignment)
+        report["oracle"] = {"policy": "exact", "optimal": routing.optimal, "gap_to_bound": routing.gap_to_bound}
+
+    names = [p for p in POLICIES if p in results]
+    for rep in range(repeats):
+        for name in (names if rep % 2 == 0 else names[::-1]):
+            res = results[name]
+            run = run_assignment(servers, groups, np.asarray(res.assignment), n_replicas)
+            res.measured_s.append(run.makespan_s)
+            res.measured_replica_s.append(list(run.replica_times_s))
+            done += 1
+            if on_run:
+                on_run(done, total_runs, name, run.makespan_s)
+
+    base = results["uniform"]
+    policy_rows = []
+    for name in names:
+        res = results[name]
+        paired = [u / x for u, x in zip(base.measured_s, res.measured_s)]
+        policy_rows.append({
+            "policy": name,
+            "predicted_makespan_s": res.predicted_s,
+            "measured_makespan_s": res.measured_median_s,
+            "measured_makespan_range_s": [min(res.measured_s), max(res.measured_s)],
+            "prediction_error": res.prediction_error,
+            "predicted_speedup": base.predicted_s / res.predicted_s,
+            "measured_speedup": statistics.median(paired),
+            "measured_speedup_range": [min(paired), max(paired)],
+            "predicted_replica_s": res.predicted_replica_s,
+            "measured_replica_s": res.measured_replica_s,
+            "measured_runs_s": res.measured_s,
+            "assignment": res.assignment,
+        })
+    report.update({
+        "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "n_groups": n_groups,
+        "n_responses": sum(g.n for g in groups),
+        "n_replicas": n_replicas,
+        "servers": [s.url for s in servers],
+        "server_model": servers[0].model,
+        "replicas_per_server_run": "concurrent" if len(servers) == n_replicas else "sequential per server",
+        "perf_model": perf.name,
+        "max_num_seqs": max_num_seqs,
+        "repeats": repeats,
+        "policies": policy_rows,
+    })
+    return report
+

@@ -1,0 +1,137 @@
+"""Measure a live server's decode step time over concurrency × context (``tailsieve calibrate``).
+
+One point (batch b, prompt length p): submit b forced-length requests together, once with D1 and
+once with D2 > D1 generated tokens, and time until the last one returns. Everything that does not
+scale with the number of decode steps (HTTP, scheduling, prefill, detokenisation of the last
+chunk) cancels in the difference, so
+
+    step_s = (T(D2) − T(D1)) / (D2 − D1)
+
+is the time of one decode step with b requests active at a mean context of p + (D1 + D2)/2 tokens
+(the context the requests hold during the D1..D2 window). Short and long runs alternate and the
+median over repeats is kept, so a noisy machine shifts both alike. The result is the calibration
+JSON that :class:`tailsieve_verl.core.perf.Calibration` reads (``table:PATH`` / ``fitted:PATH``).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import platform
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from ..core.errors import TailSieveError
+from ..core.perf import Calibration
+from .openai_client import ForcedRequest, OpenAIServer, synthetic_prompt
+
+
+class CalibrationPlanError(TailSieveError):
+    """A sweep that cannot be measured (bad sizes, or longer than the server's context)."""
+
+
+@dataclass(frozen=True)
+class SweepPlan:
+    batches: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
+    prompt_lens: tuple[int, ...] = (16, 448)
+    decode_short: int = 16
+    decode_long: int = 64
+    repeats: int = 3
+
+    def __post_init__(self) -> None:
+        if len(set(self.batches)) < 2 or min(self.batches) < 1:
+            raise CalibrationPlanError(f"need at least two distinct batch sizes >= 1, got {list(self.batches)}")
+        if not self.prompt_lens or min(self.prompt_lens) < 1:
+            raise CalibrationPlanError(f"prompt lengths must be >= 1 token, got {list(self.prompt_lens)}")
+        if not 1 <= self.decode_short < self.decode_long:
+            raise CalibrationPlanError(f"need 1 <= decode_short < decode_long, got {self.decode_short}, "
+                                       f"{self.decode_long}")
+        if self.repeats < 1:
+            raise CalibrationPlanError(f"repeats must be >= 1, got {self.repeats}")
+
+    @property
+    def points(self) -> list[tuple[int, int]]:
+        return [(b, p) for p in sorted(set(self.prompt_lens)) for b in sorted(set(self.batches))]
+
+    def context_of(self, prompt_len: int) -> float:
+        """Mean KV context (tokens per request) during the measured decode window."""
+        return prompt_len + (self.decode_short + self.decode_long) / 2.0
+
+
+def _batch_seconds(server: OpenAIServer, batch: int, prompt_len: int, length: int, key: int) -> float:
+    requests = [ForcedRequest(synthetic_prompt(prompt_len, key * 1000 + i), length) for i in range(batch)]
+    return max(t.finish_s for t in server.run_together(requests))
+
+
+def measure_point(server: OpenAIServer, batch: int, prompt_len: int, plan: SweepPlan) -> dict:
+    """One calibration row: median step time of ``batch`` concurrent decodes at this prompt length."""
+    short_s: list[float] = []
+    long_s: list[float] = []
+    for rep in range(plan.repeats):
+        # Alternate which run goes first so drift on a shared machine does not bias the difference.
+        order = ((plan.decode_short, short_s), (plan.decode_long, long_s))
+        for length, sink in (order if rep % 2 == 0 else order[::-1]):
+            sink.append(_batch_seconds(server, batch, prompt_len, length, key=rep * 2 + (sink is long_s)))
+    steps = [(lg - sh) / (plan.decode_long - plan.decode_short) for sh, lg in zip(short_s, long_s)]
+    step_s = statistics.median(steps)
+    if step_s <= 0:
+        raise TailSieveError(f"batch {batch}, prompt {prompt_len}: the longer run was not slower "
+                             f"({statistics.median(short_s):.3f}s vs {statistics.median(long_s):.3f}s); the "
+                             "machine is too noisy or decode_long is too close to decode_short — raise "
+                             "--decode-long or --repeats")
+    return {
+        "model": server.model,
+        "batch": batch,
+        "context": plan.context_of(prompt_len),
+        "step_ms": round(step_s * 1000.0, 4),
+        "prompt_len": prompt_len,
+        "step_ms_spread": [round(min(steps) * 1000, 4), round(max(steps) * 1000, 4)],
+        "per_request_tok_s": round(1.0 / step_s, 2),
+        "repeats": plan.repeats,
+    }
+
+
+def describe_local_host() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
+        cpu = names[0] if names else cpu
+    except OSError:
+        pass
+    return f"{cpu}, {os.cpu_count()} cores (host of the client)"
+
+
+def calibrate(server: OpenAIServer, plan: SweepPlan, device: str | None = None,
+              on_point: Callable[[int, int, dict], None] | None = None) -> dict:
+    """Sweep the plan against ``server`` and return the calibration document."""
+    server.complete(ForcedRequest(synthetic_prompt(max(plan.prompt_lens), 0), plan.decode_short))  # warm-up
+    rows = []
+    points = plan.points
+    for i, (batch, prompt_len) in enumerate(points):
+        rows.append(measure_point(server, batch, prompt_len, plan))
+        if on_point:
+            on_point(i + 1, len(points), rows[-1])
+    return {
+        "device": device or describe_local_host(),
+        "source": "tailsieve calibrate",
+        "url": server.url,
+        "server_version": server.version(),
+        "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "method": "step_ms = (T(decode_long) - T(decode_short)) / (decode_long - decode_short), median over repeats; "
+                  "context = prompt_len + (decode_short + decode_long) / 2",
+        "plan": {"batches": list(plan.batches), "prompt_lens": list(plan.prompt_lens),
+                 "decode_short": plan.decode_short, "decode_long": plan.decode_long, "repeats": plan.repeats},
+        "rows": rows,
+    }
+
+
+def write_calibration(doc: dict, path: str | os.PathLike) -> Calibration:
+    """Write the document and read it back the way ``table:PATH`` will (fails loudly if it cannot)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=2) + "\n")
+    return Calibration.load(str(path))
