@@ -1,0 +1,437 @@
+"""Hierarchical controller on (q, m): q = groups isolated (aborted and carried each step), m =
+replicas of the tail pool. Uniform routing is the boundary (0, 0).
+
+* **Inner loop** (every step, m fixed): move q toward equal tail- and bulk-pool makespans. The tail
+  pool's smoothed rate (seconds per regenerated group) predicts its time for q' groups; the bulk
+  pool's smoothed finish-time curve (time of its k-th finished group) predicts its cutoff for
+  q' (the (B − q')-th finish). The move is damped (``q_gain``) and bounded (``max_q_step``).
+* **Outer loop** (after ``settle_steps`` quiet steps): with the response-work history of the last
+  ``history_steps`` consumed batches and the concurrency–throughput model, a fluid model predicts
+  each nearby split's best makespan; a replica moves only when the smoothed predicted gain beats
+  ``switch_threshold`` and the switch is feasible (the enlarged pool absorbs at least as many groups
+  by the current deadline as the reduced pool releases). Model bias is corrected by the ratio of
+  measured to predicted pool times at the current split.
+
+The controller sees only what the rollout layer can measure (pool times, finished groups' token
+counts and finish times, abort counts) — never future lengths.
+
+How the verl layer calls it, once per step after the selector's ``finish_step``::
+
+    decision = controller.observe(StepObservation(...))   # measured quantities of this step
+    plan = selector.plan_step(decision.q)                  # next step: abort q, tail pool = decision.m
+
+``Decision.m`` replicas serve the tail pool next step; when nothing is carried the rollout layer
+lends them to the bulk pool (a tail pool with no work is uniform routing). ``state_dict()`` /
+``load_state_dict()`` are JSON-serialisable for verl checkpoints.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+from .errors import TailSieveError
+from .perf import PerfModel
+
+
+class ControllerError(TailSieveError):
+    """An impossible controller setting or an observation that contradicts the configuration."""
+
+
+@dataclass(frozen=True)
+class ControllerConfig:
+    """Every knob of the controller; the defaults are the ones the simulations use."""
+
+    q_init: int = 0  # start: groups isolated per step (0 with m_init 0 = uniform routing)
+    m_init: int = 0  # start: tail-pool replicas
+    fixed_tail_replicas: int | None = None  # pin m (fixed-allocation variant, e.g. 2 for 2:2); None = outer loop on
+    max_q_fraction: float = 0.5  # q never exceeds this fraction of the batch
+    balance_tolerance: float = 0.05  # pools within this relative gap count as balanced: hold q
+    q_gain: float = 0.5  # damping: fraction of the gap to the balancing q moved per step
+    max_q_step: int = 0  # bound on |Δq| per step; 0 = max(1, batch_size // 16)
+    rate_smoothing: float = 0.5  # weight of the newest measurement in the rate EMAs (1 = no smoothing)
+    switch_threshold: float = 0.03  # predicted relative makespan gain needed to move replicas
+    gain_smoothing: float = 0.5  # weight of the newest predicted gain (damping of the outer loop)
+    max_replica_step: int = 1  # bound on |Δm| per decision
+    settle_steps: int = 2  # quiet steps after any change before the outer loop decides again
+    history_steps: int = 2  # consumed batches kept as response-work history
+    check_feasibility: bool = True  # outer loop requires deadline feasibility of a switch
+    inner_loop: bool = True  # ablation switch: False freezes q (except when m moves)
+
+    def validate(self, n_replicas: int, batch_size: int) -> None:
+        if n_replicas < 1 or batch_size < 2:
+            raise ControllerError(f"need n_replicas >= 1 and batch_size >= 2, got {n_replicas}, {batch_size}")
+        q_max = max_q(self, batch_size)
+        m = self.m_init if self.fixed_tail_replicas is None else self.fixed_tail_replicas
+        if not 0 <= m < n_replicas:
+            raise ControllerError(f"tail replicas must be in 0..{n_replicas - 1} (the bulk pool needs one), got {m}")
+        if self.fixed_tail_replicas is not None and self.fixed_tail_replicas < 1:
+            raise ControllerError("fixed_tail_replicas must be >= 1 (0 is uniform routing: use the uniform policy)")
+        if not 0 <= self.q_init <= q_max:
+            raise ControllerError(f"q_init must be in 0..{q_max} (max_q_fraction · batch_size), got {self.q_init}")
+        for name in ("q_gain", "rate_smoothing", "gain_smoothing"):
+            if not 0 < getattr(self, name) <= 1:
+                raise ControllerError(f"{name} must be in (0, 1], got {getattr(self, name)}")
+        if not 0 < self.max_q_fraction < 1 or self.balance_tolerance < 0 or self.switch_threshold < 0:
+            raise ControllerError("max_q_fraction must be in (0, 1); balance_tolerance and switch_threshold >= 0")
+        if self.max_replica_step < 1 or self.settle_steps < 0 or self.history_steps < 1 or self.max_q_step < 0:
+            raise ControllerError("max_replica_step >= 1, settle_steps >= 0, history_steps >= 1, max_q_step >= 0")
+
+
+def max_q(config: ControllerConfig, batch_size: int) -> int:
+    return max(1, min(batch_size - 1, int(config.max_q_fraction * batch_size)))
+
+
+@dataclass(frozen=True)
+class GroupRecord:
+    """A group as the rollout layer measures it once it has finished."""
+
+    lengths: tuple[int, ...]  # response tokens of its n samples
+    finish_s: float  # seconds from the pool's start until its last sample finished
+
+
+@dataclass(frozen=True)
+class StepObservation:
+    """Measurable outcome of one step."""
+
+    q: int  # groups aborted at the cutoff (carried to the next step)
+    m: int  # tail-pool replicas actually used (0 when the tail groups ran in the shared pool)
+    tail_makespan_s: float  # when the last regenerated tail group finished (0 without tail groups)
+    bulk_cutoff_s: float  # when the bulk pool reached its quota (the abort moment)
+    tail_groups: tuple[GroupRecord, ...]  # regenerated carried groups
+    bulk_groups: tuple[GroupRecord, ...]  # bulk groups finished before the cutoff
+    n_aborted: int = 0
+    prompt_len: float = 0.0  # mean prompt tokens (context of the decode steps)
+
+    @property
+    def makespan_s(self) -> float:
+        return max(self.tail_makespan_s, self.bulk_cutoff_s)
+
+
+@dataclass(frozen=True)
+class Decision:
+    q: int  # groups to abort and carry in the next step
+    m: int  # tail-pool replicas for the next step
+    reason: str  # what moved (or why nothing did), for logs
+
+
+class _StepTable:
+    """The perf model tabulated on (active, context) so that a decision never calls it."""
+
+    CONTEXTS = np.concatenate([[0.0], np.geomspace(64, 262144, 40)])
+
+    def __init__(self, perf: PerfModel, max_active: int):
+        self.perf = perf
+        self._build(max(64, max_active))
+
+    def _build(self, max_active: int) -> None:
+        active = np.arange(max_active + 2, dtype=float)
+        a, c = np.meshgrid(active, self.CONTEXTS, indexing="ij")
+        self.table = np.asarray(self.perf.step_time(a.ravel(), c.ravel()), dtype=float).reshape(a.shape)
+        self.max_active = max_active
+
+    def __call__(self, active: np.ndarray, context: np.ndarray) -> np.ndarray:
+        """Step seconds at fractional ``active`` (linear between integers) and ``context`` (nearest below)."""
+        if active.size and active.max() > self.max_active:
+            self._build(int(2 ** math.ceil(math.log2(active.max() + 1))))
+        ci = np.clip(np.searchsorted(self.CONTEXTS, context, side="right") - 1, 0, len(self.CONTEXTS) - 1)
+        active = np.where(active > 0, np.maximum(active, 1.0), 0.0)  # a busy replica runs >= 1 request
+        lo = np.floor(active).astype(np.int64)
+        w = active - lo
+        ci = np.broadcast_to(ci, lo.shape)
+        return (1 - w) * self.table[lo, ci] + w * self.table[lo + 1, ci]
+
+
+class _FluidModel:
+    """Predicted pool times for a response-work population (the last ``H`` consumed batches).
+
+    Responses of a pool start together and are spread evenly over its replicas; between grid points
+    the number of active responses is taken as constant, so a pool's clock is a sum of segment
+    lengths times the tabulated step time at the per-replica concurrency. A group finishes at its
+    longest sample; the tail pool holds the q' groups with the longest samples.
+    """
+
+    GRID = 24  # points of each of the linear and geometric halves of the step grid
+
+    def __init__(self, history: Sequence[tuple[np.ndarray, np.ndarray]], batch_size: int, prompt_len: float,
+                 table: _StepTable, q_candidates: np.ndarray):
+        self.h = len(history)
+        self.table = table
+        lengths = np.concatenate([lengths for lengths, _ in history]).astype(float)
+        sizes = np.concatenate([sizes for _, sizes in history])
+        starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+        gmax = np.maximum.reduceat(lengths, starts)
+        s_max = float(lengths.max())
+        grid = np.unique(np.concatenate([np.linspace(0.0, s_max, self.GRID),
+                                         np.geomspace(16.0, max(s_max, 17.0), self.GRID)]))
+        self.grid = grid[grid <= s_max] if s_max > 0 else np.array([0.0, 1.0])
+        self.mid = 0.5 * (self.grid[:-1] + self.grid[1:])
+        self.seg = np.diff(self.grid)
+        self.ctx = self.mid + prompt_len
+        n_seg = len(self.mid)
+        # segment index from which a response is no longer active: it is active on segments with mid < length
+        seg_end = np.searchsorted(self.mid, lengths, side="left")
+        ends = np.bincount(seg_end, minlength=n_seg + 1)
+        self.bulk_active = np.cumsum(ends[::-1])[::-1][1:] / self.h  # responses with length > mid_i
+        gsorted = np.sort(gmax)
+        ranks = np.clip(((batch_size - q_candidates) * self.h).astype(np.int64) - 1, 0, len(gsorted) - 1)
+        self.cut_step = gsorted[ranks]  # step at which the (B − q')-th group finishes
+        # Tail: the q' groups with the longest samples; responses counted per (candidate, segment).
+        rows = q_candidates * self.h
+        order = np.argsort(-gmax, kind="stable")
+        rank_of_group = np.empty(len(gmax), dtype=np.int64)
+        rank_of_group[order] = np.arange(len(gmax))
+        resp_rank = np.repeat(rank_of_group, sizes)
+        keep = resp_rank < rows.max()
+        row_of_rank = np.searchsorted(rows, np.arange(rows.max()), side="right")  # first candidate including it
+        row_idx = row_of_rank[resp_rank[keep]]
+        flat = row_idx * (n_seg + 1) + seg_end[keep]
+        counts = np.bincount(flat, minlength=(len(rows) + 1) * (n_seg + 1)).reshape(len(rows) + 1, n_seg + 1)
+        counts = np.cumsum(counts, axis=0)[: len(rows)]
+        self.tail_active = np.cumsum(counts[:, ::-1], axis=1)[:, ::-1][:, 1:] / self.h
+
+    def _clock(self, active: np.ndarray, replicas: int) -> np.ndarray:
+        step = np.where(active > 0, self.table(active / replicas, self.ctx), 0.0)
+        return np.concatenate([[0.0], np.cumsum(self.seg * step)])
+
+    def bulk_cutoff(self, replicas: int) -> np.ndarray:
+        """Predicted bulk cutoff per q candidate on ``replicas`` replicas."""
+        return np.interp(self.cut_step, self.grid, self._clock(self.bulk_active, replicas))
+
+    def bulk_full(self, replicas: int) -> float:
+        return float(self._clock(self.bulk_active, replicas)[-1])
+
+    def tail_time(self, replicas: int) -> np.ndarray:
+        """Predicted tail-pool time per q candidate on ``replicas`` replicas."""
+        per_replica = self.tail_active / replicas
+        step = self.table(per_replica, np.broadcast_to(self.ctx, per_replica.shape))
+        return (np.where(self.tail_active > 0, step, 0.0) * self.seg).sum(axis=1)
+
+
+@dataclass
+class _Smoothed:
+    """Exponential moving average that starts at its first sample."""
+
+    weight: float
+    value: float | None = None
+
+    def update(self, x: float) -> float:
+        self.value = x if self.value is None else (1 - self.weight) * self.value + self.weight * x
+        return self.value
+
+
+@dataclass
+class _State:
+    q: int
+    m: int
+    quiet_steps: int = 0
+    steps: int = 0
+    sec_per_tail_group: float | None = None
+    bulk_curve: list = field(default_factory=list)  # smoothed time of the k-th bulk finish (None = unseen)
+    tail_bias: float | None = None  # measured / predicted tail time
+    bulk_bias: float | None = None  # measured / predicted bulk time
+    gains: dict = field(default_factory=dict)  # candidate m -> smoothed predicted gain
+    history: list = field(default_factory=list)  # last consumed batches: (flat lengths, group sizes)
+
+
+def _work_arrays(groups: Sequence[GroupRecord]) -> tuple[np.ndarray, np.ndarray]:
+    sizes = np.fromiter((len(g.lengths) for g in groups), dtype=np.int64, count=len(groups))
+    lengths = np.fromiter((x for g in groups for x in g.lengths), dtype=np.int64, count=int(sizes.sum()))
+    return lengths, sizes
+
+
+class HierarchicalController:
+    """Chooses (q, m) for the next step from measurements of the last steps."""
+
+    def __init__(self, config: ControllerConfig, n_replicas: int, batch_size: int, perf: PerfModel):
+        config.validate(n_replicas, batch_size)
+        self.config = config
+        self.n_replicas = n_replicas
+        self.batch_size = batch_size
+        self.q_max = max_q(config, batch_size)
+        self.max_q_step = config.max_q_step or max(1, batch_size // 16)
+        m0 = config.m_init if config.fixed_tail_replicas is None else config.fixed_tail_replicas
+        q0 = config.q_init if m0 > 0 else 0
+        if config.fixed_tail_replicas is not None:
+            q0 = max(1, q0)
+        self.state = _State(q=q0, m=m0)
+        self._table = _StepTable(perf, batch_size * 16)
+        step = max(1, self.q_max // 32)
+        self._q_candidates = np.unique(np.concatenate([np.arange(1, self.q_max + 1, step), [self.q_max]]))
+
+    @property
+    def decision(self) -> Decision:
+        return Decision(self.state.q, self.state.m, "current")
+
+    # ------------------------------------------------------------------ public
+    def observe(self, obs: StepObservation) -> Decision:
+        """Fold one step's measurements in and decide (q, m) for the next step."""
+        self._check(obs)
+        s, cfg = self.state, self.config
+        s.steps += 1
+        s.quiet_steps += 1
+        s.history = (s.history + [_work_arrays(obs.tail_groups + obs.bulk_groups)])[-cfg.history_steps:]
+        self._update_rates(obs)
+        if cfg.fixed_tail_replicas is None and s.quiet_steps > cfg.settle_steps:
+            moved = self._outer(obs)
+            if moved is not None:
+                return moved
+        if s.m > 0 and cfg.inner_loop:
+            return self._inner(obs)
+        return Decision(s.q, s.m, "hold")
+
+    def state_dict(self) -> dict:
+        state = asdict(self.state)
+        state["gains"] = {str(k): float(v) for k, v in state["gains"].items()}
+        state["history"] = [[lengths.tolist(), sizes.tolist()] for lengths, sizes in self.state.history]
+        return {"config": asdict(self.config), "n_replicas": self.n_replicas, "batch_size": self.batch_size,
+                "state": state}
+
+    def load_state_dict(self, sd: dict) -> None:
+        if sd.get("n_replicas") != self.n_replicas or sd.get("batch_size") != self.batch_size:
+            raise ControllerError(f"checkpoint controller ran {sd.get('n_replicas')} replicas × batch "
+                                  f"{sd.get('batch_size')}, this run {self.n_replicas} × {self.batch_size}; "
+                                  "resume with the same rollout size or start the controller fresh")
+        state = dict(sd["state"])
+        state["gains"] = {int(k): v for k, v in state["gains"].items()}
+        state["history"] = [(np.asarray(lengths, dtype=np.int64), np.asarray(sizes, dtype=np.int64))
+                            for lengths, sizes in state["history"]]
+        self.state = _State(**state)
+
+    # ------------------------------------------------------------------ measurements
+    def _check(self, obs: StepObservation) -> None:
+        n_tail, n_bulk = len(obs.tail_groups), len(obs.bulk_groups)
+        if n_tail + n_bulk != self.batch_size:
+            raise ControllerError(f"observation holds {n_tail} tail + {n_bulk} bulk groups; a step consumes "
+                                  f"exactly batch_size = {self.batch_size}")
+        if not 0 <= obs.m < self.n_replicas:
+            raise ControllerError(f"observation used m = {obs.m} tail replicas of {self.n_replicas}")
+
+    def _update_rates(self, obs: StepObservation) -> None:
+        s, w = self.state, self.config.rate_smoothing
+        if obs.tail_groups and obs.m > 0 and obs.tail_makespan_s > 0:
+            rate = obs.tail_makespan_s / len(obs.tail_groups)
+            s.sec_per_tail_group = rate if s.sec_per_tail_group is None else (1 - w) * s.sec_per_tail_group + w * rate
+        finish = sorted(g.finish_s for g in obs.bulk_groups)
+        curve = list(s.bulk_curve) + [None] * (self.batch_size - len(s.bulk_curve))
+        for k, t in enumerate(finish[: self.batch_size]):
+            curve[k] = t if curve[k] is None else (1 - w) * curve[k] + w * t
+        s.bulk_curve = curve
+
+    def _bulk_curve_at(self, ranks: np.ndarray) -> np.ndarray:
+        """Smoothed time of the k-th bulk finish (k = ranks, 1-based); linear extrapolation past the data."""
+        known = np.array([t if t is not None else np.nan for t in self.state.bulk_curve], dtype=float)
+        seen = np.flatnonzero(~np.isnan(known))
+        if len(seen) == 0:
+            return np.full(len(ranks), np.nan)
+        xs, ys = seen + 1.0, np.maximum.accumulate(known[seen])
+        tail = max(2, len(xs) // 10)
+        slope = (ys[-1] - ys[-tail]) / max(xs[-1] - xs[-tail], 1.0) if len(xs) >= 2 else ys[-1] / xs[-1]
+        out = np.interp(ranks, xs, ys)
+        beyond = ranks > xs[-1]
+        out[beyond] = ys[-1] + slope * (ranks[beyond] - xs[-1])
+        return out
+
+    # ------------------------------------------------------------------ inner loop
+    def _inner(self, obs: StepObservation) -> Decision:
+        s, cfg = self.state, self.config
+        tail, bulk = obs.tail_makespan_s, obs.bulk_cutoff_s
+        if not obs.tail_groups or obs.m == 0 or s.sec_per_tail_group is None:
+            return Decision(s.q, s.m, "inner: waiting for a tail-pool measurement")
+        gap = (tail - bulk) / max(tail, bulk, 1e-12)
+        if abs(gap) <= cfg.balance_tolerance:
+            return Decision(s.q, s.m, f"inner: balanced (gap {gap:+.1%})")
+        qs = np.arange(1, self.q_max + 1)
+        predicted = np.maximum(qs * s.sec_per_tail_group, self._bulk_curve_at(self.batch_size - qs.astype(float)))
+        q_star = int(qs[int(np.nanargmin(predicted))])
+        direction = 1 if gap < 0 else -1  # bulk slower: isolate more
+        if (q_star - s.q) * direction <= 0:
+            q_star = s.q + direction  # the measurement decides the direction; the model only the size
+        step = min(self.max_q_step, max(1, int(round(cfg.q_gain * abs(q_star - s.q)))))
+        new_q = int(np.clip(s.q + direction * step, 1, self.q_max))
+        if new_q != s.q:
+            s.q = new_q
+        return Decision(s.q, s.m, f"inner: tail {tail:.1f}s vs bulk {bulk:.1f}s -> q {s.q}")
+
+    # ------------------------------------------------------------------ outer loop
+    def _outer(self, obs: StepObservation) -> Decision | None:
+        s, cfg, R = self.state, self.config, self.n_replicas
+        model = _FluidModel(s.history, self.batch_size, obs.prompt_len, self._table, self._q_candidates)
+        qc = self._q_candidates
+        tail_bias, bulk_bias = self._model_bias(obs, model)
+        lo, hi = max(0, s.m - cfg.max_replica_step), min(R - 1, s.m + cfg.max_replica_step)
+        best: dict[int, tuple[float, int]] = {}
+        tails: dict[int, np.ndarray] = {}
+        bulks: dict[int, np.ndarray] = {}
+        for m in range(lo, hi + 1):
+            if m == 0:
+                best[m] = (model.bulk_full(R) * bulk_bias, 0)
+                continue
+            tails[m] = model.tail_time(m) * tail_bias
+            bulks[m] = model.bulk_cutoff(R - m) * bulk_bias
+            span = np.maximum(tails[m], bulks[m])
+            i = int(np.argmin(span))
+            best[m] = (float(span[i]), int(qc[i]))
+        current = best[s.m][0]
+        deadline = obs.makespan_s
+        choice, choice_gain = None, cfg.switch_threshold
+        for m, (span, q) in best.items():
+            if m == s.m:
+                continue
+            gain = (current - span) / current if current > 0 else 0.0
+            smoothed = gain if m not in s.gains else (1 - cfg.gain_smoothing) * s.gains[m] + cfg.gain_smoothing * gain
+            s.gains[m] = smoothed
+            if smoothed > choice_gain and (not cfg.check_feasibility or self._feasible(m, deadline, model, tails, bulks)):
+                choice, choice_gain = m, smoothed
+        if choice is None:
+            return None
+        s.m, s.q = choice, best[choice][1] if choice > 0 else 0
+        s.quiet_steps = 0
+        s.gains = {}
+        return Decision(s.q, s.m, f"outer: m -> {s.m}, q -> {s.q} (predicted gain {choice_gain:.1%})")
+
+    def _model_bias(self, obs: StepObservation, model: _FluidModel) -> tuple[float, float]:
+        """Measured / predicted pool times at the split just run (smoothed), so candidates compare fairly."""
+        s, w, R = self.state, self.config.rate_smoothing, self.n_replicas
+        qc = self._q_candidates
+        i = int(np.clip(np.searchsorted(qc, obs.q), 0, len(qc) - 1))
+        if obs.m > 0 and obs.tail_groups:
+            predicted_tail = float(model.tail_time(obs.m)[int(np.clip(np.searchsorted(qc, len(obs.tail_groups)), 0, len(qc) - 1))])
+            if predicted_tail > 0 and obs.tail_makespan_s > 0:
+                ratio = obs.tail_makespan_s / predicted_tail
+                s.tail_bias = ratio if s.tail_bias is None else (1 - w) * s.tail_bias + w * ratio
+            predicted_bulk = float(model.bulk_cutoff(R - obs.m)[i]) if obs.q > 0 else model.bulk_full(R - obs.m)
+        else:
+            predicted_bulk = float(model.bulk_cutoff(R)[i]) if obs.q > 0 else model.bulk_full(R)
+        if predicted_bulk > 0 and obs.bulk_cutoff_s > 0:
+            ratio = obs.bulk_cutoff_s / predicted_bulk
+            s.bulk_bias = ratio if s.bulk_bias is None else (1 - w) * s.bulk_bias + w * ratio
+        return (s.tail_bias or 1.0), (s.bulk_bias or 1.0)
+
+    def _feasible(self, m: int, deadline: float, model: _FluidModel, tails: dict, bulks: dict) -> bool:
+        """The enlarged pool absorbs, by the deadline, at least the groups the reduced pool releases."""
+        cur, R = self.state.m, self.n_replicas
+        if m == 0 or cur == 0:
+            return True  # to/from uniform routing there is one pool; the gain test decides
+        qc = self._q_candidates
+
+        def tail_groups_by(k: int) -> int:  # tail groups k replicas finish by the deadline
+            t = tails[k] if k in tails else model.tail_time(k)
+            ok = qc[t <= deadline]
+            return int(ok.max()) if len(ok) else 0
+
+        def bulk_groups_by(k: int) -> int:  # bulk groups k replicas finish by the deadline
+            b = bulks[R - k] if (R - k) in bulks else model.bulk_cutoff(k)
+            ok = qc[b <= deadline]  # b[i] is the time the (B - qc[i])-th group finishes
+            return self.batch_size - int(ok.min()) if len(ok) else 0
+
+        if m > cur:  # a bulk replica moves to the tail pool
+            released = bulk_groups_by(R - cur) - bulk_groups_by(R - m)
+            absorbed = tail_groups_by(m) - tail_groups_by(cur)
+        else:
+            released = tail_groups_by(cur) - tail_groups_by(m)
+            absorbed = bulk_groups_by(R - m) - bulk_groups_by(R - cur)
+        return absorbed >= released
