@@ -11,6 +11,7 @@ from pathlib import Path
 from ..core.errors import TailSieveError
 from ..core.perf import Calibration, TablePerf
 from ..core.trace import read_trace
+from ..core.workload import generate_trace
 from .calibrate import int_list, progress_bar
 
 
@@ -18,7 +19,12 @@ def register(subparsers) -> None:
     p = subparsers.add_parser(
         "bench", help="measure uniform vs TailSieve vs oracle routing on real vLLM servers",
         description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--trace", required=True, help="one rollout step: JSONL/Parquet groups or a verl rollout dump")
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--trace", help="one rollout step: JSONL/Parquet groups or a verl rollout dump")
+    source.add_argument("--preset", help="a synthetic workload preset (weak, real, strong) instead of a trace")
+    p.add_argument("--groups", type=int, default=16, help="prompt groups B of a --preset step")
+    p.add_argument("--group-size", type=int, default=4, help="responses n per group of a --preset step")
+    p.add_argument("--seed", type=int, default=0, help="seed of a --preset step")
     p.add_argument("--replicas", "-R", type=int, required=True, help="replicas R of the step")
     p.add_argument("--url", action="append", required=True,
                    help="vLLM OpenAI server; repeat for up to R servers (replicas run concurrently), fewer "
@@ -62,7 +68,11 @@ def run(args: argparse.Namespace) -> int:
     if (args.q is None) != (args.m is None):
         raise TailSieveError("give --q and --m together (or neither, to let the simulator pick the split)")
     policies = tuple(p.strip() for p in args.policies.split(",") if p.strip())
-    groups = scale_groups(read_trace(args.trace).groups, args.length_scale, args.max_len)
+    if args.trace:
+        trace = read_trace(args.trace)
+    else:
+        trace = generate_trace(args.preset, args.groups, args.group_size, seed=args.seed)
+    groups = scale_groups(trace.groups, args.length_scale, args.max_len)
     servers = [OpenAIServer(url, args.model) for url in args.url]
     for server in servers:
         check_lengths(groups, server.max_model_len)
@@ -83,7 +93,8 @@ def run(args: argparse.Namespace) -> int:
                        split=None if args.q is None else (args.q, args.m), max_num_seqs=args.max_num_seqs,
                        oracle_time_limit_s=args.oracle_time_limit,
                        on_run=lambda d, t, name, s: advance(f"{name}: {s:.2f}s"))
-    report["trace"] = str(args.trace)
+    report["trace"] = str(args.trace) if args.trace else f"preset:{args.preset}:B={args.groups}:n={args.group_size}:seed={args.seed}"
+    report["max_len"] = args.max_len
     report["length_scale"] = args.length_scale
     report["calibration"] = cal.source
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -152,4 +152,5 @@ def synthetic_prompt(prompt_len: int, key: int) -> tuple[int, ...]:
     """A deterministic prompt of ``prompt_len`` (>= 1) token ids, distinct per ``key``."""
     low, high = PROMPT_TOKEN_RANGE
     span = high - low
+    key = int(key)
     return tuple(low + (key * 7919 + i * 104729) % span for i in range(max(1, int(prompt_len))))

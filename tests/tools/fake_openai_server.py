@@ -56,7 +56,10 @@ class FakeOpenAIServer:
                 self._send(200, {"choices": [{"text": "x" * tokens, "finish_reason": "length"}],
                                  "usage": {"prompt_tokens": len(body["prompt"]), "completion_tokens": tokens}})
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        class Server(ThreadingHTTPServer):
+            request_queue_size = 256  # a batch connects all at once
+
+        self.httpd = Server(("127.0.0.1", 0), Handler)
         self.httpd.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
         self._thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
