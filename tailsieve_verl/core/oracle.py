@@ -129,8 +129,10 @@ class SetCost:
         max_len = max((int(x.max()) for x in self.lengths if len(x)), default=0)
         prompt_lens = {g.prompt_len for g in self.groups}
         uncapped = max_num_seqs is None or max_num_seqs >= total
-        small = (total + 1) * (max_len + 1) <= MAX_TABLE_CELLS
-        self.table = (StepCostTable.shared(perf, total, max_len, prompt_lens.pop())
+        # Round the step axis up to a power of two so instances of one workload share a table.
+        steps = 1 << max(0, int(max_len - 1).bit_length())
+        small = (total + 1) * (steps + 1) <= MAX_TABLE_CELLS
+        self.table = (StepCostTable.shared(perf, total, steps, prompt_lens.pop())
                       if uncapped and len(prompt_lens) == 1 and small else None)
         self.bounded = self.table is not None
         self._cache: dict[tuple[int, ...], float] = {}

@@ -1,0 +1,178 @@
+"""Offline routing study (seed §2.2 / appendix): how close do simple policies get to the optimum?
+
+An *instance* is one rollout group in the seed's sense: ``trajectories`` responses (default 100)
+routed across ``replicas`` replicas, in atomic prompt groups of ``group_size`` responses
+(default 1: every trajectory is routed on its own, the seed's "per-group best-k" over 100
+trajectories). Each instance draws ``trajectories / group_size`` prompts (from a workload preset or
+an observed trace) at its own checkpoint step, and is routed by
+
+* ``best-k`` — topk-balanced with the best k and m for the instance,
+* ``fixed-10%`` — topk-balanced isolating 10 % of the groups on one tail replica,
+* ``random-uniform`` — equal group counts per replica in a random order,
+* ``uniform-oracle`` — balanced known work, no isolation,
+
+and compared against the best-known optimum: the exact branch-and-bound search, anytime within
+``time_limit_s`` per instance, seeded with best-k. Each instance records whether the optimum was
+proven and the proven lower bound, so the gaps can be read honestly.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from .errors import TailSieveError
+from .perf import DEFAULT_PERF_MODEL, parse_perf_model
+from .policies import balanced_assignment, route
+from .replica import evaluate_assignment
+from .trace import Group, read_trace
+from .workload import PRESETS, PromptPool
+
+STUDY_POLICIES = ("best-k", "fixed-10%", "random-uniform", "uniform-oracle")
+SEED_RESULT = {"best-k worst gap": 0.04, "best-k share within 1%": 0.72}
+
+
+class StudyError(TailSieveError):
+    """A study setting that cannot be run (sizes, workload source)."""
+
+
+@dataclass(frozen=True)
+class StudyConfig:
+    instances: int = 100
+    trajectories: int = 100
+    group_size: int = 1
+    replicas: int = 4
+    perf_model: str = DEFAULT_PERF_MODEL
+    workload: str = "real"
+    seed: int = 0
+    time_limit_s: float = 0.8
+    isolation_fraction: float = 0.1
+
+    def validate(self) -> None:
+        if self.instances < 1:
+            raise StudyError(f"--instances must be >= 1, got {self.instances}")
+        if self.group_size < 1 or self.trajectories < self.group_size:
+            raise StudyError(f"need 1 <= --group-size <= --trajectories, got group size {self.group_size} "
+                             f"and {self.trajectories} trajectories")
+        if self.trajectories % self.group_size:
+            raise StudyError(f"--trajectories ({self.trajectories}) must be a multiple of --group-size "
+                             f"({self.group_size}): groups are atomic")
+        if self.replicas < 2:
+            raise StudyError(f"the study compares tail isolation, which needs --replicas >= 2, got {self.replicas}")
+        if self.time_limit_s <= 0:
+            raise StudyError(f"--time-limit must be > 0 seconds, got {self.time_limit_s}")
+        if not 0 < self.isolation_fraction < 1:
+            raise StudyError(f"isolation fraction must lie in (0, 1), got {self.isolation_fraction}")
+
+    @property
+    def groups_per_instance(self) -> int:
+        return self.trajectories // self.group_size
+
+
+@dataclass(frozen=True)
+class InstanceResult:
+    index: int
+    optimum_s: float  # best known (proven when ``optimal``)
+    lower_bound_s: float
+    optimal: bool
+    makespan_s: dict[str, float]
+    best_k: int
+    best_m: int
+
+    def gap(self, policy: str) -> float:
+        return self.makespan_s[policy] / self.optimum_s - 1.0 if self.optimum_s > 0 else 0.0
+
+
+@dataclass
+class StudyResult:
+    config: StudyConfig
+    instances: list[InstanceResult] = field(default_factory=list)
+    elapsed_s: float = 0.0
+
+    def gaps(self, policy: str) -> np.ndarray:
+        return np.array([r.gap(policy) for r in self.instances])
+
+    def summary(self) -> dict:
+        policies = {}
+        for p in STUDY_POLICIES:
+            g = self.gaps(p)
+            policies[p] = {"median_gap": float(np.median(g)), "p90_gap": float(np.percentile(g, 90)),
+                           "worst_gap": float(g.max()), "share_within_1pct": float(np.mean(g <= 0.01))}
+        bound_gap = np.array([1.0 - r.lower_bound_s / r.optimum_s if r.optimum_s > 0 else 0.0 for r in self.instances])
+        return {
+            "policies": policies,
+            "oracle": {"proven_optimal": int(sum(r.optimal for r in self.instances)),
+                       "instances": len(self.instances),
+                       "worst_optimum_to_bound_gap": float(bound_gap.max()),
+                       "median_optimum_to_bound_gap": float(np.median(bound_gap))},
+            "best_k_choices": {"k_median": float(np.median([r.best_k for r in self.instances])),
+                               "m_counts": {str(m): int(sum(r.best_m == m for r in self.instances))
+                                            for m in sorted({r.best_m for r in self.instances})}},
+            "seed_reference": SEED_RESULT,
+            "elapsed_s": self.elapsed_s,
+        }
+
+    def to_json(self) -> dict:
+        return {"config": asdict(self.config), "summary": self.summary(),
+                "instances": [asdict(r) for r in self.instances]}
+
+
+def _instance_source(config: StudyConfig) -> Callable[[int, np.random.Generator], list[Group]]:
+    """Groups of instance i: fresh prompts at checkpoint step i (preset) or resampled trace prompts."""
+    g = config.groups_per_instance
+    if config.workload in PRESETS:
+        pool = PromptPool(config.workload, config.instances * g, seed=config.seed)
+        return lambda i, rng: pool.sample_groups(pool.prompt_ids[i * g:(i + 1) * g], config.group_size, i, rng)
+    if not os.path.exists(config.workload):
+        raise StudyError(f"--workload {config.workload!r} is neither a preset ({', '.join(PRESETS)}) "
+                         "nor an existing trace file")
+    trace = read_trace(config.workload)
+    if len(trace) < g:
+        raise StudyError(f"trace {config.workload} has {len(trace)} prompts; an instance needs {g} "
+                         f"(--trajectories / --group-size); lower --trajectories or raise --group-size")
+    pool = PromptPool.from_trace(trace, seed=config.seed)
+
+    def draw(i: int, rng: np.random.Generator) -> list[Group]:
+        picks = rng.choice(len(pool), size=g, replace=False)
+        return pool.sample_groups([pool.prompt_ids[j] for j in sorted(picks)], config.group_size, 0, rng)
+    return draw
+
+
+def run_instance(index: int, groups: list[Group], config: StudyConfig, perf, rng: np.random.Generator) -> InstanceResult:
+    """Route one instance with every study policy and the exact search."""
+    R = config.replicas
+    n = len(groups)
+    best_k = route("best-k", groups, R, perf)
+    fixed_k = max(1, int(round(config.isolation_fraction * n)))
+    fixed = route("topk-balanced", groups, R, perf, k=fixed_k, tail_replicas=1)
+    order = rng.permutation(n)
+    random_assignment = np.empty(n, dtype=np.int64)
+    random_assignment[order] = np.arange(n) % R
+    random_uniform = evaluate_assignment(groups, random_assignment, R, perf).makespan_s
+    balanced = evaluate_assignment(groups, balanced_assignment([g.total_len for g in groups], R), R, perf).makespan_s
+    exact = route("exact", groups, R, perf, time_limit_s=config.time_limit_s)
+    makespans = {"best-k": best_k.makespan_s, "fixed-10%": fixed.makespan_s, "random-uniform": random_uniform,
+                 "uniform-oracle": balanced}
+    optimum = min([exact.makespan_s] + list(makespans.values()))
+    return InstanceResult(index, optimum, min(exact.lower_bound_s, optimum), exact.optimal, makespans,
+                          best_k.k, best_k.tail_replicas)
+
+
+def run_study(config: StudyConfig, progress: Callable[[int, int], None] | None = None) -> StudyResult:
+    """Run every instance; ``progress(done, total)`` is called after each."""
+    config.validate()
+    perf = parse_perf_model(config.perf_model)
+    draw = _instance_source(config)
+    result = StudyResult(config)
+    start = time.perf_counter()
+    for i in range(config.instances):
+        rng = np.random.default_rng([config.seed, i])
+        result.instances.append(run_instance(i, draw(i, rng), config, perf, rng))
+        if progress is not None:
+            progress(i + 1, config.instances)
+    result.elapsed_s = time.perf_counter() - start
+    return result

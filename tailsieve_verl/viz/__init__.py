@@ -1,0 +1,1 @@
+"""Plots (matplotlib, imported lazily by the CLI); the core never imports this package."""
