@@ -55,7 +55,8 @@ class ControllerConfig:
     rate_smoothing: float = 0.5  # weight of the newest measurement in the rate EMAs (1 = no smoothing)
     switch_threshold: float = 0.03  # predicted relative makespan gain needed to move replicas
     gain_smoothing: float = 0.5  # weight of the newest predicted gain (damping of the outer loop)
-    max_replica_step: int = 1  # bound on |Δm| per decision
+    search_radius: int = 2  # the outer loop evaluates splits m ± this (objective need not be unimodal)
+    max_replica_step: int = 1  # bound on |Δm| per decision (a move toward a farther best split is clipped)
     settle_steps: int = 2  # quiet steps after any change before the outer loop decides again
     history_steps: int = 2  # consumed batches kept as response-work history
     check_feasibility: bool = True  # outer loop requires deadline feasibility of a switch
@@ -77,8 +78,9 @@ class ControllerConfig:
                 raise ControllerError(f"{name} must be in (0, 1], got {getattr(self, name)}")
         if not 0 < self.max_q_fraction < 1 or self.balance_tolerance < 0 or self.switch_threshold < 0:
             raise ControllerError("max_q_fraction must be in (0, 1); balance_tolerance and switch_threshold >= 0")
-        if self.max_replica_step < 1 or self.settle_steps < 0 or self.history_steps < 1 or self.max_q_step < 0:
-            raise ControllerError("max_replica_step >= 1, settle_steps >= 0, history_steps >= 1, max_q_step >= 0")
+        if self.max_replica_step < 1 or self.search_radius < self.max_replica_step or self.settle_steps < 0 or self.history_steps < 1 or self.max_q_step < 0:
+            raise ControllerError("need max_replica_step >= 1, search_radius >= max_replica_step, settle_steps >= 0, "
+                                  "history_steps >= 1, max_q_step >= 0")
 
 
 def max_q(config: ControllerConfig, batch_size: int) -> int:
@@ -160,6 +162,8 @@ class _FluidModel:
                  table: _StepTable, q_candidates: np.ndarray):
         self.h = len(history)
         self.table = table
+        self.batch_size = batch_size
+        self.q_candidates = q_candidates
         lengths = np.concatenate([lengths for lengths, _ in history]).astype(float)
         sizes = np.concatenate([sizes for _, sizes in history])
         starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
@@ -197,18 +201,27 @@ class _FluidModel:
         step = np.where(active > 0, self.table(active / replicas, self.ctx), 0.0)
         return np.concatenate([[0.0], np.cumsum(self.seg * step)])
 
+    def _critical(self, n_groups: np.ndarray, replicas: int, active: np.ndarray) -> np.ndarray:
+        """Active responses on the replica that holds the longest group (round-robin): that group plus
+        ``ceil(groups / replicas) − 1`` average others. ``active`` rows hold all ``n_groups`` groups."""
+        top = self.tail_active[0]  # the longest group of a step (q' = 1 row, averaged over the history)
+        others = np.maximum(active - top, 0.0) / np.maximum(n_groups - 1, 1)[:, None]
+        return top + (np.ceil(n_groups / replicas) - 1)[:, None] * others
+
     def bulk_cutoff(self, replicas: int) -> np.ndarray:
-        """Predicted bulk cutoff per q candidate on ``replicas`` replicas."""
+        """Predicted bulk cutoff per q candidate on ``replicas`` replicas (all fresh groups spread evenly)."""
         return np.interp(self.cut_step, self.grid, self._clock(self.bulk_active, replicas))
 
     def bulk_full(self, replicas: int) -> float:
-        return float(self._clock(self.bulk_active, replicas)[-1])
+        """Predicted end of one shared pool running the whole batch (uniform routing)."""
+        crit = self._critical(np.array([self.batch_size]), replicas, self.bulk_active[None, :])[0]
+        return float(self._clock(crit, 1)[-1])
 
     def tail_time(self, replicas: int) -> np.ndarray:
         """Predicted tail-pool time per q candidate on ``replicas`` replicas."""
-        per_replica = self.tail_active / replicas
-        step = self.table(per_replica, np.broadcast_to(self.ctx, per_replica.shape))
-        return (np.where(self.tail_active > 0, step, 0.0) * self.seg).sum(axis=1)
+        crit = self._critical(self.q_candidates, replicas, self.tail_active)
+        step = self.table(crit, np.broadcast_to(self.ctx, crit.shape))
+        return (np.where(crit > 0, step, 0.0) * self.seg).sum(axis=1)
 
 
 @dataclass
@@ -231,8 +244,9 @@ class _State:
     steps: int = 0
     sec_per_tail_group: float | None = None
     bulk_curve: list = field(default_factory=list)  # smoothed time of the k-th bulk finish (None = unseen)
-    tail_bias: float | None = None  # measured / predicted tail time
-    bulk_bias: float | None = None  # measured / predicted bulk time
+    tail_bias: float | None = None  # measured / predicted tail-pool time
+    cutoff_bias: float | None = None  # measured / predicted bulk cutoff (a tail pool ran)
+    full_bias: float | None = None  # measured / predicted end of a shared pool (uniform routing)
     gains: dict = field(default_factory=dict)  # candidate m -> smoothed predicted gain
     history: list = field(default_factory=list)  # last consumed batches: (flat lengths, group sizes)
 
@@ -361,55 +375,58 @@ class HierarchicalController:
         s, cfg, R = self.state, self.config, self.n_replicas
         model = _FluidModel(s.history, self.batch_size, obs.prompt_len, self._table, self._q_candidates)
         qc = self._q_candidates
-        tail_bias, bulk_bias = self._model_bias(obs, model)
-        lo, hi = max(0, s.m - cfg.max_replica_step), min(R - 1, s.m + cfg.max_replica_step)
+        tail_bias, cutoff_bias, full_bias = self._model_bias(obs, model)
+        lo, hi = max(0, s.m - cfg.search_radius), min(R - 1, s.m + cfg.search_radius)
         best: dict[int, tuple[float, int]] = {}
         tails: dict[int, np.ndarray] = {}
         bulks: dict[int, np.ndarray] = {}
         for m in range(lo, hi + 1):
             if m == 0:
-                best[m] = (model.bulk_full(R) * bulk_bias, 0)
+                best[m] = (model.bulk_full(R) * full_bias, 0)
                 continue
             tails[m] = model.tail_time(m) * tail_bias
-            bulks[m] = model.bulk_cutoff(R - m) * bulk_bias
+            bulks[m] = model.bulk_cutoff(R - m) * cutoff_bias
             span = np.maximum(tails[m], bulks[m])
             i = int(np.argmin(span))
             best[m] = (float(span[i]), int(qc[i]))
         current = best[s.m][0]
-        deadline = obs.makespan_s
-        choice, choice_gain = None, cfg.switch_threshold
-        for m, (span, q) in best.items():
-            if m == s.m:
-                continue
-            gain = (current - span) / current if current > 0 else 0.0
-            smoothed = gain if m not in s.gains else (1 - cfg.gain_smoothing) * s.gains[m] + cfg.gain_smoothing * gain
-            s.gains[m] = smoothed
-            if smoothed > choice_gain and (not cfg.check_feasibility or self._feasible(m, deadline, model, tails, bulks)):
-                choice, choice_gain = m, smoothed
-        if choice is None:
+        for m, (span, _) in best.items():
+            if m != s.m:
+                gain = (current - span) / current if current > 0 else 0.0
+                s.gains[m] = gain if m not in s.gains else (1 - cfg.gain_smoothing) * s.gains[m] + cfg.gain_smoothing * gain
+        target = max((m for m in best if m != s.m), key=lambda m: s.gains[m], default=None)
+        if target is None or s.gains[target] <= cfg.switch_threshold:
             return None
-        s.m, s.q = choice, best[choice][1] if choice > 0 else 0
+        step = int(np.clip(target - s.m, -cfg.max_replica_step, cfg.max_replica_step))
+        new_m = s.m + step
+        if cfg.check_feasibility and not self._feasible(new_m, obs.makespan_s, model, tails, bulks):
+            return None
+        gain = s.gains[target]
+        s.m, s.q = new_m, best[new_m][1] if new_m > 0 else 0
         s.quiet_steps = 0
         s.gains = {}
-        return Decision(s.q, s.m, f"outer: m -> {s.m}, q -> {s.q} (predicted gain {choice_gain:.1%})")
+        return Decision(s.q, s.m, f"outer: m -> {s.m}, q -> {s.q} (best split {target}, predicted gain {gain:.1%})")
 
-    def _model_bias(self, obs: StepObservation, model: _FluidModel) -> tuple[float, float]:
+    def _model_bias(self, obs: StepObservation, model: _FluidModel) -> tuple[float, float, float]:
         """Measured / predicted pool times at the split just run (smoothed), so candidates compare fairly."""
         s, w, R = self.state, self.config.rate_smoothing, self.n_replicas
         qc = self._q_candidates
-        i = int(np.clip(np.searchsorted(qc, obs.q), 0, len(qc) - 1))
+
+        def smooth(old: float | None, measured: float, predicted: float) -> float | None:
+            if measured <= 0 or predicted <= 0:
+                return old
+            ratio = measured / predicted
+            return ratio if old is None else (1 - w) * old + w * ratio
+
         if obs.m > 0 and obs.tail_groups:
-            predicted_tail = float(model.tail_time(obs.m)[int(np.clip(np.searchsorted(qc, len(obs.tail_groups)), 0, len(qc) - 1))])
-            if predicted_tail > 0 and obs.tail_makespan_s > 0:
-                ratio = obs.tail_makespan_s / predicted_tail
-                s.tail_bias = ratio if s.tail_bias is None else (1 - w) * s.tail_bias + w * ratio
-            predicted_bulk = float(model.bulk_cutoff(R - obs.m)[i]) if obs.q > 0 else model.bulk_full(R - obs.m)
-        else:
-            predicted_bulk = float(model.bulk_cutoff(R)[i]) if obs.q > 0 else model.bulk_full(R)
-        if predicted_bulk > 0 and obs.bulk_cutoff_s > 0:
-            ratio = obs.bulk_cutoff_s / predicted_bulk
-            s.bulk_bias = ratio if s.bulk_bias is None else (1 - w) * s.bulk_bias + w * ratio
-        return (s.tail_bias or 1.0), (s.bulk_bias or 1.0)
+            i_tail = int(np.clip(np.searchsorted(qc, len(obs.tail_groups)), 0, len(qc) - 1))
+            s.tail_bias = smooth(s.tail_bias, obs.tail_makespan_s, float(model.tail_time(obs.m)[i_tail]))
+            i_cut = int(np.clip(np.searchsorted(qc, obs.q), 0, len(qc) - 1))
+            s.cutoff_bias = smooth(s.cutoff_bias, obs.bulk_cutoff_s, float(model.bulk_cutoff(R - obs.m)[i_cut]))
+        elif obs.q == 0 and not obs.tail_groups:
+            s.full_bias = smooth(s.full_bias, obs.bulk_cutoff_s, model.bulk_full(R))
+        cutoff = s.cutoff_bias or s.full_bias or 1.0
+        return (s.tail_bias or cutoff), cutoff, (s.full_bias or cutoff)
 
     def _feasible(self, m: int, deadline: float, model: _FluidModel, tails: dict, bulks: dict) -> bool:
         """The enlarged pool absorbs, by the deadline, at least the groups the reduced pool releases."""
