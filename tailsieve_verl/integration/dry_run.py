@@ -11,18 +11,22 @@ validates the result the way a real launch would before any worker starts:
    ``actor_rollout_ref.model.mtp`` (``MtpConfig``), the rollout's checkpoint engine and
    ``distillation`` (both instantiated by the V1 trainer). ``HFModelConfig`` itself is skipped on
    purpose: it loads the tokenizer and HF config from ``model.path``, i.e. a download;
-3. the trainer mode is registered in verl (the ``verl.plugins`` entry point is installed) and
-   TailSieve's own start-up validation (:func:`tailsieve_verl.integration.config.validate_verl_config`).
+3. the trainer mode is registered in verl (the ``verl.plugins`` entry point is installed), the
+   custom reward function loads, and TailSieve's own start-up wiring and validation
+   (:func:`tailsieve_verl.integration.config.wire_verl_config`) accepts the config.
 
-It prints the resolved ``algorithm``, ``actor_rollout_ref.rollout`` and ``tailsieve`` sections and
-exits 0; a config that would fail at start-up exits 2 with one line saying why. Nothing is
+It prints the resolved ``algorithm``, ``actor_rollout_ref.rollout`` (as the trainer rewires it) and
+``tailsieve`` sections, plus the engine settings every rollout replica is launched with (computed
+by the same per-pool functions the replicas call), and exits 0; a config that would fail at start-up exits 2 with one line saying why. Nothing is
 downloaded, no Ray or GPU is touched.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -113,11 +117,62 @@ def check_trainer_mode(config: Any) -> None:
                           "its verl.plugins entry point") from None
 
 
-def dry_run(argv: Sequence[str]) -> tuple[Any, Any]:
-    """Compose and validate; returns (the composed DictConfig, the TailSieveConfig)."""
+def check_reward_function(config: Any) -> None:
+    """Load the custom reward function the way verl's reward workers will."""
+    from omegaconf import OmegaConf
+    from verl.utils.import_utils import load_extern_object
+
+    path = OmegaConf.select(config, "reward.custom_reward_function.path")
+    name = OmegaConf.select(config, "reward.custom_reward_function.name")
+    if not path:
+        return
+    try:
+        load_extern_object(module_path=path, object_name=name)
+    except Exception as e:
+        raise DryRunError(f"reward.custom_reward_function {path}:{name} does not load: {e}") from None
+
+
+@dataclass(frozen=True)
+class PoolPlan:
+    """The rollout engine settings one replica is launched with."""
+
+    replica_rank: int
+    pool: str
+    max_num_seqs: int
+    mtp_rollout: bool  # the replica's vLLM engine drafts with the model's MTP head
+    num_speculative_tokens: int | None
+    speculative_config: dict | None  # extra vLLM speculative_config (e.g. DFlash), merged by verl at launch
+
+
+def pool_plan(config: Any, tailsieve: Any) -> list[PoolPlan]:
+    """Per-replica engine settings, computed by the same functions the TailSieve replicas call at
+    launch (``integration.engine_config``) on verl's own ``RolloutConfig``."""
+    from verl.utils.config import omega_conf_to_dataclass
+
+    from tailsieve_verl.integration.config import rollout_replica_count
+    from tailsieve_verl.integration.engine_config import launch_pool, pool_engine, specialise_rollout_config
+
+    base = omega_conf_to_dataclass(config.actor_rollout_ref.rollout)
+    plans = []
+    for rank in range(rollout_replica_count(config)):
+        rollout = specialise_rollout_config(base, pool_engine(rank, tailsieve)) if tailsieve.active else base
+        mtp = rollout.mtp
+        mtp_rollout = bool(mtp is not None and mtp.enable and mtp.enable_rollout)
+        vllm_kwargs = dict((rollout.engine_kwargs or {}).get("vllm") or {})
+        spec = vllm_kwargs.get("speculative_config")
+        plans.append(PoolPlan(rank, launch_pool(rank, tailsieve) if tailsieve.active else "uniform",
+                              int(rollout.max_num_seqs), mtp_rollout,
+                              int(mtp.num_speculative_tokens) if mtp_rollout else None,
+                              dict(spec) if spec else None))
+    return plans
+
+
+def dry_run(argv: Sequence[str]) -> tuple[Any, Any, list[PoolPlan]]:
+    """Compose, validate and wire the config as the TailSieve trainer would at start-up; returns the
+    composed DictConfig, the TailSieveConfig and the per-replica engine plan."""
     from omegaconf import OmegaConf
 
-    from tailsieve_verl.integration.config import validate_verl_config
+    from tailsieve_verl.integration.config import wire_verl_config
 
     config_path, config_name, overrides = parse_hydra_args(argv)
     config = compose(config_path, config_name, overrides)
@@ -127,11 +182,12 @@ def dry_run(argv: Sequence[str]) -> tuple[Any, Any]:
         raise DryRunError(f"the config does not resolve: {str(e).splitlines()[0]}") from None
     validate_with_verl(config)
     check_trainer_mode(config)
-    tailsieve = validate_verl_config(config)
-    return config, tailsieve
+    check_reward_function(config)
+    tailsieve = wire_verl_config(config)
+    return config, tailsieve, pool_plan(config, tailsieve)
 
 
-def render(config: Any) -> str:
+def render(config: Any, plans: Sequence[PoolPlan]) -> str:
     from omegaconf import OmegaConf
 
     parts = []
@@ -139,17 +195,38 @@ def render(config: Any) -> str:
         section = OmegaConf.select(config, path)
         body = OmegaConf.to_yaml(section) if section is not None else "null\n"
         parts.append(f"# {path}\n" + "".join(f"  {line}\n" for line in body.splitlines()))
+    parts.append("# rollout replicas (engine settings at launch)\n")
+    for p in plans:
+        spec = "off"
+        if p.mtp_rollout:
+            spec = f"mtp x{p.num_speculative_tokens}"
+        if p.speculative_config:
+            spec = ("mtp + " if p.mtp_rollout else "") + json.dumps(p.speculative_config, sort_keys=True)
+        parts.append(f"  replica {p.replica_rank}: pool={p.pool} max_num_seqs={p.max_num_seqs} speculative={spec}\n")
     return "".join(parts)
+
+
+def missing_data_files(config: Any) -> list[str]:
+    from omegaconf import OmegaConf
+
+    missing = []
+    for key in ("data.train_files", "data.val_files"):
+        value = OmegaConf.select(config, key)
+        files = list(value) if isinstance(value, (list, tuple)) or OmegaConf.is_list(value) else [value]
+        missing += [f"{key}={f}" for f in files if f and not Path(str(f)).expanduser().exists()]
+    return missing
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
-        config, tailsieve = dry_run(argv)
+        config, tailsieve, plans = dry_run(argv)
     except TailSieveError as e:
         print(f"tailsieve dry run: error: {e}", file=sys.stderr)
         return 2
-    print(render(config), end="")
+    print(render(config, plans), end="")
+    for item in missing_data_files(config):
+        print(f"# note: {item} does not exist yet; a real run needs it (scripts/prepare_data.py)")
     state = "active" if tailsieve.active else "off: uniform group routing, (q, m) = (0, 0)"
     print(f"# dry run ok: trainer_mode={config.trainer.v1.trainer_mode}, tailsieve {state}")
     return 0

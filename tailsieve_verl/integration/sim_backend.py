@@ -263,7 +263,18 @@ def _vocab_ids(tokenizer: Any) -> list[int]:
     return ids
 
 
-def _replica_base():
+_SIM_REPLICA_CLASS = None
+
+
+def sim_replica_class():
+    """verl's RolloutReplica subclass for ``tailsieve_sim`` (built on first use; verl imported lazily)."""
+    global _SIM_REPLICA_CLASS
+    if _SIM_REPLICA_CLASS is None:
+        _SIM_REPLICA_CLASS = _build_sim_replica_class()
+    return _SIM_REPLICA_CLASS
+
+
+def _build_sim_replica_class():
     from verl.workers.rollout.replica import RolloutMode, RolloutReplica
 
     class SimReplica(RolloutReplica):
