@@ -1,0 +1,214 @@
+# Shared part of every TailSieve recipe (sourced, not run): one sampling configuration per
+# workload, Dr. GRPO, data/model paths, the replica layout, and the launch. A recipe sets its model
+# and layout, picks one variant and calls `launch "$@"`; extra Hydra overrides given to the recipe
+# are appended last, so they win.
+#
+# Environment (all optional):
+#   MODEL_PATH          HF model directory or hub id (each recipe has a default)
+#   WORKLOAD            math | code                                       (default: math)
+#   DATA_DIR            output of scripts/prepare_data.py: $DATA_DIR/$WORKLOAD/{train,test}.parquet
+#                                                                         (default: $HOME/data/tailsieve)
+#   TRAIN_FILES, VAL_FILES  parquet files, overriding DATA_DIR
+#   N_GPUS, NNODES      GPUs per node and nodes                           (default: 8, 1)
+#   LOGGER              verl tracker list                                 (default: '["console","file"]')
+#   PROJECT_NAME, EXPERIMENT_NAME  tracker names                          (default: tailsieve, <recipe>-<workload>)
+#   VERL_FILE_LOGGER_ROOT  where verl's `file` tracker writes $PROJECT_NAME/$EXPERIMENT_NAME.jsonl (verl's own variable)
+#   TOTAL_STEPS, TRAIN_BATCH_SIZE  training steps and prompt groups per step (default: 30, 64)
+#   ROLLOUT_DATA_DIR    if set, verl dumps every step's rollouts there (input of `tailsieve trace`)
+#   TAILSIEVE_Q0, TAILSIEVE_M0  initial (q, m) of the adaptive variants   (default: B/8, 1)
+#   PERF_MODEL          controller's concurrency-throughput model        (default: table:h200-dense / -moe)
+#   MTP_BULK_TOKENS, MTP_TAIL_TOKENS  MTP depth on bulk and tail replicas (default: 1, 3)
+#   DFLASH_DRAFT_PATH, DFLASH_TOKENS  DFlash drafter for the target model, its block size (default: 8)
+#   PYTHON              interpreter with verl and tailsieve-verl          (default: python3)
+#   TAILSIEVE_DRY_RUN=1     compose and validate the full config against the installed verl, print
+#                           the resolved sections, exit; no GPU, no download
+#   TAILSIEVE_PRINT_ARGS=1  print the command the recipe would run, one argument per line, exit
+
+RECIPE_NAME=$(basename "${0}" .sh)
+PYTHON=${PYTHON:-python3}
+WORKLOAD=${WORKLOAD:-math}
+DATA_DIR=${DATA_DIR:-$HOME/data/tailsieve}
+N_GPUS=${N_GPUS:-8}
+NNODES=${NNODES:-1}
+LOGGER=${LOGGER:-'["console","file"]'}
+PROJECT_NAME=${PROJECT_NAME:-tailsieve}
+EXPERIMENT_NAME=${EXPERIMENT_NAME:-${RECIPE_NAME}-${WORKLOAD}}
+TOTAL_STEPS=${TOTAL_STEPS:-30}
+TRAIN_BATCH_SIZE=${TRAIN_BATCH_SIZE:-64}
+MTP_BULK_TOKENS=${MTP_BULK_TOKENS:-1}
+MTP_TAIL_TOKENS=${MTP_TAIL_TOKENS:-3}
+DFLASH_TOKENS=${DFLASH_TOKENS:-8}
+
+# One sampling configuration per workload, shared by every recipe, baseline and variant alike
+# (matched sampling). n = 8 responses per prompt group.
+case "${WORKLOAD}" in
+  math) MAX_PROMPT_LENGTH=1024; MAX_RESPONSE_LENGTH=8192 ;;
+  code) MAX_PROMPT_LENGTH=1024; MAX_RESPONSE_LENGTH=4096 ;;
+  *) echo "${RECIPE_NAME}: WORKLOAD must be math or code, got '${WORKLOAD}'" >&2; exit 2 ;;
+esac
+ROLLOUT_N=8
+TEMPERATURE=1.0
+TOP_P=1.0
+TRAIN_FILES=${TRAIN_FILES:-${DATA_DIR}/${WORKLOAD}/train.parquet}
+VAL_FILES=${VAL_FILES:-${DATA_DIR}/${WORKLOAD}/test.parquet}
+
+ARGS=(
+  # data: parquet from scripts/prepare_data.py; reward from tailsieve_verl/rewards.py
+  "data.train_files=${TRAIN_FILES}"
+  "data.val_files=${VAL_FILES}"
+  "data.train_batch_size=${TRAIN_BATCH_SIZE}"
+  "data.max_prompt_length=${MAX_PROMPT_LENGTH}"
+  "data.max_response_length=${MAX_RESPONSE_LENGTH}"
+  data.filter_overlong_prompts=True
+  data.truncation=error
+  reward.custom_reward_function.path=pkg://tailsieve_verl.rewards
+  reward.custom_reward_function.name=compute_score
+
+  # Dr. GRPO: group mean-centred advantages, no std division, sequence-sum loss normalised by a
+  # constant (the max response length), no KL, no entropy bonus
+  algorithm.adv_estimator=grpo
+  algorithm.norm_adv_by_std_in_grpo=False
+  algorithm.use_kl_in_reward=False
+  actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-sum-norm
+  "actor_rollout_ref.actor.loss_scale_factor=${MAX_RESPONSE_LENGTH}"
+  actor_rollout_ref.actor.use_kl_loss=False
+  actor_rollout_ref.actor.entropy_coeff=0
+
+  # policy update
+  actor_rollout_ref.actor.optim.lr=1e-6
+  "actor_rollout_ref.actor.ppo_mini_batch_size=${TRAIN_BATCH_SIZE}"
+  actor_rollout_ref.actor.use_dynamic_bsz=True
+  "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=$(( 2 * (MAX_PROMPT_LENGTH + MAX_RESPONSE_LENGTH) ))"
+  actor_rollout_ref.model.use_remove_padding=True
+  actor_rollout_ref.model.enable_gradient_checkpointing=True
+
+  # rollout: vLLM, matched sampling
+  actor_rollout_ref.rollout.name=vllm
+  "actor_rollout_ref.rollout.n=${ROLLOUT_N}"
+  "actor_rollout_ref.rollout.temperature=${TEMPERATURE}"
+  "actor_rollout_ref.rollout.top_p=${TOP_P}"
+  actor_rollout_ref.rollout.top_k=-1
+  actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=True
+  "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=$(( 2 * (MAX_PROMPT_LENGTH + MAX_RESPONSE_LENGTH) ))"
+
+  # trainer: verl's V1 trainer in TailSieve's mode (the uniform baselines turn TailSieve off on the
+  # same code path, so every A/B pair differs only in routing)
+  trainer.use_v1=True
+  trainer.v1.trainer_mode=tailsieve
+  "trainer.logger=${LOGGER}"
+  "trainer.project_name=${PROJECT_NAME}"
+  "trainer.experiment_name=${EXPERIMENT_NAME}"
+  "trainer.n_gpus_per_node=${N_GPUS}"
+  "trainer.nnodes=${NNODES}"
+  "trainer.total_training_steps=${TOTAL_STEPS}"
+  trainer.val_before_train=False
+  trainer.test_freq=-1
+  trainer.save_freq=-1
+)
+if [[ -n "${ROLLOUT_DATA_DIR:-}" ]]; then
+  ARGS+=("trainer.rollout_data_dir=${ROLLOUT_DATA_DIR}")
+fi
+
+# --- model and layout ---------------------------------------------------------------------------
+
+# model PATH: the policy (and its MTP head, if any).
+model() {
+  MODEL_PATH=${MODEL_PATH:-$1}
+  ARGS+=("actor_rollout_ref.model.path=${MODEL_PATH}")
+}
+
+# layout TP GPU_MEMORY_UTILIZATION PERF: replicas of TP GPUs each (R = N_GPUS * NNODES / TP);
+# PERF is the default concurrency-throughput model for the controller.
+layout() {
+  ROLLOUT_TP=$1
+  REPLICAS=$(( N_GPUS * NNODES / ROLLOUT_TP ))
+  PERF_MODEL=${PERF_MODEL:-$3}
+  ARGS+=(
+    "actor_rollout_ref.rollout.tensor_model_parallel_size=${ROLLOUT_TP}"
+    "actor_rollout_ref.rollout.gpu_memory_utilization=$2"
+  )
+}
+
+# --- variants -----------------------------------------------------------------------------------
+
+# Uniform group routing: TailSieve off, (q, m) = (0, 0) on the same trainer.
+uniform() {
+  ARGS+=(+tailsieve.enable=false)
+}
+
+# TailSieve routing-only: the controller adapts q (tail groups) and m (tail replicas).
+tailsieve_adaptive() {
+  ARGS+=(
+    +tailsieve.enable=true
+    +tailsieve.mode=adaptive
+    "+tailsieve.q0=${TAILSIEVE_Q0:-$(( TRAIN_BATCH_SIZE / 8 ))}"
+    "+tailsieve.tail_replicas=${TAILSIEVE_M0:-1}"
+    "+tailsieve.perf_model=${PERF_MODEL}"
+  )
+}
+
+# TailSieve fixed allocation: the replica split is held at R/2 : R/2 (2:2 or 4:4).
+tailsieve_fixed() {
+  ARGS+=(
+    +tailsieve.enable=true
+    +tailsieve.mode=fixed
+    "+tailsieve.q0=${TAILSIEVE_Q0:-$(( TRAIN_BATCH_SIZE / 8 ))}"
+    "+tailsieve.tail_replicas=$(( REPLICAS / 2 ))"
+    "+tailsieve.perf_model=${PERF_MODEL}"
+  )
+}
+
+# The model's native MTP head drafts on every replica at the bulk depth.
+mtp_everywhere() {
+  ARGS+=(
+    actor_rollout_ref.model.mtp.enable=True
+    actor_rollout_ref.model.mtp.enable_rollout=True
+    actor_rollout_ref.model.mtp.method=mtp
+    "actor_rollout_ref.model.mtp.num_speculative_tokens=${MTP_BULK_TOKENS}"
+  )
+}
+
+# All-MTP uniform baseline: MTP at the bulk depth on all replicas, uniform routing.
+uniform_mtp() {
+  uniform
+  mtp_everywhere
+}
+
+# TailSieve with MTP on the tail route: the bulk pool keeps the baseline's depth, the
+# low-concurrency tail pool speculates deeper. Engines are configured at launch, so the split is
+# held at m = TAILSIEVE_M0 while the controller adapts q.
+tailsieve_mtp_tail() {
+  tailsieve_adaptive
+  mtp_everywhere
+  ARGS+=(
+    +tailsieve.tail.mtp_enable=true
+    "+tailsieve.tail.num_speculative_tokens=${MTP_TAIL_TOKENS}"
+  )
+}
+
+# TailSieve with a DFlash drafter on the tail route only (vLLM >= 0.24 `method: dflash`; the bulk
+# pool decodes without speculation). verl never updates the drafter's weights: it drafts for the
+# initial policy, which lowers acceptance, not correctness, as the policy drifts.
+tailsieve_dflash_tail() {
+  if [[ -z "${DFLASH_DRAFT_PATH:-}" ]]; then
+    echo "${RECIPE_NAME}: set DFLASH_DRAFT_PATH to a DFlash drafter trained for ${MODEL_PATH}" >&2
+    exit 2
+  fi
+  tailsieve_adaptive
+  ARGS+=("+tailsieve.tail.engine_kwargs={speculative_config:{method:dflash,model:'${DFLASH_DRAFT_PATH}',num_speculative_tokens:${DFLASH_TOKENS}}}")
+}
+
+# --- launch -------------------------------------------------------------------------------------
+
+launch() {
+  local entry=verl.trainer.main_ppo
+  if [[ "${TAILSIEVE_DRY_RUN:-0}" == "1" ]]; then
+    entry=tailsieve_verl.integration.dry_run
+  fi
+  local cmd=("${PYTHON}" -m "${entry}" "${ARGS[@]}" "$@")
+  if [[ "${TAILSIEVE_PRINT_ARGS:-0}" == "1" ]]; then
+    printf '%s\n' "${cmd[@]}"
+    return 0
+  fi
+  exec "${cmd[@]}"
+}

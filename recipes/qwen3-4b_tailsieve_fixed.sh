@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Qwen3-4B (dense): TailSieve with the replica split fixed at R/2 : R/2.
+# Layout on one 8-GPU node: 8 vLLM replicas of TP1. Dr. GRPO, n = 8; see recipes/README.md.
+# Compare with its uniform twin: recipes/qwen3-4b_uniform.sh
+#   bash recipes/qwen3-4b_tailsieve_fixed.sh [extra Hydra overrides]
+#   TAILSIEVE_DRY_RUN=1 bash recipes/qwen3-4b_tailsieve_fixed.sh      # compose + validate only, no GPU
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+
+model Qwen/Qwen3-4B
+layout 1 0.6 table:h200-dense
+tailsieve_fixed
+launch "$@"

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Qwen3.5-2B (dense, native MTP head): TailSieve routing-only, adaptive (q, m).
+# Layout on one 8-GPU node: 8 vLLM replicas of TP1. Dr. GRPO, n = 8; see recipes/README.md.
+# Compare with its uniform twin: recipes/qwen3_5-2b_uniform.sh
+#   bash recipes/qwen3_5-2b_tailsieve.sh [extra Hydra overrides]
+#   TAILSIEVE_DRY_RUN=1 bash recipes/qwen3_5-2b_tailsieve.sh      # compose + validate only, no GPU
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+
+model Qwen/Qwen3.5-2B
+layout 1 0.6 table:h200-dense
+tailsieve_adaptive
+launch "$@"

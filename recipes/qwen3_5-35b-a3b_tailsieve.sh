@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Qwen3.5-35B-A3B (MoE, native MTP head): TailSieve routing-only, adaptive (q, m).
+# Layout on one 8-GPU node: 4 vLLM replicas of TP2. Dr. GRPO, n = 8; see recipes/README.md.
+# Compare with its uniform twin: recipes/qwen3_5-35b-a3b_uniform.sh
+#   bash recipes/qwen3_5-35b-a3b_tailsieve.sh [extra Hydra overrides]
+#   TAILSIEVE_DRY_RUN=1 bash recipes/qwen3_5-35b-a3b_tailsieve.sh      # compose + validate only, no GPU
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+
+model Qwen/Qwen3.5-35B-A3B
+layout 2 0.6 table:h200-moe
+tailsieve_adaptive
+launch "$@"
