@@ -315,12 +315,36 @@ def _greedy(cost: SetCost, n_replicas: int) -> list[int]:
 
 def brute_force(groups: Sequence[Group], n_replicas: int, perf: PerfModel,
                 max_num_seqs: int | None = None) -> tuple[np.ndarray, float]:
-    """Every assignment, each evaluated by ``simulate_replica`` (the reference for tests)."""
-    from .replica import evaluate_assignment
-
-    best, best_assignment = float("inf"), None
-    for assignment in itertools.product(range(n_replicas), repeat=len(groups)):
-        value = evaluate_assignment(groups, assignment, n_replicas, perf, max_num_seqs).makespan_s
-        if value < best:
-            best, best_assignment = value, np.asarray(assignment, dtype=np.int64)
-    return best_assignment, best
+    """Reference optimum for tests: every subset's time from ``simulate_replica`` (trace order),
+    then the best split of all groups into ``n_replicas`` subsets by exhaustive subset DP
+    (O(R·3^G): use for G <= ~12)."""
+    n = len(groups)
+    full = (1 << n) - 1
+    subset_time = [0.0] * (full + 1)
+    for mask in range(1, full + 1):
+        members = [i for i in range(n) if mask >> i & 1]
+        lengths = [v for i in members for v in groups[i].lengths]
+        prompts = [groups[i].prompt_len for i in members for _ in groups[i].lengths]
+        subset_time[mask] = simulate_replica(lengths, perf, prompts, max_num_seqs).completion_s
+    best = list(subset_time)  # one replica: everything on it
+    choice: list[list[int]] = [[]]  # choice[r][mask]: the subset replica r takes (0: none)
+    for _ in range(1, n_replicas):
+        nxt, pick = list(best), [0] * (full + 1)
+        for mask in range(1, full + 1):
+            sub = mask
+            while sub:
+                value = max(subset_time[sub], best[mask ^ sub])
+                if value < nxt[mask]:
+                    nxt[mask], pick[mask] = value, sub
+                sub = (sub - 1) & mask
+        best = nxt
+        choice.append(pick)
+    assignment = np.zeros(n, dtype=np.int64)
+    mask = full
+    for r in range(n_replicas - 1, -1, -1):
+        sub = choice[r][mask] if r else mask
+        for i in range(n):
+            if sub >> i & 1:
+                assignment[i] = r
+        mask ^= sub
+    return assignment, float(best[full])
