@@ -1,0 +1,160 @@
+"""Routing policies: structure of each policy, conservation/atomicity, best-k optimality over its
+family, and one clear error per impossible request."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tailsieve_verl.core.oracle import SetCost, brute_force
+from tailsieve_verl.core.perf import LinearPerf, parse_perf_model
+from tailsieve_verl.core.policies import (POLICIES, RoutingError, balanced_assignment, route, tail_order,
+                                          topk_assignment)
+from tailsieve_verl.core.replica import evaluate_assignment
+from tailsieve_verl.core.trace import Group
+
+DENSE = parse_perf_model("table:h200-dense")
+LINEAR = LinearPerf(0.01, 0.0005)
+
+
+def random_groups(seed: int, n_groups: int = 12, n: int = 4, max_len: int = 3000) -> list[Group]:
+    rng = np.random.default_rng(seed)
+    return [Group(f"p{i}", tuple(int(v) for v in rng.integers(1, max_len, size=n))) for i in range(n_groups)]
+
+
+def _kwargs(policy: str) -> dict:
+    return {"k": 3, "tail_replicas": 1} if policy in ("topk", "topk-balanced") else {}
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("seed", range(3))
+def test_every_group_assigned_once_and_atomic(policy, seed):
+    groups = random_groups(seed, n_groups=9)
+    routing = route(policy, groups, 4, DENSE, time_limit_s=2.0, **_kwargs(policy))
+    a = routing.assignment
+    assert a.shape == (len(groups),) and a.dtype == np.int64  # one replica per group: atomic by construction
+    assert a.min() >= 0 and a.max() < 4
+    ev = routing.evaluation
+    # Conservation: the replicas together run every response exactly once.
+    per_replica = [sum(groups[i].n for i in np.flatnonzero(a == r)) for r in range(4)]
+    assert sum(per_replica) == sum(g.n for g in groups)
+    assert [len(x) for x in ev.response_finish_s] == [g.n for g in groups]
+    # Atomicity: a group finishes on its own replica, no later than that replica's completion.
+    for i, r in enumerate(a):
+        assert ev.group_finish_s[i] <= ev.replica_times_s[r] + 1e-12
+    assert routing.makespan_s == pytest.approx(evaluate_assignment(groups, a, 4, DENSE).makespan_s)
+
+
+def test_uniform_is_round_robin_in_trace_order():
+    groups = random_groups(0, n_groups=7)
+    assert route("uniform", groups, 3, DENSE).assignment.tolist() == [0, 1, 2, 0, 1, 2, 0]
+
+
+def test_uniform_oracle_balances_tokens_lpt():
+    groups = [Group("a", (10,)), Group("b", (9,)), Group("c", (5,)), Group("d", (5,)), Group("e", (1,))]
+    a = route("uniform-oracle", groups, 2, LINEAR).assignment.tolist()
+    loads = [sum(groups[i].total_len for i in range(5) if a[i] == r) for r in range(2)]
+    assert sorted(loads) == [15, 15]
+
+
+def test_topk_sends_the_k_longest_to_the_tail_pool_round_robin():
+    groups = random_groups(5, n_groups=10)
+    a = route("topk", groups, 5, DENSE, k=4, tail_replicas=2).assignment
+    tail = tail_order(groups)[:4]
+    assert [int(a[i]) for i in tail] == [0, 1, 0, 1]
+    bulk = [i for i in range(10) if i not in tail]
+    assert [int(a[i]) for i in bulk] == [2 + j % 3 for j in range(len(bulk))]
+
+
+def test_topk_balanced_balances_the_bulk_by_work():
+    groups = random_groups(6, n_groups=14)
+    a = topk_assignment(groups, 4, 2, 1, balanced=True)
+    bulk = [i for i in range(14) if a[i] != 0]
+    assert len(bulk) == 12 and min(a[bulk]) == 1
+    expected = balanced_assignment([groups[i].total_len for i in bulk], 3, offset=1)
+    assert a[bulk].tolist() == expected.tolist()
+
+
+def test_topk_default_tail_pool_is_one_replica():
+    routing = route("topk", random_groups(1), 3, DENSE, k=2)
+    assert routing.tail_replicas == 1 and set(routing.assignment[tail_order(random_groups(1))[:2]]) == {0}
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_best_k_is_the_best_of_its_family(seed):
+    groups = random_groups(seed, n_groups=10)
+    best = route("best-k", groups, 3, DENSE)
+    family = [route("topk-balanced", groups, 3, DENSE, k=k, tail_replicas=m).makespan_s
+              for m in (1, 2) for k in range(0, 11)]
+    family.append(route("uniform-oracle", groups, 3, DENSE).makespan_s)
+    assert best.makespan_s == pytest.approx(min(family), rel=1e-9)
+    fixed_m = route("best-k", groups, 3, DENSE, tail_replicas=2)
+    assert fixed_m.tail_replicas == 2
+    assert fixed_m.makespan_s >= best.makespan_s * (1 - 1e-9)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_exact_policy_is_optimal_and_beats_every_other_policy(seed):
+    groups = random_groups(seed, n_groups=8, n=2)
+    perf = DENSE if seed % 2 else LINEAR
+    exact = route("exact", groups, 3, perf, time_limit_s=None)
+    _, optimum = brute_force(groups, 3, perf)
+    assert exact.optimal and exact.lower_bound_s == pytest.approx(exact.makespan_s)
+    assert exact.makespan_s == pytest.approx(optimum, rel=1e-9)
+    for policy in POLICIES[:-1]:
+        other = route(policy, groups, 3, perf, **_kwargs(policy))
+        assert exact.makespan_s <= other.makespan_s * (1 + 1e-9)
+
+
+def test_exact_out_of_time_says_so():
+    groups = random_groups(9, n_groups=40, n=2)
+    routing = route("exact", groups, 4, DENSE, node_limit=5)
+    assert not routing.optimal and routing.search_nodes == 5
+    assert routing.lower_bound_s < routing.makespan_s
+    assert 0 < routing.gap_to_bound < 1
+    assert routing.makespan_s <= route("best-k", groups, 4, DENSE).makespan_s * (1 + 1e-9)
+
+
+def test_tail_isolation_wins_in_the_long_tail_regime():
+    # One very long group and many short ones: isolating it beats count-balanced routing.
+    groups = [Group("tail", (16000,) * 4)] + [Group(f"b{i}", (800,) * 16) for i in range(31)]
+    uniform = route("uniform", groups, 4, DENSE)
+    best = route("best-k", groups, 4, DENSE)
+    assert best.k >= 1 and best.makespan_s < uniform.makespan_s
+    tail = best.assignment[0]
+    assert tail < best.tail_replicas
+
+
+def test_set_cost_matches_evaluator_with_cap():
+    groups = random_groups(2, n_groups=5)
+    cost = SetCost(groups, DENSE, max_num_seqs=3)
+    assert cost.table is None
+    a = [0, 1, 0, 1, 1]
+    assert cost.makespan(a, 2) == pytest.approx(evaluate_assignment(groups, a, 2, DENSE, 3).makespan_s)
+
+
+@pytest.mark.parametrize("policy, n_replicas, kwargs, needle", [
+    ("roundrobin", 2, {}, "unknown policy 'roundrobin'"),
+    ("uniform", 0, {}, "--replicas must be an integer >= 1"),
+    ("exact", -1, {}, "--replicas must be an integer >= 1"),
+    ("topk", 3, {}, "needs --k"),
+    ("topk", 3, {"k": 13}, "--k must be between 0 and the number of groups"),
+    ("topk-balanced", 3, {"k": -1}, "--k must be between 0"),
+    ("topk", 3, {"k": 2, "tail_replicas": 3}, "--tail-replicas must be between 1 and replicas - 1 = 2"),
+    ("topk", 3, {"k": 2, "tail_replicas": 0}, "--tail-replicas must be between 1"),
+    ("topk", 1, {"k": 2}, "at least 2 replicas"),
+    ("best-k", 1, {}, "best-k needs at least 2 replicas"),
+    ("best-k", 3, {"k": 2}, "best-k chooses k itself"),
+    ("best-k", 3, {"tail_replicas": 3}, "--tail-replicas must be between 1 and replicas - 1"),
+    ("uniform", 3, {"k": 2}, "--k does not apply"),
+    ("uniform-oracle", 3, {"tail_replicas": 1}, "--tail-replicas does not apply"),
+    ("uniform", 3, {"max_num_seqs": 0}, "--max-num-seqs must be >= 1"),
+])
+def test_impossible_requests_raise_one_clear_error(policy, n_replicas, kwargs, needle):
+    with pytest.raises(RoutingError, match=needle.replace("(", r"\(")):
+        route(policy, random_groups(0), n_replicas, DENSE, **kwargs)
+
+
+def test_empty_group_list():
+    with pytest.raises(RoutingError, match="no groups"):
+        route("uniform", [], 2, DENSE)
