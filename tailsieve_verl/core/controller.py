@@ -244,11 +244,15 @@ class _State:
     steps: int = 0
     sec_per_tail_group: float | None = None
     bulk_curve: list = field(default_factory=list)  # smoothed time of the k-th bulk finish (None = unseen)
-    tail_bias: float | None = None  # measured / predicted tail-pool time
-    cutoff_bias: float | None = None  # measured / predicted bulk cutoff (a tail pool ran)
+    tail_bias: dict = field(default_factory=dict)  # split m -> measured / predicted tail-pool time
+    cutoff_bias: dict = field(default_factory=dict)  # split m -> measured / predicted bulk cutoff
     full_bias: float | None = None  # measured / predicted end of a shared pool (uniform routing)
     gains: dict = field(default_factory=dict)  # candidate m -> smoothed predicted gain
     history: list = field(default_factory=list)  # last consumed batches: (flat lengths, group sizes)
+
+
+def _mean(biases: dict, default: float) -> float:
+    return float(np.mean(list(biases.values()))) if biases else default
 
 
 def _work_arrays(groups: Sequence[GroupRecord]) -> tuple[np.ndarray, np.ndarray]:
@@ -268,9 +272,7 @@ class HierarchicalController:
         self.q_max = max_q(config, batch_size)
         self.max_q_step = config.max_q_step or max(1, batch_size // 16)
         m0 = config.m_init if config.fixed_tail_replicas is None else config.fixed_tail_replicas
-        q0 = config.q_init if m0 > 0 else 0
-        if config.fixed_tail_replicas is not None:
-            q0 = max(1, q0)
+        q0 = max(1, config.q_init) if m0 > 0 else 0  # a tail pool needs carried groups to measure
         self.state = _State(q=q0, m=m0)
         self._table = _StepTable(perf, batch_size * 16)
         step = max(1, self.q_max // 32)
@@ -299,7 +301,8 @@ class HierarchicalController:
 
     def state_dict(self) -> dict:
         state = asdict(self.state)
-        state["gains"] = {str(k): float(v) for k, v in state["gains"].items()}
+        for key in ("gains", "tail_bias", "cutoff_bias"):
+            state[key] = {str(k): float(v) for k, v in state[key].items() if v is not None}
         state["history"] = [[lengths.tolist(), sizes.tolist()] for lengths, sizes in self.state.history]
         return {"config": asdict(self.config), "n_replicas": self.n_replicas, "batch_size": self.batch_size,
                 "state": state}
@@ -310,7 +313,8 @@ class HierarchicalController:
                                   f"{sd.get('batch_size')}, this run {self.n_replicas} × {self.batch_size}; "
                                   "resume with the same rollout size or start the controller fresh")
         state = dict(sd["state"])
-        state["gains"] = {int(k): v for k, v in state["gains"].items()}
+        for key in ("gains", "tail_bias", "cutoff_bias"):
+            state[key] = {int(k): float(v) for k, v in state[key].items()}
         state["history"] = [(np.asarray(lengths, dtype=np.int64), np.asarray(sizes, dtype=np.int64))
                             for lengths, sizes in state["history"]]
         self.state = _State(**state)
@@ -375,7 +379,7 @@ class HierarchicalController:
         s, cfg, R = self.state, self.config, self.n_replicas
         model = _FluidModel(s.history, self.batch_size, obs.prompt_len, self._table, self._q_candidates)
         qc = self._q_candidates
-        tail_bias, cutoff_bias, full_bias = self._model_bias(obs, model)
+        full_bias = self._model_bias(obs, model)
         lo, hi = max(0, s.m - cfg.search_radius), min(R - 1, s.m + cfg.search_radius)
         best: dict[int, tuple[float, int]] = {}
         tails: dict[int, np.ndarray] = {}
@@ -384,8 +388,8 @@ class HierarchicalController:
             if m == 0:
                 best[m] = (model.bulk_full(R) * full_bias, 0)
                 continue
-            tails[m] = model.tail_time(m) * tail_bias
-            bulks[m] = model.bulk_cutoff(R - m) * cutoff_bias
+            tails[m] = model.tail_time(m) * s.tail_bias.get(m, _mean(s.tail_bias, 1.0))
+            bulks[m] = model.bulk_cutoff(R - m) * s.cutoff_bias.get(m, _mean(s.cutoff_bias, full_bias))
             span = np.maximum(tails[m], bulks[m])
             i = int(np.argmin(span))
             best[m] = (float(span[i]), int(qc[i]))
@@ -407,8 +411,11 @@ class HierarchicalController:
         s.gains = {}
         return Decision(s.q, s.m, f"outer: m -> {s.m}, q -> {s.q} (best split {target}, predicted gain {gain:.1%})")
 
-    def _model_bias(self, obs: StepObservation, model: _FluidModel) -> tuple[float, float, float]:
-        """Measured / predicted pool times at the split just run (smoothed), so candidates compare fairly."""
+    def _model_bias(self, obs: StepObservation, model: _FluidModel) -> float:
+        """Learn measured / predicted pool times of the split just run (smoothed, per split).
+
+        A split never run borrows the mean bias of the splits measured so far (the bulk cutoff, before
+        any, the shared pool's); its first run measures its own."""
         s, w, R = self.state, self.config.rate_smoothing, self.n_replicas
         qc = self._q_candidates
 
@@ -420,13 +427,14 @@ class HierarchicalController:
 
         if obs.m > 0 and obs.tail_groups:
             i_tail = int(np.clip(np.searchsorted(qc, len(obs.tail_groups)), 0, len(qc) - 1))
-            s.tail_bias = smooth(s.tail_bias, obs.tail_makespan_s, float(model.tail_time(obs.m)[i_tail]))
+            s.tail_bias[obs.m] = smooth(s.tail_bias.get(obs.m), obs.tail_makespan_s,
+                                        float(model.tail_time(obs.m)[i_tail]))
             i_cut = int(np.clip(np.searchsorted(qc, obs.q), 0, len(qc) - 1))
-            s.cutoff_bias = smooth(s.cutoff_bias, obs.bulk_cutoff_s, float(model.bulk_cutoff(R - obs.m)[i_cut]))
+            s.cutoff_bias[obs.m] = smooth(s.cutoff_bias.get(obs.m), obs.bulk_cutoff_s,
+                                          float(model.bulk_cutoff(R - obs.m)[i_cut]))
         elif obs.q == 0 and not obs.tail_groups:
             s.full_bias = smooth(s.full_bias, obs.bulk_cutoff_s, model.bulk_full(R))
-        cutoff = s.cutoff_bias or s.full_bias or 1.0
-        return (s.tail_bias or cutoff), cutoff, (s.full_bias or cutoff)
+        return s.full_bias or 1.0
 
     def _feasible(self, m: int, deadline: float, model: _FluidModel, tails: dict, bulks: dict) -> bool:
         """The enlarged pool absorbs, by the deadline, at least the groups the reduced pool releases."""

@@ -1,0 +1,42 @@
+"""`tailsieve plan`: from a logged uniform run (a trace or verl rollout dump), predict TailSieve's
+speedup on that workload with an uncertainty band, and the (q, m) to start the controller from."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from ..core.perf import DEFAULT_PERF_MODEL, parse_perf_model
+from ..core.planner import plan_from_trace
+from ..core.trace import read_trace
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "plan", help="predict TailSieve's speedup and starting (q, m) from a logged uniform run",
+        description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--trace", required=True, help="JSONL/Parquet trace or verl rollout-dump directory")
+    p.add_argument("--replicas", "-R", type=int, default=8)
+    p.add_argument("--batch", "-B", type=int, default=None, help="prompt groups per step (default min(64, prompts/2))")
+    p.add_argument("--n", type=int, default=None, help="responses per group (default: the trace's median)")
+    p.add_argument("--perf-model", default=DEFAULT_PERF_MODEL)
+    p.add_argument("--steps", type=int, default=30, help="simulated steps per seed")
+    p.add_argument("--seeds", type=int, default=5, help="independent simulations behind the band")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    trace = read_trace(args.trace)
+    plan = plan_from_trace(trace, args.replicas, parse_perf_model(args.perf_model), batch_size=args.batch, n=args.n,
+                           steps=args.steps, seeds=args.seeds)
+    if args.json:
+        print(json.dumps(plan.to_json()))
+        return 0
+    lo, hi = plan.band
+    print(f"trace {trace.name}: {plan.prompts} prompt groups; simulated {len(plan.per_seed)} "
+          f"× {plan.steps} steps of B={plan.batch_size}×{plan.n} on {plan.n_replicas} replicas")
+    print(f"predicted TailSieve speedup over uniform: {plan.speedup:.3f}× (10–90 % band {lo:.3f}–{hi:.3f}×)")
+    print(f"start the controller at q={plan.initial_q}, m={plan.initial_m} "
+          f"(tailsieve.q0 / tailsieve.tail_replicas in the verl config)")
+    return 0

@@ -1,0 +1,104 @@
+"""`tailsieve simulate`: closed-loop comparison of uniform routing, TailSieve (fixed and adaptive
+allocation) and a length-knowing oracle over many training steps, on a bundled workload preset or
+your own prompts' observed lengths, with a measured H200 performance model."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from ..core.perf import DEFAULT_PERF_MODEL, parse_perf_model
+from ..core.sim import POLICIES, SimConfig, SimResult, simulate
+from ..core.trace import read_trace
+from ..core.workload import PRESETS, PromptPool
+
+DEFAULTS = SimConfig()
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "simulate", help="closed-loop multi-step simulation: uniform vs TailSieve vs oracle",
+        description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--workload", default="real", choices=sorted(PRESETS),
+                   help="bundled workload preset (tail strength)")
+    p.add_argument("--prompts", default=None, metavar="FILE.jsonl",
+                   help='observed lengths per prompt, lines {"prompt_id": str, "lengths": [int, ...]}; '
+                        "overrides --workload")
+    p.add_argument("--pool-size", type=int, default=2048, help="prompts in a generated workload's dataset")
+    p.add_argument("--steps", type=int, default=DEFAULTS.steps)
+    p.add_argument("--replicas", "-R", type=int, default=DEFAULTS.n_replicas)
+    p.add_argument("--batch", "-B", type=int, default=DEFAULTS.batch_size, help="prompt groups per step")
+    p.add_argument("--n", type=int, default=DEFAULTS.n, help="responses per prompt group")
+    p.add_argument("--perf-model", default=DEFAULT_PERF_MODEL, help="performance model spec, e.g. table:h200-moe")
+    p.add_argument("--seed", type=int, default=DEFAULTS.seed)
+    p.add_argument("--policies", default=",".join(POLICIES), help="comma-separated subset of " + ", ".join(POLICIES))
+    p.add_argument("--fixed-tail-replicas", type=int, default=None,
+                   help="tail replicas of tailsieve-fixed (default replicas // 2)")
+    p.add_argument("--out", default="tailsieve_out", help="directory for plots and simulate.json")
+    p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    perf = parse_perf_model(args.perf_model)
+    config = SimConfig(steps=args.steps, n_replicas=args.replicas, batch_size=args.batch, n=args.n, seed=args.seed,
+                       policies=tuple(p.strip() for p in args.policies.split(",") if p.strip()),
+                       fixed_tail_replicas=args.fixed_tail_replicas)
+    config.validate()
+    if args.prompts:
+        trace = read_trace(args.prompts)
+        pool, workload = PromptPool.from_trace(trace, seed=args.seed), f"prompts:{args.prompts}"
+    else:
+        pool, workload = PromptPool(args.workload, args.pool_size, seed=args.seed), args.workload
+    result = _run_with_progress(config, pool, perf, workload, show=not args.json)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    report = result.to_json()
+    (out / "simulate.json").write_text(json.dumps(report, indent=1), encoding="utf-8")
+    plots = []
+    if not args.no_plots:
+        from ..viz.simulate import write_plots
+
+        plots = write_plots(result, out)
+    if args.json:
+        print(json.dumps(report))
+    else:
+        _print_summary(result, out, plots)
+    return 0
+
+
+def _run_with_progress(config: SimConfig, pool: PromptPool, perf, workload: str, show: bool) -> SimResult:
+    if not show:
+        return simulate(config, pool, perf, workload)
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(TextColumn("simulating"), BarColumn(), TextColumn("{task.completed}/{task.total} policy-steps"),
+                  TimeElapsedColumn(), console=Console(stderr=True), transient=True) as progress:
+        task = progress.add_task("sim", total=config.steps * len(config.policies))
+        return simulate(config, pool, perf, workload, progress=lambda done, total: progress.update(task, completed=done))
+
+
+def _print_summary(result: SimResult, out: Path, plots: list) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    c = result.config
+    speedup = result.speedup_vs_uniform()
+    table = Table(title=f"{c.steps} steps, workload {result.workload}, R={c.n_replicas}, B={c.batch_size}×{c.n}, "
+                        f"{result.perf}")
+    for column in ("policy", "mean makespan", "speedup vs uniform", "final q", "final m", "wasted tokens",
+                   "lost / dup / stale"):
+        table.add_column(column, justify="right")
+    for name, r in result.policies.items():
+        last = r.records[-1]
+        tailsieve = name.startswith("tailsieve")
+        table.add_row(name, f"{r.mean_makespan_s:.2f} s", f"{speedup[name]:.3f}×" if name in speedup else "-",
+                      str(last.next_q) if tailsieve else "-", str(last.next_m) if tailsieve else "-",
+                      f"{100 * r.wasted_fraction:.1f} %", f"{r.lost} / {r.duplicated} / {r.stale}")
+    console = Console()
+    console.print(table)
+    console.print(f"wrote {out / 'simulate.json'}" + "".join(f", {p}" for p in plots))
+

@@ -1,0 +1,74 @@
+"""Planner: from a logged uniform run, predict what TailSieve would gain and where to start it.
+
+The trace's prompts become a prompt pool (each regeneration resamples that prompt's observed
+lengths with replacement, so prompt difficulty persists as it did in the log). The closed-loop
+simulator then runs ``uniform`` and ``tailsieve`` side by side for several seeds; the predicted
+speedup is the mean over seeds of the steady-state speedup (steps after the first third), the band
+its 10th–90th percentile across seeds, and the initial (q, m) the controller's median final choice.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .controller import ControllerConfig
+from .errors import TailSieveError
+from .perf import PerfModel
+from .sim import SimConfig, simulate
+from .trace import Trace
+from .workload import PromptPool
+
+
+class PlanError(TailSieveError):
+    """The trace cannot support the requested plan."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    speedup: float  # mean steady-state speedup of tailsieve over uniform across seeds
+    band: tuple[float, float]  # 10th–90th percentile across seeds
+    per_seed: tuple[float, ...]
+    initial_q: int
+    initial_m: int
+    batch_size: int
+    n: int
+    n_replicas: int
+    steps: int
+    prompts: int
+
+    def to_json(self) -> dict:
+        return {"predicted_speedup": self.speedup, "band": list(self.band), "per_seed": list(self.per_seed),
+                "initial_q": self.initial_q, "initial_m": self.initial_m, "batch": self.batch_size, "n": self.n,
+                "replicas": self.n_replicas, "steps": self.steps, "prompts": self.prompts}
+
+
+def plan_from_trace(trace: Trace, n_replicas: int, perf: PerfModel, *, batch_size: int | None = None,
+                    n: int | None = None, steps: int = 30, seeds: int = 5,
+                    controller: ControllerConfig | None = None) -> Plan:
+    """Predict TailSieve's speedup on ``trace``'s workload (see the module docstring)."""
+    if seeds < 1 or steps < 3:
+        raise PlanError(f"need --seeds >= 1 and --steps >= 3, got {seeds}, {steps}")
+    prompts = len(trace)
+    batch = batch_size if batch_size is not None else min(64, prompts // 2)
+    if batch < 2 or 2 * batch > prompts:
+        raise PlanError(f"the trace has {prompts} prompt groups; a batch of {batch} needs at least {2 * batch} "
+                        "(a prompt is in flight at most once); lower --batch or log more steps")
+    group_size = n if n is not None else int(np.median([g.n for g in trace]))
+    speedups, finals = [], []
+    for seed in range(seeds):
+        pool = PromptPool.from_trace(trace, seed=seed)
+        cfg = SimConfig(steps=steps, n_replicas=n_replicas, batch_size=batch, n=group_size, seed=seed,
+                        policies=("uniform", "tailsieve"), controller=controller or ControllerConfig())
+        result = simulate(cfg, pool, perf, workload_name=trace.name)
+        speedups.append(result.speedup_vs_uniform(slice(steps // 3, None))["tailsieve"])
+        last = result.policies["tailsieve"].records[-1]
+        finals.append((last.next_q, last.next_m))
+    speedups_arr = np.array(speedups)
+    ms = [m for _, m in finals]
+    m0 = max(set(ms), key=ms.count)
+    q0 = int(np.median([q for q, m in finals if m == m0]))
+    return Plan(float(speedups_arr.mean()), (float(np.percentile(speedups_arr, 10)), float(np.percentile(speedups_arr, 90))),
+                tuple(float(x) for x in speedups), q0, m0, batch, group_size, n_replicas, steps, prompts)
+
