@@ -119,6 +119,10 @@ class Decision:
     m: int  # tail-pool replicas for the next step
     reason: str  # what moved (or why nothing did), for logs
 
+    @property
+    def split(self) -> tuple[int, int]:
+        return self.q, self.m
+
 
 class _StepTable:
     """The perf model tabulated on (active, context) so that a decision never calls it."""

@@ -1,0 +1,114 @@
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from tailsieve_verl.core.controller import (ControllerConfig, ControllerError, GroupRecord, HierarchicalController,
+                                            StepObservation)
+from tailsieve_verl.core.perf import LinearPerf, parse_perf_model
+
+B, R = 64, 8
+
+
+def _obs(q: int, m: int, tail_s: float, bulk_s: float, rng: np.random.Generator, n_tail: int | None = None,
+         long_tail: bool = True) -> StepObservation:
+    n_tail = q if n_tail is None else n_tail
+    top = 12000 if long_tail else 1500
+    tail = tuple(GroupRecord(tuple(int(x) for x in rng.integers(top // 2, top, 8)), float(rng.uniform(0.5, 1) * tail_s))
+                 for _ in range(n_tail))
+    finish = np.sort(rng.uniform(0.1, 1.0, B - n_tail)) * bulk_s
+    finish[-1] = bulk_s
+    bulk = tuple(GroupRecord(tuple(int(x) for x in rng.integers(200, 1500, 8)), float(f)) for f in finish)
+    return StepObservation(q=q, m=m, tail_makespan_s=tail_s if n_tail else 0.0, bulk_cutoff_s=bulk_s,
+                           tail_groups=tail, bulk_groups=bulk, n_aborted=q)
+
+
+@pytest.fixture(scope="module")
+def perf():
+    return parse_perf_model("table:h200-dense")
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"m_init": 8}, "tail replicas"), ({"q_init": 40}, "q_init"), ({"q_gain": 0}, "q_gain"),
+    ({"fixed_tail_replicas": 0}, "fixed_tail_replicas"), ({"search_radius": 0}, "search_radius"),
+])
+def test_bad_settings_are_refused(perf, kwargs, match):
+    with pytest.raises(ControllerError, match=match):
+        HierarchicalController(ControllerConfig(**kwargs), R, B, perf)
+
+
+def test_uniform_start_and_tail_pool_start():
+    perf = LinearPerf(0.01, 0.0001)
+    assert HierarchicalController(ControllerConfig(), R, B, perf).decision.split == (0, 0)
+    # a tail pool with nothing to regenerate cannot be measured: q starts at 1
+    assert HierarchicalController(ControllerConfig(m_init=2), R, B, perf).decision.split == (1, 2)
+
+
+@pytest.mark.parametrize("tail_s, bulk_s, direction", [(30.0, 60.0, 1), (60.0, 30.0, -1), (50.0, 51.0, 0)])
+def test_inner_loop_moves_q_toward_balance(perf, tail_s, bulk_s, direction):
+    ctl = HierarchicalController(ControllerConfig(fixed_tail_replicas=2, q_init=8), R, B, perf)
+    rng = np.random.default_rng(0)
+    d = ctl.observe(_obs(8, 2, tail_s, bulk_s, rng))
+    assert np.sign(d.q - 8) == direction
+    assert abs(d.q - 8) <= ctl.max_q_step
+    assert d.m == 2
+
+
+def test_inner_loop_settles_on_a_responsive_plant(perf):
+    """Plant: tail time grows, bulk cutoff shrinks with q; the loop must settle near the crossing."""
+    ctl = HierarchicalController(ControllerConfig(fixed_tail_replicas=2, q_init=1), R, B, perf)
+    rng = np.random.default_rng(1)
+    q, qs = 1, []
+    for _ in range(40):
+        tail_s, bulk_s = 4.0 * q, 80.0 - 2.0 * q  # equal at q = 13.3
+        q = ctl.observe(_obs(q, 2, tail_s, bulk_s, rng)).q
+        qs.append(q)
+    assert all(12 <= x <= 15 for x in qs[-10:]), qs
+
+
+def test_fixed_variant_never_moves_replicas(perf):
+    ctl = HierarchicalController(ControllerConfig(fixed_tail_replicas=4, q_init=4, settle_steps=0), R, B, perf)
+    rng = np.random.default_rng(2)
+    for _ in range(10):
+        d = ctl.observe(_obs(ctl.state.q, 4, 20.0, 90.0, rng))
+        assert d.m == 4
+
+
+def test_outer_loop_leaves_uniform_only_when_the_model_predicts_a_gain(perf):
+    rng = np.random.default_rng(3)
+    moved = HierarchicalController(ControllerConfig(settle_steps=0), R, B, perf)
+    stay = HierarchicalController(ControllerConfig(settle_steps=0, switch_threshold=10.0), R, B, perf)
+    # a uniform step with a few 16k-token groups among short ones
+    groups = [tuple(int(x) for x in rng.integers(200, 1500, 8)) for _ in range(B - 4)]
+    groups += [tuple([16000] + [int(x) for x in rng.integers(8000, 16000, 7)]) for _ in range(4)]
+    obs = StepObservation(q=0, m=0, tail_makespan_s=0.0, bulk_cutoff_s=70.0, tail_groups=(),
+                          bulk_groups=tuple(GroupRecord(g, 10.0) for g in groups))
+    decisions = [moved.observe(obs) for _ in range(3)]
+    assert decisions[-1].m >= 1 and decisions[-1].q >= 1
+    assert any(d.reason.startswith("outer") for d in decisions)
+    assert all(stay.observe(obs).split == (0, 0) for _ in range(3))
+
+
+def test_observation_must_hold_the_whole_batch(perf):
+    ctl = HierarchicalController(ControllerConfig(), R, B, perf)
+    obs = _obs(2, 2, 10.0, 10.0, np.random.default_rng(0))
+    with pytest.raises(ControllerError, match="batch_size"):
+        ctl.observe(StepObservation(q=2, m=2, tail_makespan_s=1.0, bulk_cutoff_s=1.0, tail_groups=obs.tail_groups,
+                                    bulk_groups=obs.bulk_groups[:-1]))
+
+
+def test_state_dict_roundtrip_gives_identical_decisions(perf):
+    cfg = ControllerConfig(settle_steps=0)
+    a = HierarchicalController(cfg, R, B, perf)
+    rng = np.random.default_rng(4)
+    for q, m in [(0, 0), (0, 0), (3, 2), (4, 2)]:
+        a.observe(_obs(q, m, 40.0, 60.0, rng, n_tail=q))
+    b = HierarchicalController(cfg, R, B, perf)
+    b.load_state_dict(json.loads(json.dumps(a.state_dict())))
+    for _ in range(3):
+        obs = _obs(a.state.q, a.state.m, 40.0, 60.0, rng)
+        assert a.observe(obs) == b.observe(obs)
+    with pytest.raises(ControllerError, match="batch"):
+        HierarchicalController(cfg, R, 2 * B, perf).load_state_dict(a.state_dict())
