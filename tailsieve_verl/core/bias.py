@@ -48,7 +48,7 @@ def ks_distance(a: np.ndarray, b: np.ndarray) -> float:
 def ks_noise(n_groups_a: int, n_groups_b: int) -> float:
     """Expected KS distance between two unbiased samples of these many groups."""
     n_eff = n_groups_a * n_groups_b / (n_groups_a + n_groups_b)
-    return KOLMOGOROV_MEAN / np.sqrt(n_eff)
+    return float(KOLMOGOROV_MEAN / np.sqrt(n_eff))
 
 
 class LengthBiasMonitor:

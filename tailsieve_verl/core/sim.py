@@ -200,7 +200,7 @@ class Ledger:
     def audit(self, in_flight: Sequence[str]) -> tuple[int, int]:
         accounted = self.consumed + Counter(in_flight)
         lost = sum((self.pulled - accounted).values())
-        duplicated = sum(c - 1 for c in self.consumed.values() if c > 1) + sum((accounted - self.pulled).values())
+        duplicated = sum((accounted - self.pulled).values())  # consumed twice, or consumed and still in flight
         return lost, duplicated
 
 

@@ -1,0 +1,24 @@
+from __future__ import annotations
+
+import pytest
+
+from tailsieve_verl.core.perf import parse_perf_model
+from tailsieve_verl.core.planner import PlanError, plan_from_trace
+from tailsieve_verl.core.workload import generate_trace
+
+
+def test_plan_reports_speedup_band_and_start_point():
+    trace = generate_trace("strong", 96, 4, seed=0)
+    plan = plan_from_trace(trace, 4, parse_perf_model("table:h200-dense"), batch_size=16, steps=6, seeds=3)
+    assert plan.band[0] <= plan.speedup <= plan.band[1]
+    assert len(plan.per_seed) == 3 and all(s > 0 for s in plan.per_seed)
+    assert 0 <= plan.initial_m < 4 and plan.initial_q >= 0
+    assert (plan.initial_q == 0) == (plan.initial_m == 0)
+    assert plan.n == 4 and plan.prompts == 96
+    assert set(plan.to_json()) >= {"predicted_speedup", "band", "initial_q", "initial_m"}
+
+
+def test_plan_refuses_a_trace_too_small_for_the_batch():
+    trace = generate_trace("real", 20, 4, seed=0)
+    with pytest.raises(PlanError, match="at least 32"):
+        plan_from_trace(trace, 4, parse_perf_model("table:h200-dense"), batch_size=16)

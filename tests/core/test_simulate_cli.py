@@ -1,0 +1,63 @@
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+from tailsieve_verl.cli import plan as plan_cli
+from tailsieve_verl.cli import simulate as simulate_cli
+from tailsieve_verl.core.errors import TailSieveError
+from tailsieve_verl.core.trace import Group, write_trace
+from tailsieve_verl.core.workload import generate_trace
+
+
+def _parse(module, argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="tailsieve")
+    module.register(parser.add_subparsers(dest="command"))
+    return parser.parse_args(argv)
+
+
+SMALL = ["--steps", "3", "--batch", "8", "--n", "2", "--replicas", "4", "--pool-size", "64"]
+
+
+def test_simulate_json_and_plots(tmp_path, capsys):
+    args = _parse(simulate_cli, ["simulate", *SMALL, "--workload", "strong", "--out", str(tmp_path), "--json"])
+    assert simulate_cli.run(args) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert set(report["policies"]) == {"uniform", "tailsieve-fixed", "tailsieve", "oracle"}
+    assert all(isinstance(p["mean_makespan_s"], float) for p in report["policies"].values())
+    assert report["speedup_vs_uniform"]["uniform"] == 1.0
+    assert json.loads((tmp_path / "simulate.json").read_text()) == report
+    for name in ("makespan_per_step.png", "controller_trajectories.png", "gantt_step.png"):
+        assert (tmp_path / name).stat().st_size > 1000
+
+
+def test_simulate_table_from_observed_prompts(tmp_path, capsys):
+    prompts = tmp_path / "prompts.jsonl"
+    write_trace([Group(f"q{i}", (100 + 40 * i, 80, 3000 if i % 7 == 0 else 90)) for i in range(40)], prompts)
+    args = _parse(simulate_cli, ["simulate", *SMALL, "--prompts", str(prompts), "--policies", "uniform,tailsieve",
+                                 "--out", str(tmp_path / "out"), "--no-plots"])
+    assert simulate_cli.run(args) == 0
+    out = capsys.readouterr().out
+    assert "tailsieve" in out and "uniform" in out and "speedup" in out
+    assert not list((tmp_path / "out").glob("*.png"))
+
+
+@pytest.mark.parametrize("extra, match", [(["--replicas", "1"], "2 replicas"), (["--policies", "magic"], "unknown"),
+                                          (["--perf-model", "nope"], "performance model")])
+def test_simulate_bad_input_is_one_clear_error(tmp_path, extra, match):
+    args = _parse(simulate_cli, ["simulate", *SMALL, "--out", str(tmp_path), *extra])
+    with pytest.raises(TailSieveError, match=match):
+        simulate_cli.run(args)
+
+
+def test_plan_cli(tmp_path, capsys):
+    trace = tmp_path / "uniform_run.jsonl"
+    write_trace(generate_trace("strong", 64, 4, seed=1), trace)
+    args = _parse(plan_cli, ["plan", "--trace", str(trace), "--replicas", "4", "--batch", "16", "--steps", "4",
+                             "--seeds", "2", "--json"])
+    assert plan_cli.run(args) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["band"][0] <= report["predicted_speedup"] <= report["band"][1]
+    assert report["prompts"] == 64
