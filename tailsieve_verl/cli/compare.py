@@ -1,0 +1,80 @@
+"""`tailsieve compare RUN RUN [RUN...]`: compare verl training runs from their tracker logs.
+
+Each RUN is what verl's trackers wrote for one run: the `file` logger's JSONL
+(VERL_FILE_LOGGER_ROOT/<project>/<experiment>.jsonl), a tensorboard directory
+(tensorboard_log/<project>/<experiment>/), a saved console log, or a directory holding one of them.
+The first run is the baseline (or --baseline NAME). Means are over the steps every run logged."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+
+from ..tools.compare import CompareError, compare_runs, parse_step_range, read_run
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "compare", help="compare verl runs (generation/step time, speedup, reward, response length) from their logs",
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("runs", nargs="+", metavar="RUN", help="run log: file-logger JSONL, tensorboard dir, console log")
+    p.add_argument("--names", help="comma-separated display names, one per run (default: file or directory name)")
+    p.add_argument("--baseline", default=None, help="name of the baseline run (default: the first)")
+    p.add_argument("--skip-steps", type=int, default=0, help="drop each run's first K logged steps (warm-up)")
+    p.add_argument("--steps", default=None, help="inclusive step window A:B (A: or :B open-ended)")
+    p.add_argument("--metric", action="append", default=[], metavar="KEY",
+                   help="also average this logged metric (repeatable), e.g. tailsieve/q")
+    p.add_argument("--plot", default=None, metavar="PNG", help="write per-step curves to this image")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    names = args.names.split(",") if args.names else [None] * len(args.runs)
+    if len(names) != len(args.runs):
+        raise CompareError(f"--names has {len(names)} names for {len(args.runs)} runs")
+    if args.skip_steps < 0:
+        raise CompareError("--skip-steps must be >= 0")
+    runs = [read_run(path, name) for path, name in zip(args.runs, names)]
+    baseline = 0
+    if args.baseline is not None:
+        matches = [i for i, r in enumerate(runs) if r.name == args.baseline]
+        if len(matches) != 1:
+            raise CompareError(f"--baseline {args.baseline!r} matches {len(matches)} runs; names: "
+                               f"{', '.join(r.name for r in runs)}")
+        baseline = matches[0]
+    steps, summaries = compare_runs(runs, baseline, args.skip_steps, parse_step_range(args.steps), args.metric)
+    plot = None
+    if args.plot:
+        from ..viz.compare import plot_compare
+
+        order = [baseline] + [i for i in range(len(runs)) if i != baseline]
+        plot = str(plot_compare([runs[i] for i in order], [summaries[i] for i in order], steps, args.plot))
+    if args.json:
+        print(json.dumps({"baseline": runs[baseline].name, "steps": steps,
+                          "runs": [s.to_json() for s in summaries], "plot": plot}))
+        return 0
+    _print_table(summaries, baseline, steps, args.metric)
+    if plot:
+        print(f"plot: {plot}")
+    return 0
+
+
+def _fmt(value: float, digits: int = 2) -> str:
+    return "n/a" if math.isnan(value) else f"{value:.{digits}f}"
+
+
+def _print_table(summaries, baseline: int, steps: list[int], extra: list[str]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"steps {steps[0]}..{steps[-1]} ({len(steps)} common), baseline: {summaries[baseline].name}")
+    for column in ("run", "log", "gen time (s)", "step time (s)", "gen speedup", "step speedup", "reward",
+                   "resp. length", *extra):
+        table.add_column(column, justify="left" if column in ("run", "log") else "right")
+    for s in summaries:
+        table.add_row(s.name, s.fmt, _fmt(s.gen_s), _fmt(s.step_s), f"{_fmt(s.gen_speedup, 3)}x",
+                      f"{_fmt(s.step_speedup, 3)}x", _fmt(s.reward, 4), _fmt(s.response_length, 1),
+                      *(_fmt(s.extra[k], 3) for k in extra))
+    Console(width=160).print(table)

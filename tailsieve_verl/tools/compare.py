@@ -1,0 +1,277 @@
+"""Read the metric logs verl 0.9.1's trackers write and compare runs (a TailSieve recipe next to its
+uniform twin).
+
+Formats, as written by ``verl/utils/tracking.py`` (``trainer.logger``):
+
+* ``file``: ``FileLogger`` writes ``$VERL_FILE_LOGGER_PATH``, else
+  ``$VERL_FILE_LOGGER_ROOT/<project_name>/<experiment_name>.jsonl`` (root defaults to the working
+  directory), one ``{"step": N, "data": {metric: value, ...}}`` object per ``Tracking.log`` call.
+* ``console``: ``LocalLogger`` prints ``step:N - key:value - key:value`` (numbers only, values
+  through ``pprint.pformat``, so numpy scalars may read ``np.float64(1.5)``); save the run's stdout.
+* ``tensorboard``: ``SummaryWriter`` event files under ``$TENSORBOARD_DIR``, else
+  ``tensorboard_log/<project_name>/<experiment_name>/``; one scalar per metric and step.
+
+The metrics compared are verl's own: ``timing_s/gen`` (the V1 trainer times the replay-buffer
+sample, i.e. the whole rollout, as "gen"), ``timing_s/step``, ``critic/score/mean`` (reward before
+KL) and ``response_length/mean``. Runs are compared over the steps they all logged.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import math
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from ..core.errors import TailSieveError
+
+GEN_TIME = "timing_s/gen"
+STEP_TIME = "timing_s/step"
+REWARD = "critic/score/mean"
+RESPONSE_LENGTH = "response_length/mean"
+COMPARED = (GEN_TIME, STEP_TIME, REWARD, RESPONSE_LENGTH)
+
+_CONSOLE_LINE = re.compile(r"^step:(\d+)( - .*)?$")
+_NUMPY_SCALAR = re.compile(r"^np\.\w+\((.*)\)$")
+
+
+class CompareError(TailSieveError):
+    """A run's logs are missing or unreadable, or the runs cannot be compared."""
+
+
+@dataclass
+class RunLog:
+    """All scalar metrics of one run: ``series[key][step] = value`` (a later write of the same step wins)."""
+
+    name: str
+    source: str
+    fmt: str
+    series: dict[str, dict[int, float]] = field(default_factory=dict)
+
+    def add(self, step: int, key: str, value: float) -> None:
+        self.series.setdefault(key, {})[int(step)] = float(value)
+
+    @property
+    def steps(self) -> list[int]:
+        return sorted({s for values in self.series.values() for s in values})
+
+    def values(self, key: str, steps: Sequence[int]) -> np.ndarray:
+        """The metric at ``steps`` (NaN where it was not logged)."""
+        values = self.series.get(key, {})
+        return np.array([values.get(s, math.nan) for s in steps], dtype=float)
+
+
+# ---------------------------------------------------------------------------------------------- readers
+
+
+def _number(value: object) -> float | None:
+    if isinstance(value, bool):
+        return float(value)
+    if isinstance(value, (int, float)):
+        return float(value)
+    return None
+
+
+def read_file_logger(path: Path) -> RunLog:
+    run = RunLog(path.stem, str(path), "file")
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise CompareError(f"{path}:{lineno}: not valid JSON ({e.msg}); expected verl's file logger "
+                                   '(one {"step": N, "data": {...}} per line)') from None
+            if not isinstance(record, dict) or "step" not in record or not isinstance(record.get("data"), dict):
+                raise CompareError(f"{path}:{lineno}: not a verl file-logger line; expected "
+                                   '{"step": N, "data": {...}}')
+            for key, value in record["data"].items():
+                number = _number(value)
+                if number is not None:
+                    run.add(record["step"], key, number)
+    return run
+
+
+def _console_value(text: str) -> float | None:
+    text = text.strip()
+    scalar = _NUMPY_SCALAR.match(text)
+    if scalar:
+        text = scalar.group(1)
+    if text in ("nan", "inf", "-inf"):
+        return float(text)
+    try:
+        value = ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return None
+    return _number(value)
+
+
+def read_console_log(path: Path) -> RunLog:
+    run = RunLog(path.stem, str(path), "console")
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            match = _CONSOLE_LINE.match(line.rstrip("\n"))
+            if not match:
+                continue
+            step = int(match.group(1))
+            for item in (match.group(2) or "").split(" - ")[1:]:
+                key, sep, value = item.rpartition(":")
+                number = _console_value(value) if sep else None
+                if key and number is not None:
+                    run.add(step, key, number)
+    return run
+
+
+def read_tensorboard(directory: Path) -> RunLog:
+    try:
+        from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+        from tensorboard.util import tensor_util
+    except ImportError:
+        raise CompareError(f"{directory}: reading tensorboard event files needs the tensorboard package "
+                           "(pip install tensorboard)") from None
+    run = RunLog(directory.name, str(directory), "tensorboard")
+    files = sorted(directory.rglob("events.out.tfevents.*"), key=lambda p: p.stat().st_mtime)
+    for file in files:
+        for event in EventFileLoader(str(file)).Load():
+            if not event.HasField("summary"):
+                continue
+            for value in event.summary.value:
+                kind = value.WhichOneof("value")
+                if kind == "simple_value":
+                    run.add(event.step, value.tag, value.simple_value)
+                elif kind == "tensor":
+                    array = tensor_util.make_ndarray(value.tensor)
+                    if array.size == 1 and np.issubdtype(array.dtype, np.number):
+                        run.add(event.step, value.tag, float(array.reshape(-1)[0]))
+    return run
+
+
+def _looks_like_file_logger(path: Path) -> bool:
+    with open(path, encoding="utf-8", errors="replace") as f:
+        first = next((line for line in f if line.strip()), "")
+    try:
+        record = json.loads(first)
+    except json.JSONDecodeError:
+        return False
+    return isinstance(record, dict) and "step" in record and isinstance(record.get("data"), dict)
+
+
+def read_run(path: str | os.PathLike, name: str | None = None) -> RunLog:
+    """One run's metrics from a file-logger JSONL, a saved console log, a tensorboard event file or
+    a directory holding exactly one of these (file logger, then tensorboard, then console)."""
+    path = Path(path)
+    if not path.exists():
+        raise CompareError(f"{path}: no such file or directory")
+    if path.is_file():
+        if "tfevents" in path.name:
+            run = read_tensorboard(path.parent)
+        elif path.suffix == ".jsonl" or _looks_like_file_logger(path):
+            run = read_file_logger(path)
+        else:
+            run = read_console_log(path)
+    else:
+        jsonl = [p for p in sorted(path.rglob("*.jsonl")) if _looks_like_file_logger(p)]
+        if len(jsonl) > 1:
+            raise CompareError(f"{path}: several verl file-logger files ({', '.join(str(p) for p in jsonl[:4])}); "
+                               "pass the one of the run you mean")
+        if jsonl:
+            run = read_file_logger(jsonl[0])
+        elif any(path.rglob("events.out.tfevents.*")):
+            run = read_tensorboard(path)
+        else:
+            logs = [p for p in sorted(path.rglob("*")) if p.is_file() and p.suffix in (".log", ".txt", ".out")]
+            runs = [r for r in (read_console_log(p) for p in logs) if r.series]
+            if len(runs) != 1:
+                raise CompareError(f"{path}: found {'no' if not runs else 'several'} verl logs; expected one file-logger "
+                                   "JSONL (trainer.logger has 'file'), tensorboard event files, or one saved console log")
+            run = runs[0]
+    if not run.series:
+        raise CompareError(f"{path}: no metrics found in verl's {run.fmt} format (step lines / records with numbers)")
+    if name:
+        run.name = name
+    return run
+
+
+# ---------------------------------------------------------------------------------------------- comparison
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    name: str
+    fmt: str
+    steps: int
+    gen_s: float
+    step_s: float
+    reward: float
+    response_length: float
+    gen_speedup: float  # baseline mean gen time / this run's
+    step_speedup: float
+    extra: dict[str, float] = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in self.__dict__.items()}
+
+
+def parse_step_range(text: str | None) -> tuple[int | None, int | None]:
+    """``A:B`` (inclusive; either side may be empty) → bounds."""
+    if not text:
+        return None, None
+    lo, sep, hi = text.partition(":")
+    try:
+        bounds = (int(lo) if lo else None, int(hi) if hi else None) if sep else (int(lo), int(lo))
+    except ValueError:
+        raise CompareError(f"--steps {text!r}: expected A:B, A: or :B with integer steps") from None
+    return bounds
+
+
+def common_steps(runs: Sequence[RunLog], skip: int = 0, step_range: tuple[int | None, int | None] = (None, None)) -> list[int]:
+    """Steps logged with a generation time by every run, after skipping each run's first ``skip``."""
+    lo, hi = step_range
+    shared: set[int] | None = None
+    for run in runs:
+        steps = sorted(run.series.get(GEN_TIME, {}) or run.steps)[skip:]
+        steps = {s for s in steps if (lo is None or s >= lo) and (hi is None or s <= hi)}
+        shared = steps if shared is None else shared & steps
+    if not shared:
+        raise CompareError("the runs share no logged step (after --skip-steps/--steps); compare runs of the same "
+                           "length or widen the window")
+    return sorted(shared)
+
+
+def _mean(values: np.ndarray) -> float:
+    finite = values[np.isfinite(values)]
+    return float(finite.mean()) if finite.size else math.nan
+
+
+def compare_runs(runs: Sequence[RunLog], baseline: int = 0, skip: int = 0,
+                 step_range: tuple[int | None, int | None] = (None, None),
+                 extra_keys: Iterable[str] = ()) -> tuple[list[int], list[RunSummary]]:
+    """Means over the common steps and speedups against ``runs[baseline]``."""
+    if len(runs) < 2:
+        raise CompareError("give at least two runs (a baseline and a run to compare with it)")
+    if not 0 <= baseline < len(runs):
+        raise CompareError(f"baseline index {baseline} out of range for {len(runs)} runs")
+    for run in runs:
+        if GEN_TIME not in run.series:
+            raise CompareError(f"{run.source}: no '{GEN_TIME}' metric; is this a verl PPO/GRPO training log?")
+    steps = common_steps(runs, skip, step_range)
+    extra_keys = list(extra_keys)
+    means = [{key: _mean(run.values(key, steps)) for key in (*COMPARED, *extra_keys)} for run in runs]
+    base = means[baseline]
+    summaries = []
+    for run, m in zip(runs, means):
+        summaries.append(RunSummary(
+            name=run.name, fmt=run.fmt, steps=len(steps), gen_s=m[GEN_TIME], step_s=m[STEP_TIME],
+            reward=m[REWARD], response_length=m[RESPONSE_LENGTH],
+            gen_speedup=base[GEN_TIME] / m[GEN_TIME] if m[GEN_TIME] > 0 else math.nan,
+            step_speedup=base[STEP_TIME] / m[STEP_TIME] if m[STEP_TIME] > 0 else math.nan,
+            extra={key: m[key] for key in extra_keys},
+        ))
+    return steps, summaries
