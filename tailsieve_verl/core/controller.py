@@ -58,7 +58,7 @@ class ControllerConfig:
     search_radius: int = 2  # the outer loop evaluates splits m ± this (objective need not be unimodal)
     max_replica_step: int = 1  # bound on |Δm| per decision (a move toward a farther best split is clipped)
     settle_steps: int = 2  # quiet steps after any change before the outer loop decides again
-    history_steps: int = 2  # consumed batches kept as response-work history
+    history_steps: int = 1  # consumed batches kept as response-work history
     check_feasibility: bool = True  # outer loop requires deadline feasibility of a switch
     inner_loop: bool = True  # ablation switch: False freezes q (except when m moves)
 
@@ -139,16 +139,18 @@ class _StepTable:
         self.table = np.asarray(self.perf.step_time(a.ravel(), c.ravel()), dtype=float).reshape(a.shape)
         self.max_active = max_active
 
-    def __call__(self, active: np.ndarray, context: np.ndarray) -> np.ndarray:
-        """Step seconds at fractional ``active`` (linear between integers) and ``context`` (nearest below)."""
+    def context_index(self, context: np.ndarray) -> np.ndarray:
+        return np.clip(np.searchsorted(self.CONTEXTS, context, side="right") - 1, 0, len(self.CONTEXTS) - 1)
+
+    def __call__(self, active: np.ndarray, context_index: np.ndarray) -> np.ndarray:
+        """Step seconds at fractional ``active`` (linear between integers) and a context (nearest level below)."""
         if active.size and active.max() > self.max_active:
             self._build(int(2 ** math.ceil(math.log2(active.max() + 1))))
-        ci = np.clip(np.searchsorted(self.CONTEXTS, context, side="right") - 1, 0, len(self.CONTEXTS) - 1)
         active = np.where(active > 0, np.maximum(active, 1.0), 0.0)  # a busy replica runs >= 1 request
-        lo = np.floor(active).astype(np.int64)
+        lo = active.astype(np.int64)
         w = active - lo
-        ci = np.broadcast_to(ci, lo.shape)
-        return (1 - w) * self.table[lo, ci] + w * self.table[lo + 1, ci]
+        rows = self.table[lo, context_index]
+        return rows + w * (self.table[lo + 1, context_index] - rows)
 
 
 class _FluidModel:
@@ -160,7 +162,7 @@ class _FluidModel:
     longest sample; the tail pool holds the q' groups with the longest samples.
     """
 
-    GRID = 24  # points of each of the linear and geometric halves of the step grid
+    GRID = 16  # points of each of the linear and geometric halves of the step grid
 
     def __init__(self, history: Sequence[tuple[np.ndarray, np.ndarray]], batch_size: int, prompt_len: float,
                  table: _StepTable, q_candidates: np.ndarray):
@@ -178,7 +180,8 @@ class _FluidModel:
         self.grid = grid[grid <= s_max] if s_max > 0 else np.array([0.0, 1.0])
         self.mid = 0.5 * (self.grid[:-1] + self.grid[1:])
         self.seg = np.diff(self.grid)
-        self.ctx = self.mid + prompt_len
+        self.ctx = table.context_index(self.mid + prompt_len)
+        self._memo: dict[tuple[str, int], np.ndarray | float] = {}
         n_seg = len(self.mid)
         # segment index from which a response is no longer active: it is active on segments with mid < length
         seg_end = np.searchsorted(self.mid, lengths, side="left")
@@ -201,31 +204,50 @@ class _FluidModel:
         counts = np.cumsum(counts, axis=0)[: len(rows)]
         self.tail_active = np.cumsum(counts[:, ::-1], axis=1)[:, ::-1][:, 1:] / self.h
 
-    def _clock(self, active: np.ndarray, replicas: int) -> np.ndarray:
-        step = np.where(active > 0, self.table(active / replicas, self.ctx), 0.0)
-        return np.concatenate([[0.0], np.cumsum(self.seg * step)])
+    def _clock(self, active: np.ndarray, replicas) -> np.ndarray:
+        """Clock at each grid point; ``replicas`` may be a column of several pool sizes."""
+        per_replica = active / replicas
+        step = self.table(per_replica, np.broadcast_to(self.ctx, per_replica.shape))
+        clock = np.cumsum(self.seg * np.where(per_replica > 0, step, 0.0), axis=-1)
+        return np.concatenate([np.zeros(clock.shape[:-1] + (1,)), clock], axis=-1)
 
     def _critical(self, n_groups: np.ndarray, replicas: int, active: np.ndarray) -> np.ndarray:
         """Active responses on the replica that holds the longest group (round-robin): that group plus
         ``ceil(groups / replicas) − 1`` average others. ``active`` rows hold all ``n_groups`` groups."""
         top = self.tail_active[0]  # the longest group of a step (q' = 1 row, averaged over the history)
         others = np.maximum(active - top, 0.0) / np.maximum(n_groups - 1, 1)[:, None]
-        return top + (np.ceil(n_groups / replicas) - 1)[:, None] * others
+        return top + (np.ceil(n_groups[:, None] / replicas) - 1) * others
+
+    def prepare(self, pool_sizes: Sequence[int]) -> None:
+        """Evaluate tail and bulk predictions for several pool sizes in one vectorised pass."""
+        sizes = np.array([k for k in pool_sizes if ("tail", k) not in self._memo], dtype=float)
+        if not len(sizes):
+            return
+        clocks = self._clock(self.bulk_active[None, :], sizes[:, None])
+        crit = self._critical(self.q_candidates, sizes[:, None, None], self.tail_active[None])
+        step = self.table(crit, np.broadcast_to(self.ctx, crit.shape))
+        tails = (np.where(crit > 0, step, 0.0) * self.seg).sum(axis=-1)
+        for i, k in enumerate(sizes.astype(int)):
+            self._memo[("cut", k)] = np.interp(self.cut_step, self.grid, clocks[i])
+            self._memo[("tail", k)] = tails[i]
 
     def bulk_cutoff(self, replicas: int) -> np.ndarray:
         """Predicted bulk cutoff per q candidate on ``replicas`` replicas (all fresh groups spread evenly)."""
-        return np.interp(self.cut_step, self.grid, self._clock(self.bulk_active, replicas))
+        self.prepare([replicas])
+        return self._memo[("cut", replicas)]
 
     def bulk_full(self, replicas: int) -> float:
         """Predicted end of one shared pool running the whole batch (uniform routing)."""
-        crit = self._critical(np.array([self.batch_size]), replicas, self.bulk_active[None, :])[0]
-        return float(self._clock(crit, 1)[-1])
+        key = ("full", replicas)
+        if key not in self._memo:
+            crit = self._critical(np.array([self.batch_size]), replicas, self.bulk_active[None, :])[0]
+            self._memo[key] = float(self._clock(crit, 1.0)[-1])
+        return self._memo[key]
 
     def tail_time(self, replicas: int) -> np.ndarray:
         """Predicted tail-pool time per q candidate on ``replicas`` replicas."""
-        crit = self._critical(self.q_candidates, replicas, self.tail_active)
-        step = self.table(crit, np.broadcast_to(self.ctx, crit.shape))
-        return (np.where(crit > 0, step, 0.0) * self.seg).sum(axis=1)
+        self.prepare([replicas])
+        return self._memo[("tail", replicas)]
 
 
 @dataclass
@@ -247,7 +269,7 @@ class _State:
     quiet_steps: int = 0
     steps: int = 0
     sec_per_tail_group: float | None = None
-    bulk_curve: list = field(default_factory=list)  # smoothed time of the k-th bulk finish (None = unseen)
+    bulk_curve: np.ndarray = field(default_factory=lambda: np.zeros(0))  # smoothed time of the k-th bulk finish (NaN = unseen)
     tail_bias: dict = field(default_factory=dict)  # split m -> measured / predicted tail-pool time
     cutoff_bias: dict = field(default_factory=dict)  # split m -> measured / predicted bulk cutoff
     full_bias: float | None = None  # measured / predicted end of a shared pool (uniform routing)
@@ -256,7 +278,7 @@ class _State:
 
 
 def _mean(biases: dict, default: float) -> float:
-    return float(np.mean(list(biases.values()))) if biases else default
+    return sum(biases.values()) / len(biases) if biases else default
 
 
 def _work_arrays(groups: Sequence[GroupRecord]) -> tuple[np.ndarray, np.ndarray]:
@@ -308,6 +330,7 @@ class HierarchicalController:
         for key in ("gains", "tail_bias", "cutoff_bias"):
             state[key] = {str(k): float(v) for k, v in state[key].items() if v is not None}
         state["history"] = [[lengths.tolist(), sizes.tolist()] for lengths, sizes in self.state.history]
+        state["bulk_curve"] = [None if np.isnan(t) else float(t) for t in self.state.bulk_curve]
         return {"config": asdict(self.config), "n_replicas": self.n_replicas, "batch_size": self.batch_size,
                 "state": state}
 
@@ -321,6 +344,7 @@ class HierarchicalController:
             state[key] = {int(k): float(v) for k, v in state[key].items()}
         state["history"] = [(np.asarray(lengths, dtype=np.int64), np.asarray(sizes, dtype=np.int64))
                             for lengths, sizes in state["history"]]
+        state["bulk_curve"] = np.array([np.nan if t is None else t for t in state["bulk_curve"]], dtype=float)
         self.state = _State(**state)
 
     # ------------------------------------------------------------------ measurements
@@ -337,15 +361,15 @@ class HierarchicalController:
         if obs.tail_groups and obs.m > 0 and obs.tail_makespan_s > 0:
             rate = obs.tail_makespan_s / len(obs.tail_groups)
             s.sec_per_tail_group = rate if s.sec_per_tail_group is None else (1 - w) * s.sec_per_tail_group + w * rate
-        finish = sorted(g.finish_s for g in obs.bulk_groups)
-        curve = list(s.bulk_curve) + [None] * (self.batch_size - len(s.bulk_curve))
-        for k, t in enumerate(finish[: self.batch_size]):
-            curve[k] = t if curve[k] is None else (1 - w) * curve[k] + w * t
+        finish = np.sort(np.fromiter((g.finish_s for g in obs.bulk_groups), dtype=float, count=len(obs.bulk_groups)))
+        curve = np.asarray(s.bulk_curve, dtype=float) if len(s.bulk_curve) else np.full(self.batch_size, np.nan)
+        head = curve[: len(finish)]
+        curve[: len(finish)] = np.where(np.isnan(head), finish, (1 - w) * head + w * finish)
         s.bulk_curve = curve
 
     def _bulk_curve_at(self, ranks: np.ndarray) -> np.ndarray:
         """Smoothed time of the k-th bulk finish (k = ranks, 1-based); linear extrapolation past the data."""
-        known = np.array([t if t is not None else np.nan for t in self.state.bulk_curve], dtype=float)
+        known = np.asarray(self.state.bulk_curve, dtype=float)
         seen = np.flatnonzero(~np.isnan(known))
         if len(seen) == 0:
             return np.full(len(ranks), np.nan)
@@ -385,6 +409,9 @@ class HierarchicalController:
         qc = self._q_candidates
         full_bias = self._model_bias(obs, model)
         lo, hi = max(0, s.m - cfg.search_radius), min(R - 1, s.m + cfg.search_radius)
+        tail_default, cutoff_default = _mean(s.tail_bias, 1.0), _mean(s.cutoff_bias, full_bias)
+        splits = range(max(1, lo), hi + 1)
+        model.prepare(sorted(set(splits) | {R - m for m in splits} | {hi + 1, R - max(1, lo) + 1}))
         best: dict[int, tuple[float, int]] = {}
         tails: dict[int, np.ndarray] = {}
         bulks: dict[int, np.ndarray] = {}
@@ -392,8 +419,8 @@ class HierarchicalController:
             if m == 0:
                 best[m] = (model.bulk_full(R) * full_bias, 0)
                 continue
-            tails[m] = model.tail_time(m) * s.tail_bias.get(m, _mean(s.tail_bias, 1.0))
-            bulks[m] = model.bulk_cutoff(R - m) * s.cutoff_bias.get(m, _mean(s.cutoff_bias, full_bias))
+            tails[m] = model.tail_time(m) * s.tail_bias.get(m, tail_default)
+            bulks[m] = model.bulk_cutoff(R - m) * s.cutoff_bias.get(m, cutoff_default)
             span = np.maximum(tails[m], bulks[m])
             i = int(np.argmin(span))
             best[m] = (float(span[i]), int(qc[i]))
