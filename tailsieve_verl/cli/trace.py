@@ -1,0 +1,43 @@
+"""`tailsieve trace ROLLOUT_DIR -o OUT.jsonl`: convert verl rollout dumps (trainer.rollout_data_dir)
+into the trace format that route, study, simulate and plan read.
+
+Default: a prompt pool, one line per prompt (identified by its text across steps) with every
+response length observed for it. With --step N: that step's groups only. Give --tokenizer (a local
+HF model/tokenizer directory, e.g. the policy's) for token counts; without it lengths are
+whitespace-word counts, a rough proxy."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from ..core.trace import write_trace
+from ..tools.trace import build_trace, summarize
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "trace", help="convert verl rollout dumps into a trace / prompt pool",
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("rollout_dir", metavar="ROLLOUT_DIR", help="trainer.rollout_data_dir of a verl run, or one {step}.jsonl")
+    p.add_argument("-o", "--output", required=True, help="trace file to write (.jsonl, or .parquet)")
+    p.add_argument("--tokenizer", default=None, metavar="PATH", help="local HF tokenizer directory for token counts")
+    p.add_argument("--step", type=int, default=None, help="only this step, one group per prompt group")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    build = build_trace(args.rollout_dir, tokenizer=args.tokenizer, step=args.step)
+    write_trace(build.trace, args.output)
+    summary = summarize(build) | {"output": args.output, "kind": "step trace" if args.step is not None else "prompt pool"}
+    if args.json:
+        print(json.dumps(summary))
+        return 0
+    unit = "tokens" if build.exact else "whitespace words (approximate; pass --tokenizer for token counts)"
+    print(f"wrote {summary['kind']} {args.output}: {summary['prompts']} prompts, {summary['responses']} responses "
+          f"from {summary['steps']} step(s) {summary['first_step']}..{summary['last_step']}")
+    print(f"samples per prompt {summary['samples_per_prompt_min']}..{summary['samples_per_prompt_max']}; "
+          f"response length mean {summary['length_mean']:.1f}, p50 {summary['length_p50']:.0f}, "
+          f"p90 {summary['length_p90']:.0f}, max {summary['length_max']} ({unit})")
+    return 0
