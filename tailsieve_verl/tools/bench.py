@@ -101,10 +101,13 @@ def best_tailsieve_split(groups: Sequence[Group], n_replicas: int, perf: PerfMod
     return best
 
 
-def _replica_requests(groups: Sequence[Group], members: Sequence[int]) -> tuple[list[ForcedRequest], list[int]]:
+def _replica_requests(groups: Sequence[Group], members: Sequence[int], run_key: str
+                      ) -> tuple[list[ForcedRequest], list[int]]:
+    """A group's samples share one prompt (as in GRPO); prompts are fresh per run, so no run
+    profits from another's prefix cache."""
     requests, owner = [], []
     for i in members:
-        prompt = synthetic_prompt(groups[i].prompt_len, key=i)
+        prompt = synthetic_prompt(groups[i].prompt_len, key=(run_key, int(i)))
         for length in groups[i].lengths:
             if length > 0:
                 requests.append(ForcedRequest(prompt, int(length)))
@@ -113,7 +116,7 @@ def _replica_requests(groups: Sequence[Group], members: Sequence[int]) -> tuple[
 
 
 def run_assignment(servers: Sequence[OpenAIServer], groups: Sequence[Group], assignment: np.ndarray,
-                   n_replicas: int) -> MeasuredStep:
+                   n_replicas: int, run_key: str = "run") -> MeasuredStep:
     """Run every replica's groups for real; replicas on distinct servers run concurrently."""
     replica_times = [0.0] * n_replicas
     group_finish = [0.0] * len(groups)
@@ -122,7 +125,7 @@ def run_assignment(servers: Sequence[OpenAIServer], groups: Sequence[Group], ass
     def run_lane(server: OpenAIServer, replicas: list[int]) -> None:
         try:
             for r in replicas:
-                requests, owner = _replica_requests(groups, np.flatnonzero(assignment == r))
+                requests, owner = _replica_requests(groups, np.flatnonzero(assignment == r), run_key)
                 if not requests:
                     continue
                 timings = server.run_together(requests)
@@ -217,7 +220,7 @@ def bench(groups: Sequence[Group], servers: Sequence[OpenAIServer], n_replicas: 
     record("uniform", uniform)
     if "tailsieve" in policies:
         # Selection run: the uniform assignment for real; its finish order is the partial-rollout signal.
-        selection = run_assignment(servers, groups, uniform, n_replicas)
+        selection = run_assignment(servers, groups, uniform, n_replicas, run_key="selection")
         done += 1
         if on_run:
             on_run(done, total_runs, "selection (uniform)", selection.makespan_s)
@@ -249,7 +252,7 @@ def bench(groups: Sequence[Group], servers: Sequence[OpenAIServer], n_replicas: 
     for rep in range(repeats):
         for name in (names if rep % 2 == 0 else names[::-1]):
             res = results[name]
-            run = run_assignment(servers, groups, np.asarray(res.assignment), n_replicas)
+            run = run_assignment(servers, groups, np.asarray(res.assignment), n_replicas, run_key=f"{name}:{rep}")
             res.measured_s.append(run.makespan_s)
             res.measured_replica_s.append(list(run.replica_times_s))
             done += 1

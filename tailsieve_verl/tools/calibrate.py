@@ -61,8 +61,9 @@ class SweepPlan:
         return prompt_len + (self.decode_short + self.decode_long) / 2.0
 
 
-def _batch_seconds(server: OpenAIServer, batch: int, prompt_len: int, length: int, key: int) -> float:
-    requests = [ForcedRequest(synthetic_prompt(prompt_len, key * 1000 + i), length) for i in range(batch)]
+def _batch_seconds(server: OpenAIServer, batch: int, prompt_len: int, length: int, key: str) -> float:
+    # Fresh prompts every run: a prefix-cache hit would skip one run's prefill and not the other's.
+    requests = [ForcedRequest(synthetic_prompt(prompt_len, (key, i)), length) for i in range(batch)]
     return max(t.finish_s for t in server.run_together(requests))
 
 
@@ -74,7 +75,7 @@ def measure_point(server: OpenAIServer, batch: int, prompt_len: int, plan: Sweep
         # Alternate which run goes first so drift on a shared machine does not bias the difference.
         order = ((plan.decode_short, short_s), (plan.decode_long, long_s))
         for length, sink in (order if rep % 2 == 0 else order[::-1]):
-            sink.append(_batch_seconds(server, batch, prompt_len, length, key=rep * 2 + (sink is long_s)))
+            sink.append(_batch_seconds(server, batch, prompt_len, length, key=f"cal:{batch}:{prompt_len}:{rep}:{length}"))
     steps = [(lg - sh) / (plan.decode_long - plan.decode_short) for sh, lg in zip(short_s, long_s)]
     step_s = statistics.median(steps)
     if step_s <= 0:
@@ -108,7 +109,7 @@ def describe_local_host() -> str:
 def calibrate(server: OpenAIServer, plan: SweepPlan, device: str | None = None,
               on_point: Callable[[int, int, dict], None] | None = None) -> dict:
     """Sweep the plan against ``server`` and return the calibration document."""
-    server.complete(ForcedRequest(synthetic_prompt(max(plan.prompt_lens), 0), plan.decode_short))  # warm-up
+    server.complete(ForcedRequest(synthetic_prompt(max(plan.prompt_lens), "warm-up"), plan.decode_short))
     rows = []
     points = plan.points
     for i, (batch, prompt_len) in enumerate(points):

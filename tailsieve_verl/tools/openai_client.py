@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import random
 import threading
 import time
 from dataclasses import dataclass
@@ -148,9 +149,11 @@ class OpenAIServer:
 PROMPT_TOKEN_RANGE = (100, 1100)
 
 
-def synthetic_prompt(prompt_len: int, key: int) -> tuple[int, ...]:
-    """A deterministic prompt of ``prompt_len`` (>= 1) token ids, distinct per ``key``."""
+def synthetic_prompt(prompt_len: int, key: object) -> tuple[int, ...]:
+    """A deterministic prompt of ``prompt_len`` (>= 1) token ids, distinct per ``key``.
+
+    Distinct keys give unrelated prompts, so a server's prefix cache only hits where a caller
+    reuses a key on purpose (the n samples of one group)."""
+    rng = random.Random(repr(key))
     low, high = PROMPT_TOKEN_RANGE
-    span = high - low
-    key = int(key)
-    return tuple(low + (key * 7919 + i * 104729) % span for i in range(max(1, int(prompt_len))))
+    return tuple(rng.randrange(low, high) for _ in range(max(1, int(prompt_len))))

@@ -1,0 +1,216 @@
+"""TailSieve's rollout path against real vLLM engines behind verl's own server (``vLLMReplica``).
+
+Two standalone replicas: rank 0 is the tail pool, rank 1 the bulk pool. Requests go through the
+pieces the trainer uses — TailSieve's :class:`PoolRouter` as verl's load-balancer actor and
+:class:`GroupTaggedClient` (verl's ``LLMServerClient`` with the group uid in the request id) — and
+:class:`TailSelector` plans and closes each step. The cutoff aborts the bulk replica with verl's
+``abort_all_requests`` (the call TailSieveTrainer makes), and ``resume_generation`` reopens it.
+
+Response lengths are forced per prompt (``min_tokens = max_tokens``, ``ignore_eos``): a prompt's
+identity decides whether it is long, as the tail signal assumes. Where verl's trainer would update
+weights between steps, this test performs the same engine calls a weight sync makes (abort every
+replica, then resume) and keeps the weights: nothing here trains. Not run here: the
+TailSieveTrainer orchestration itself (TransferQueue replay buffer, dispatch, cutoff watcher) — the
+step below is driven by the test with the same calls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+import pytest
+import ray
+
+from tailsieve_verl.core.perf import TablePerf
+from tailsieve_verl.core.selector import BULK as CONSUMED_BULK
+from tailsieve_verl.core.selector import TAIL as CONSUMED_TAIL
+from tailsieve_verl.core.selector import TailSelector
+from tailsieve_verl.core.trace import Group
+from tailsieve_verl.integration.agent_loop import _GROUP, GroupContext, GroupTaggedClient
+from tailsieve_verl.integration.router import BULK, TAIL, PoolRouter
+from tailsieve_verl.tools.bench import bench
+from tailsieve_verl.tools.calibrate import SweepPlan, calibrate, write_calibration
+from tailsieve_verl.tools.openai_client import OpenAIServer, synthetic_prompt
+
+N_SAMPLES = 2
+SHORT, LONG = 12, 320
+PROMPT_LEN = 40  # > 2 KV blocks, so a reused prefix would show as cached tokens
+LONG_PROMPTS = {"p1", "p4", "p7", "p8"}
+
+
+def prompt_ids(prompt_id: str) -> list[int]:
+    return list(synthetic_prompt(PROMPT_LEN, prompt_id))
+
+
+def forced_length(prompt_id: str) -> int:
+    return LONG if prompt_id in LONG_PROMPTS else SHORT
+
+
+@dataclass
+class GroupRun:
+    prompt_id: str
+    uid: str
+    outputs: list
+    context: GroupContext
+
+    @property
+    def completed(self) -> bool:
+        return not self.context.aborted and all(o.stop_reason == "completed" for o in self.outputs)
+
+
+@dataclass
+class StepRun:
+    plan: object
+    outcome: object
+    tail: dict[str, GroupRun]
+    bulk: dict[str, GroupRun]
+    aborted_request_ids: list[str]
+    servers: dict[str, str]  # group uid → replica address that served it
+
+
+class Harness:
+    """One synchronous TailSieve step at a time over the tail and bulk replicas."""
+
+    def __init__(self, cfg, replicas):
+        self.tail_replica, self.bulk_replica = replicas
+        servers = {r.server_address: r.server_handle for r in replicas}
+        self.router = ray.remote(PoolRouter).remote(servers, {})
+        ray.get(self.router.set_pools.remote([self.tail_replica.server_address]))
+        self.client = GroupTaggedClient(cfg, load_balancer_handle=self.router)
+
+    async def run_group(self, prompt_id: str, uid: str) -> GroupRun:
+        context = GroupContext(uid=uid)
+        token = _GROUP.set(context)  # as TailSieveAgentLoopWorker does around each group
+        try:
+            length = forced_length(prompt_id)
+            params = {"max_tokens": length, "min_tokens": length, "ignore_eos": True, "temperature": 1.0}
+            outputs = await asyncio.gather(*(
+                self.client.generate(f"{uid}-{k}", prompt_ids=prompt_ids(prompt_id), sampling_params=dict(params))
+                for k in range(N_SAMPLES)))
+        finally:
+            _GROUP.reset(token)
+        return GroupRun(prompt_id, uid, list(outputs), context)
+
+    async def step(self, selector: TailSelector, q: int, fresh_ids: list[str]) -> StepRun:
+        plan = selector.plan_step(q)
+        assert len(fresh_ids) == plan.n_fresh
+        uid = {pid: f"s{plan.step}-{pid}" for pid in (*plan.tail_ids, *fresh_ids)}
+        await self.router.assign_groups.remote({**{uid[p]: TAIL for p in plan.tail_ids},
+                                                **{uid[p]: BULK for p in fresh_ids}})
+        tail_tasks = [asyncio.ensure_future(self.run_group(p, uid[p])) for p in plan.tail_ids]
+        bulk_tasks = [asyncio.ensure_future(self.run_group(p, uid[p])) for p in fresh_ids]
+        finished: list[str] = []
+        aborted_ids: list[str] = []
+        for next_done in asyncio.as_completed(bulk_tasks):
+            run = await next_done
+            if not run.completed:
+                continue
+            finished.append(run.prompt_id)
+            if len(finished) == plan.bulk_quota and plan.n_abort:
+                # The cutoff: B − T bulk groups done; abort what still runs on the bulk replica.
+                result = await self.bulk_replica.abort_all_requests()
+                aborted_ids = list(result["request_ids"])
+                break
+        bulk = {r.prompt_id: r for r in await asyncio.gather(*bulk_tasks)}
+        tail = {r.prompt_id: r for r in await asyncio.gather(*tail_tasks)}
+        if plan.n_abort:
+            await self.bulk_replica.resume_generation()
+        outcome = selector.finish_step(plan, fresh_ids, finished[:plan.bulk_quota], policy_version=plan.step)
+        servers = await self.router.group_servers.remote(list(uid.values()))
+        return StepRun(plan, outcome, tail, bulk, aborted_ids, servers)
+
+    async def weight_sync_point(self) -> None:
+        """The engine calls of verl's weight update (abort + resume) without changing weights."""
+        await asyncio.gather(*(r.abort_all_requests() for r in (self.tail_replica, self.bulk_replica)))
+        await asyncio.gather(*(r.resume_generation() for r in (self.tail_replica, self.bulk_replica)))
+
+
+@pytest.fixture(scope="module")
+def two_steps(verl_cfg, replicas):
+    harness = Harness(verl_cfg, replicas)
+    selector = TailSelector(batch_size=4)
+
+    async def run():
+        first = await harness.step(selector, q=2, fresh_ids=["p0", "p1", "p2", "p3", "p4", "p5"])
+        await harness.weight_sync_point()
+        second = await harness.step(selector, q=2, fresh_ids=["p6", "p7", "p8", "p9"])
+        return first, second
+
+    return harness, asyncio.run(run())
+
+
+def test_bulk_groups_unfinished_at_the_cutoff_are_aborted_and_carried(two_steps):
+    harness, (first, _) = two_steps
+    assert first.plan.tail_ids == () and first.plan.bulk_quota == 4 and first.plan.n_abort == 2
+    assert set(first.outcome.carried_ids) == {"p1", "p4"}
+    for pid in ("p1", "p4"):
+        run = first.bulk[pid]
+        assert run.context.aborted and not run.completed
+        assert all(o.stop_reason == "aborted" and len(o.token_ids) < LONG for o in run.outputs)
+    assert len(first.aborted_request_ids) == 2 * N_SAMPLES  # only the unfinished groups' requests
+
+
+def test_only_finished_groups_are_consumed_never_an_aborted_trajectory(two_steps):
+    _, steps = two_steps
+    for step in steps:
+        assert len(step.outcome.consumed) == 4  # exactly B groups per step
+        runs = {**step.bulk, **step.tail}
+        for consumed in step.outcome.consumed:
+            run = runs[consumed.prompt_id]
+            assert run.completed
+            assert all(len(o.token_ids) == forced_length(run.prompt_id) for o in run.outputs)
+            assert consumed.policy_version == step.plan.step
+        assert not set(step.outcome.consumed_ids) & set(step.outcome.carried_ids)
+    consumed_everywhere = [pid for step in steps for pid in step.outcome.consumed_ids]
+    assert len(consumed_everywhere) == len(set(consumed_everywhere))  # each prompt consumed once
+
+
+def test_carried_groups_regenerate_from_scratch_on_the_tail_pool(two_steps):
+    harness, (first, second) = two_steps
+    assert set(second.plan.tail_ids) == {"p1", "p4"} and second.plan.n_fresh == 4
+    tail_address = harness.tail_replica.server_address
+    for pid in ("p1", "p4"):
+        run = second.tail[pid]
+        assert run.completed
+        # the whole forced length, generated anew (the aborted attempt had produced a prefix)
+        assert all(len(o.token_ids) == LONG for o in run.outputs)
+        # no prompt KV carried over: the first sample of the group prefilled from scratch
+        assert min(o.extra_fields["num_cached_tokens"] for o in run.outputs) == 0
+        assert second.servers[run.uid] == tail_address
+        assert first.servers[first.bulk[pid].uid] != tail_address
+    consumed_routes = {c.prompt_id: c.route for c in second.outcome.consumed}
+    assert consumed_routes == {"p1": CONSUMED_TAIL, "p4": CONSUMED_TAIL, "p6": CONSUMED_BULK, "p9": CONSUMED_BULK}
+    assert set(second.outcome.carried_ids) == {"p7", "p8"}
+
+
+def test_groups_stay_atomic_within_their_pool(two_steps):
+    harness, steps = two_steps
+    tail, bulk = harness.tail_replica.server_address, harness.bulk_replica.server_address
+    for step in steps:
+        for run in step.tail.values():
+            assert step.servers[run.uid] == tail
+        for run in step.bulk.values():
+            assert step.servers[run.uid] == bulk
+
+
+def test_calibrate_against_the_replicas_openai_endpoint(replicas, tmp_path):
+    server = OpenAIServer(f"http://{replicas[0].server_address}")
+    plan = SweepPlan(batches=(1, 8), prompt_lens=(16,), decode_short=8, decode_long=40, repeats=1)
+    doc = calibrate(server, plan, device="tier")
+    cal = write_calibration(doc, tmp_path / "cal.json")
+    assert [r["batch"] for r in doc["rows"]] == [1, 8]
+    assert all(r["step_ms"] > 0 for r in doc["rows"])
+    assert TablePerf(cal).step_time(4, 40.0) > 0
+
+
+def test_bench_runs_every_policy_on_the_real_servers(replicas, tmp_path):
+    servers = [OpenAIServer(f"http://{r.server_address}") for r in replicas]
+    groups = [Group(f"g{i}", (forced_length(f"p{i}") // 4,) * 2, prompt_len=8) for i in range(6)]
+    perf = TablePerf(write_calibration(
+        {"device": "tier", "rows": [{"model": servers[0].model, "batch": b, "context": 20, "step_ms": 5 + b}
+                                    for b in (1, 4, 16)]}, tmp_path / "cal.json"))
+    report = bench(groups, servers, 2, perf, repeats=1, oracle_time_limit_s=2.0)
+    assert [row["policy"] for row in report["policies"]] == ["uniform", "tailsieve", "oracle"]
+    assert report["replicas_per_server_run"] == "concurrent"
+    assert all(row["measured_makespan_s"] > 0 for row in report["policies"])
