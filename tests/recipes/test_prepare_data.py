@@ -3,10 +3,12 @@ layout, the seed's templates, and answers that the matching reward accepts."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pyarrow.parquet as pq
 import pytest
@@ -15,6 +17,9 @@ from tailsieve_verl.rewards import CODE_DATA_SOURCE, END_TOKEN, MATH_DATA_SOURCE
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "prepare_data.py"
+_spec = importlib.util.spec_from_file_location("prepare_data", SCRIPT)
+prepare_data = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(prepare_data)
 
 
 def write_jsonl(path: Path, rows: list[dict]) -> Path:
@@ -22,11 +27,27 @@ def write_jsonl(path: Path, rows: list[dict]) -> Path:
     return path
 
 
-def run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, cwd=ROOT)
+@pytest.fixture()
+def run(capsys):
+    """The script's main() in-process (its exit status, stdout, stderr)."""
+
+    def call(*args: str) -> SimpleNamespace:
+        returncode = prepare_data.main(list(args))
+        captured = capsys.readouterr()
+        return SimpleNamespace(returncode=returncode, stdout=captured.out, stderr=captured.err)
+
+    return call
 
 
-def test_math_gsm8k_and_math_shapes(tmp_path):
+def test_script_runs_as_a_command(tmp_path):
+    src = write_jsonl(tmp_path / "m.jsonl", [{"question": "1+1?", "answer": "#### 2"}])
+    proc = subprocess.run([sys.executable, str(SCRIPT), "math", "--input", str(src), "--output",
+                           str(tmp_path / "m.parquet")], capture_output=True, text=True, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "wrote 1 math prompts" in proc.stdout
+
+
+def test_math_gsm8k_and_math_shapes(tmp_path, run):
     src = write_jsonl(tmp_path / "math.jsonl", [
         {"question": "Tom has 3 apples and buys 4. How many?", "answer": "3+4=7\n#### 7"},
         {"problem": "What is 1/2 + 1/4?", "solution": "We get $\\boxed{\\frac{3}{4}}$."},
@@ -51,7 +72,7 @@ def test_math_gsm8k_and_math_shapes(tmp_path):
         assert compute_score(row["data_source"], f"... \\boxed{{{answer}}}{END_TOKEN}", truth) == 1.0
 
 
-def test_code_mbpp_shape(tmp_path):
+def test_code_mbpp_shape(tmp_path, run):
     src = write_jsonl(tmp_path / "mbpp.jsonl", [{
         "task_id": 2, "text": "Write a function to find the shared elements of two tuples.",
         "code": "def similar_elements(a, b):\n    return tuple(set(a) & set(b))",
@@ -82,7 +103,7 @@ def test_code_mbpp_shape(tmp_path):
     ("code", {"text": "Write f.", "test_list": []}, "non-empty list of assert lines"),
     ("code", {"text": "Write f.", "test_list": ["assert f(1) == g(2)"]}, "add an 'entry_point' field"),
 ])
-def test_bad_rows_give_one_clear_error(tmp_path, workload, row, message):
+def test_bad_rows_give_one_clear_error(tmp_path, run, workload, row, message):
     src = write_jsonl(tmp_path / "bad.jsonl", [row])
     proc = run(workload, "--input", str(src), "--output", str(tmp_path / "o.parquet"))
     assert proc.returncode == 2
@@ -90,7 +111,7 @@ def test_bad_rows_give_one_clear_error(tmp_path, workload, row, message):
     assert "Traceback" not in proc.stderr
 
 
-def test_duplicate_prompts_and_missing_input_are_rejected(tmp_path):
+def test_duplicate_prompts_and_missing_input_are_rejected(tmp_path, run):
     src = write_jsonl(tmp_path / "dup.jsonl", [{"question": "Q?", "answer": "1"}, {"question": "Q?", "answer": "1"}])
     proc = run("math", "--input", str(src), "--output", str(tmp_path / "o.parquet"))
     assert proc.returncode == 2 and "duplicate prompt" in proc.stderr
