@@ -7,6 +7,8 @@ cost. The search:
 * assigns groups in decreasing order of their stand-alone time (tails first: they decide the
   makespan, so bad branches die early);
 * breaks the symmetry of identical replicas (a group may open at most one new, empty replica);
+* bounds the root by the largest group alone, pigeonhole arguments over the heaviest groups and
+  the longest responses, and capacity;
 * prunes with lower bounds that hold for every completion of a partial assignment: the cost of
   each replica's current set under the *monotone envelope* of the step model
   (``min over a' >= a of step_time(a', ctx)``, so adding requests can never lower it), and a
@@ -75,6 +77,16 @@ class StepCostTable:
         self.env_cum = self.cum if self.monotone else np.concatenate([zeros, np.cumsum(envelope, axis=1)], axis=1)
         min_extra = np.diff(envelope, axis=0).min(axis=0) if self.max_active >= 1 else np.zeros(self.max_len)
         self.min_extra_cum = np.concatenate([[0.0], np.cumsum(np.maximum(min_extra, 0.0))])
+        # Linear minorant for a >= 1: envelope(a, s) >= first(s) + slope(s)·(a − 1), slope = the least
+        # secant from a = 1 (capped so that the per-replica part first − slope stays >= 0).
+        first = envelope[1] if self.max_active >= 1 else np.zeros(self.max_len)
+        if self.max_active >= 2:
+            secants = (envelope[2:] - first) / np.arange(1, self.max_active, dtype=float)[:, None]
+            slope = np.clip(secants.min(axis=0), 0.0, first)
+        else:
+            slope = np.zeros(self.max_len)
+        self.replica_part_cum = np.concatenate([[0.0], np.cumsum(first - slope)])
+        self.request_part_cum = np.concatenate([[0.0], np.cumsum(slope)])
 
     @classmethod
     def shared(cls, perf: PerfModel, max_active: int, max_len: int, prompt_len: int = 0) -> "StepCostTable":
@@ -106,6 +118,41 @@ class StepCostTable:
     def envelope_cost(self, sorted_desc: np.ndarray) -> float:
         """A lower bound on the completion time of any superset of these requests."""
         return self._sum(self.env_cum, sorted_desc)
+
+    def staircase_bound(self, max_lens: np.ndarray, works: np.ndarray, n_replicas: int, lo: float = 0.0) -> float:
+        """Lower bound from the separable minorant cost(S) >= P(max len of S) + Σ_i Q(l_i), with items
+        (groups) divisible: the least T for which filling replicas longest-first (each new replica's
+        overhead P set by the item it opens with) needs at most R replicas. ``works`` = Σ Q per item."""
+        order = np.argsort(-max_lens, kind="stable")
+        overhead = self.replica_part_cum[max_lens[order]]
+        works = works[order]
+        hi = float(overhead[0] + works.sum())  # one replica holding everything: always feasible
+
+        def feasible(t: float) -> bool:
+            used, room = 1, t - overhead[0]
+            if room < 0:
+                return False
+            for w, o in zip(works, overhead):
+                while w > room:
+                    w -= max(room, 0.0)
+                    used, room = used + 1, t - o
+                    if used > n_replicas or room <= 0:
+                        return False
+                room -= w
+            return True
+
+        if lo >= hi or feasible(lo):
+            return lo
+        for _ in range(40):
+            mid = 0.5 * (lo + hi)
+            if feasible(mid):
+                hi = mid
+            else:
+                lo = mid
+        return lo
+
+    def request_work(self, lengths: np.ndarray) -> float:
+        return float(np.sum(self.request_part_cum[lengths]))
 
     def min_extra(self, lengths: np.ndarray) -> float:
         """Least time these requests add to any replica they join."""
@@ -288,15 +335,25 @@ def solve_exact(groups: Sequence[Group], n_replicas: int, perf: PerfModel, max_n
 
 
 def _root_bound(cost: SetCost, env_alone: np.ndarray, extra: np.ndarray, n_replicas: int) -> float:
-    """Largest group alone; two of the R+1 heaviest groups share a replica; capacity."""
+    """Valid for every assignment: the largest group alone; two of the R+1 heaviest groups share a
+    replica; among the j groups with the longest responses some replica holds ceil(j/R), hence at
+    least that many responses of length >= the j-th longest; capacity."""
+    table = cost.table
     bound = float(env_alone.max())
     heavy = np.argsort(-env_alone, kind="stable")[: n_replicas + 1]
     if len(heavy) == n_replicas + 1:
-        pair = min(cost.table.envelope_cost(cost.merged([int(i), int(j)])) for i, j in itertools.combinations(heavy, 2))
+        pair = min(table.envelope_cost(cost.merged([int(i), int(j)])) for i, j in itertools.combinations(heavy, 2))
         bound = max(bound, pair)
+    longest = np.sort([int(x.max()) for x in cost.lengths])[::-1]
+    for j in range(n_replicas + 1, len(longest) + 1):
+        crowd = -(-j // n_replicas)
+        bound = max(bound, table.envelope_cost(np.full(crowd, longest[j - 1], dtype=np.int64)))
     top = int(np.argmax(env_alone))
     capacity = (env_alone[top] + extra.sum() - extra[top]) / n_replicas
-    return max(bound, float(capacity))
+    bound = max(bound, float(capacity))
+    works = np.array([table.request_work(x) for x in cost.lengths])
+    group_max = np.array([int(x.max()) for x in cost.lengths], dtype=np.int64)
+    return max(bound, table.staircase_bound(group_max, works, n_replicas, bound))
 
 
 def _greedy(cost: SetCost, n_replicas: int) -> list[int]:
