@@ -269,6 +269,7 @@ class _State:
     quiet_steps: int = 0
     steps: int = 0
     sec_per_tail_group: float | None = None
+    pool_times: list = field(default_factory=list)  # smoothed [tail, bulk] seconds at the current split
     bulk_curve: np.ndarray = field(default_factory=lambda: np.zeros(0))  # smoothed time of the k-th bulk finish (NaN = unseen)
     tail_bias: dict = field(default_factory=dict)  # split m -> measured / predicted tail-pool time
     cutoff_bias: dict = field(default_factory=dict)  # split m -> measured / predicted bulk cutoff
@@ -384,9 +385,12 @@ class HierarchicalController:
     # ------------------------------------------------------------------ inner loop
     def _inner(self, obs: StepObservation) -> Decision:
         s, cfg = self.state, self.config
-        tail, bulk = obs.tail_makespan_s, obs.bulk_cutoff_s
         if not obs.tail_groups or obs.m == 0 or s.sec_per_tail_group is None:
             return Decision(s.q, s.m, "inner: waiting for a tail-pool measurement")
+        w = cfg.rate_smoothing
+        measured = [obs.tail_makespan_s, obs.bulk_cutoff_s]
+        s.pool_times = measured if not s.pool_times else [(1 - w) * a + w * b for a, b in zip(s.pool_times, measured)]
+        tail, bulk = s.pool_times
         gap = (tail - bulk) / max(tail, bulk, 1e-12)
         if abs(gap) <= cfg.balance_tolerance:
             return Decision(s.q, s.m, f"inner: balanced (gap {gap:+.1%})")
@@ -439,6 +443,7 @@ class HierarchicalController:
         gain = s.gains[target]
         s.m, s.q = new_m, best[new_m][1] if new_m > 0 else 0
         s.quiet_steps = 0
+        s.pool_times = []
         s.gains = {}
         return Decision(s.q, s.m, f"outer: m -> {s.m}, q -> {s.q} (best split {target}, predicted gain {gain:.1%})")
 
