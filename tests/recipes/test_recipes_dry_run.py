@@ -162,3 +162,20 @@ def test_dflash_recipe_needs_a_drafter():
     proc = subprocess.run(["bash", str(ROOT / "recipes" / "qwen3-8b_tailsieve_dflash.sh")], env=env,
                           capture_output=True, text=True)
     assert proc.returncode == 2 and "DFLASH_DRAFT_PATH" in proc.stderr
+
+
+def test_shipped_config_name_form_and_bad_overrides(dry_run):
+    from tailsieve_verl.integration.dry_run import DryRunError
+
+    base = ["actor_rollout_ref.model.path=/models/any", "actor_rollout_ref.rollout.name=vllm",
+            "algorithm.adv_estimator=grpo", "actor_rollout_ref.actor.use_dynamic_bsz=True",
+            "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=True"]
+    config, tailsieve, plans = dry_run(["--config-path=pkg://tailsieve_verl.config", "--config-name",
+                                        "tailsieve_trainer", *base, "tailsieve.q0=4"])
+    assert config.trainer.v1.trainer_mode == "tailsieve" and tailsieve.q0 == 4 and tailsieve.active
+    assert config.actor_rollout_ref.rollout.router_config_path.endswith("router.yaml")
+    assert config.actor_rollout_ref.rollout.custom.tailsieve.q0 == 4
+    with pytest.raises(DryRunError, match="Hydra could not compose"):
+        dry_run([*base, "actor_rollout_ref.rollout.no_such_key=1"])
+    with pytest.raises(DryRunError, match="unsupported command-line flag"):
+        dry_run(["--multirun", *base])
