@@ -182,6 +182,13 @@ class SetCost:
         self.table = (StepCostTable.shared(perf, total, steps, prompt_lens.pop())
                       if uncapped and len(prompt_lens) == 1 and small else None)
         self.bounded = self.table is not None
+        # Adding a group never shortens a replica: true for a step model non-decreasing in active
+        # requests when every request starts at t=0 with one prompt length (no FIFO anomalies).
+        if self.table is not None:
+            self.monotone = self.table.monotone
+        else:
+            self.monotone = uncapped and len({g.prompt_len for g in self.groups}) == 1 and \
+                _monotone_in_active(perf, total, max_len + self.groups[0].prompt_len)
         self._cache: dict[tuple[int, ...], float] = {}
 
     def merged(self, members: Sequence[int]) -> np.ndarray:
@@ -204,11 +211,28 @@ class SetCost:
             self._cache[key] = value
         return value
 
-    def makespan(self, assignment: Sequence[int], n_replicas: int) -> float:
+    def makespan(self, assignment: Sequence[int], n_replicas: int, stop_above: float = float("inf")) -> float:
+        """Largest set cost; returns early (with a value > ``stop_above``) once one replica exceeds it,
+        which lets searches skip hopeless candidates after one or two set costs."""
         members: list[list[int]] = [[] for _ in range(n_replicas)]
         for i, r in enumerate(assignment):
             members[int(r)].append(i)
-        return max(self.cost(m) for m in members)
+        worst = 0.0
+        for m in members:
+            worst = max(worst, self.cost(m))
+            if worst > stop_above:
+                break
+        return worst
+
+
+def _monotone_in_active(perf: PerfModel, max_active: int, max_context: int) -> bool:
+    """Step time non-decreasing in active requests (checked on a grid of contexts)."""
+    active = np.arange(1, max_active + 1, dtype=float)
+    for ctx in np.linspace(0.0, float(max_context), 9):
+        step = np.asarray(perf.step_time(active, np.full_like(active, ctx)), dtype=float)
+        if np.any(np.diff(step) < 0):
+            return False
+    return True
 
 
 @dataclass(frozen=True)
@@ -265,6 +289,10 @@ def solve_exact(groups: Sequence[Group], n_replicas: int, perf: PerfModel, max_n
         value = cost.makespan(candidate, n_replicas)
         if value < best:
             best, best_assignment = value, np.asarray(candidate, dtype=np.int64)
+
+    if time_limit_s is not None:
+        deadline = start + 0.25 * time_limit_s
+        best_assignment, best = improve_locally(cost, best_assignment, n_replicas, deadline)
 
     bounded = cost.bounded
     table = cost.table
@@ -354,6 +382,50 @@ def _root_bound(cost: SetCost, env_alone: np.ndarray, extra: np.ndarray, n_repli
     works = np.array([table.request_work(x) for x in cost.lengths])
     group_max = np.array([int(x.max()) for x in cost.lengths], dtype=np.int64)
     return max(bound, table.staircase_bound(group_max, works, n_replicas, bound))
+
+
+def improve_locally(cost: SetCost, assignment: np.ndarray, n_replicas: int,
+                    deadline: float) -> tuple[np.ndarray, float]:
+    """Move or swap groups off the slowest replica while that lowers the makespan (or, at an equal
+    makespan, the slowest replica's time); stops at a local optimum or the deadline."""
+    assignment = np.array(assignment, dtype=np.int64)
+    members = [list(np.flatnonzero(assignment == r)) for r in range(n_replicas)]
+    times = [cost.cost(m) for m in members]
+    improved = True
+    while improved and time.perf_counter() < deadline:
+        improved = False
+        slow = int(np.argmax(times))
+        ceiling = times[slow]
+        for g in members[slow]:
+            rest = [x for x in members[slow] if x != g]
+            rest_time = cost.cost(rest)
+            for r in range(n_replicas):
+                if r == slow:
+                    continue
+                moved = cost.cost(members[r] + [g])
+                if max(rest_time, moved) < ceiling:
+                    members[slow], members[r] = rest, members[r] + [g]
+                    times[slow], times[r] = rest_time, moved
+                    improved = True
+                    break
+                for h in members[r]:
+                    a = cost.cost(rest + [h])
+                    if a >= ceiling:
+                        continue
+                    b = cost.cost([x for x in members[r] if x != h] + [g])
+                    if b < ceiling:
+                        members[slow] = rest + [h]
+                        members[r] = [x for x in members[r] if x != h] + [g]
+                        times[slow], times[r] = a, b
+                        improved = True
+                        break
+                if improved or time.perf_counter() > deadline:
+                    break
+            if improved or time.perf_counter() > deadline:
+                break
+    for r, m in enumerate(members):
+        assignment[m] = r
+    return assignment, cost.makespan(assignment, n_replicas)
 
 
 def _greedy(cost: SetCost, n_replicas: int) -> list[int]:

@@ -165,21 +165,26 @@ def route(policy: str, groups: Sequence[Group], n_replicas: int, perf: PerfModel
 
 def best_k_search(groups: Sequence[Group], n_replicas: int, cost: SetCost,
                   tail_replicas: int | None) -> tuple[np.ndarray, int, int]:
-    """Smallest-makespan ``topk-balanced`` over k (and m unless given); ties → smaller k, m."""
+    """Smallest-makespan ``topk-balanced`` over k (and m unless given); ties → smaller k, m.
+
+    Exact over the family: candidates are scored until one replica exceeds the best so far, and
+    for a fixed m the scan over k stops once the tail pool alone is no better (raising k only adds
+    groups to tail replicas, which cannot shorten them under a monotone model).
+    """
     n = len(groups)
-    if tail_replicas is None:
-        candidates = [(0, 0)] + [(k, m) for m in range(1, n_replicas) for k in range(1, n + 1)]
-    else:
-        candidates = [(k, tail_replicas) for k in range(0, n + 1)]
-    best = None
-    for k, m in candidates:
-        if m == 0:
-            assignment = balanced_assignment([g.total_len for g in groups], n_replicas)
-        else:
+    order = tail_order(groups)
+    balanced = balanced_assignment([g.total_len for g in groups], n_replicas)
+    best = (cost.makespan(balanced, n_replicas), balanced, 0, 0) if tail_replicas is None else None
+    for m in ([tail_replicas] if tail_replicas is not None else range(1, n_replicas)):
+        for k in range(0 if tail_replicas is not None else 1, n + 1):
+            if best is not None and cost.monotone:
+                tail = max(cost.cost(order[j:k:m]) for j in range(m))
+                if tail >= best[0]:
+                    break
             assignment = topk_assignment(groups, n_replicas, k, m, balanced=True)
-        value = cost.makespan(assignment, n_replicas)
-        if best is None or value < best[0]:
-            best = (value, assignment, k, m)
+            value = cost.makespan(assignment, n_replicas, stop_above=best[0] if best else float("inf"))
+            if best is None or value < best[0]:
+                best = (value, assignment, k, m)
     return best[1], best[2], best[3]
 
 
