@@ -129,6 +129,15 @@ layout() {
   )
 }
 
+# Offload the FSDP actor's parameters and optimizer state to CPU between updates: the MoE models'
+# full weights, gradients and Adam state do not fit next to the colocated vLLM engines otherwise.
+offload_actor() {
+  ARGS+=(
+    actor_rollout_ref.actor.fsdp_config.param_offload=True
+    actor_rollout_ref.actor.fsdp_config.optimizer_offload=True
+  )
+}
+
 # --- variants -----------------------------------------------------------------------------------
 
 # Uniform group routing: TailSieve off, (q, m) = (0, 0) on the same trainer.

@@ -9,5 +9,6 @@ source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 model Qwen/Qwen3-30B-A3B
 layout 2 0.6 table:h200-moe
+offload_actor
 tailsieve_fixed
 launch "$@"

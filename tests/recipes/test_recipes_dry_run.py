@@ -78,6 +78,7 @@ def test_every_recipe_dry_runs(recipe, dry_run):
     # layout: eight TP1 replicas, or four TP2 for the two MoE models
     tp = 2 if "a3b" in recipe.stem else 1
     assert rollout.tensor_model_parallel_size == tp and len(plans) == 8 // tp
+    assert actor.fsdp_config.param_offload == actor.fsdp_config.optimizer_offload == (tp == 2)
     assert config.trainer.v1.trainer_mode == "tailsieve"
 
     kind = recipe.stem.split("_", 1)[1] if not recipe.stem.startswith("qwen3_5") else recipe.stem.split("_", 2)[2]
