@@ -22,6 +22,7 @@ def plot_compare(runs: Sequence[RunLog], summaries: Sequence[RunSummary], steps:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import numpy as np
 
     fig, axes = plt.subplots(2, 2, figsize=(11, 7), sharex=True)
     for ax, key in zip(axes.flat, COMPARED):
@@ -33,7 +34,10 @@ def plot_compare(runs: Sequence[RunLog], summaries: Sequence[RunSummary], steps:
             ax.plot(list(steps), run.values(key, steps), marker="o", markersize=3, label=label)
         ax.set_title(TITLES[key], fontsize=10)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        if any(np.isfinite(run.values(key, steps)).any() for run in runs):
+            ax.legend(fontsize=8)
+        else:
+            ax.text(0.5, 0.5, f"'{key}' not logged", ha="center", va="center", transform=ax.transAxes, color="gray")
     for ax in axes[1]:
         ax.set_xlabel("training step")
     fig.suptitle(f"{summaries[0].name} (baseline) vs " + ", ".join(s.name for s in summaries[1:]), fontsize=11)
