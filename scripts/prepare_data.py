@@ -7,9 +7,12 @@ math  — one problem per row. Question field: ``question`` | ``problem`` | ``pr
         ``answer`` (GSM8K's ``... #### 72`` is cut at ``####``) or ``solution`` (its last
         ``\\boxed{}``, as in MATH / MATH-500). Fits GSM8K, MATH, MATH-500, DAPO-Math-style jsonl.
 code  — one function-writing task per row. Question: ``text`` | ``prompt`` | ``question`` |
-        ``problem``; tests: ``test_list`` (list of ``assert`` lines, MBPP) or ``tests``; optional
-        ``test_setup_code`` / ``test_imports``; entry point: ``entry_point``, else the function the
-        tests call (MBPP), else the one ``def`` of the reference ``code``.
+        ``problem``; tests: ``test_list`` (list of ``assert`` lines, MBPP), ``tests`` (list or
+        newline-separated asserts) or HumanEval's ``test`` (a ``check(candidate)`` function, run on
+        ``entry_point``); optional ``test_setup_code`` / ``test_imports``; entry point:
+        ``entry_point``, else the function the tests call (MBPP), else the one ``def`` of the
+        reference ``code``. Fits MBPP, HumanEval(+) and jsonl in those shapes; stdin/stdout-judged
+        sets (LiveCodeBench, APPS) need their tests rewritten as asserts first.
 
 Each output row: ``data_source``, ``prompt`` (chat messages), ``ability``, ``reward_model``
 (``{"style": "rule", "ground_truth": ...}``) and ``extra_info`` (``split``, ``index``,
@@ -134,6 +137,8 @@ def defined_function(code: object) -> str | None:
 def code_record(row: dict, where: str, split: str, index: int) -> dict:
     question = first_field(row, ("text", "prompt", "question", "problem"), where, "question")
     tests = row.get("test_list", row.get("tests"))
+    if isinstance(row.get("test"), str) and "def check(" in row["test"] and isinstance(row.get("entry_point"), str):
+        tests = [row["test"], f"check({row['entry_point']})"]  # HumanEval: a check(candidate) function
     if isinstance(tests, str):
         tests = [line for line in tests.splitlines() if line.strip()]
     if not isinstance(tests, list) or not tests or not all(isinstance(t, str) for t in tests):

@@ -97,6 +97,20 @@ def test_code_mbpp_shape(tmp_path, run):
     assert compute_score(rows[1]["data_source"], good, rows[1]["reward_model"]["ground_truth"]) == 1.0
 
 
+def test_code_humaneval_shape(tmp_path, run):
+    test = "def check(candidate):\n    assert candidate(2) == 4\n    assert candidate(-3) == 9\n"
+    src = write_jsonl(tmp_path / "he.jsonl", [{"task_id": "HumanEval/0", "entry_point": "sq", "test": test,
+                                                "prompt": "def sq(x):\n    \"\"\"Square x.\"\"\"\n"}])
+    out = tmp_path / "he.parquet"
+    assert run("code", "--input", str(src), "--output", str(out)).returncode == 0
+    row = pq.read_table(out).to_pylist()[0]
+    truth = row["reward_model"]["ground_truth"]
+    good = "Reasoning: square.\n```python\ndef sq(x):\n    return x * x\n```"
+    bad = "Reasoning: square.\n```python\ndef sq(x):\n    return 2 * x\n```"
+    assert compute_score(CODE_DATA_SOURCE, good, truth) == 1.0
+    assert compute_score(CODE_DATA_SOURCE, bad, truth) == 0.0
+
+
 @pytest.mark.parametrize("workload,row,message", [
     ("math", {"question": "no answer here"}, "no answer"),
     ("math", {"answer": "4"}, "no question field"),
