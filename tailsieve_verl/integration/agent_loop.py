@@ -1,15 +1,17 @@
 """Agent-loop side of TailSieve: group identity on every request, aborted samples kept out of
-TransferQueue, per-group measurements for the controller.
+TransferQueue, per-sample measurements for the controller — on verl's unchanged
+``AgentLoopManagerTQ`` / ``AgentLoopWorkerTQ``.
 
-* :class:`TailSieveAgentLoopManager` (set by the trainer as ``rollout.agent.agent_loop_manager_class``)
-  is verl's ``AgentLoopManagerTQ`` with :class:`TailSieveAgentLoopWorker` workers.
-* The worker opens a :class:`GroupContext` (a context variable) around each prompt group, so every
-  agent loop of the group — whatever its class (single-turn, tool, user-registered) — runs inside it.
+* :class:`TailSieveAgentLoop` (registered as ``tailsieve_agent``) wraps the agent loop the row would
+  have run (its ``agent_name``, else ``rollout.agent.default_agent_loop``; the trainer moves that
+  name into ``tailsieve_inner_agent``). It runs the inner loop inside a :class:`GroupContext`
+  (a context variable), so single-turn, tool and user-registered loops all work unchanged.
 * :class:`GroupTaggedClient` (the trainer's ``get_llm_client``) tags each request id with the group
-  uid for the pool router, and records aborted outputs in the group context.
-* A sample whose generation came back aborted is never written to TransferQueue (and the trainer
-  never selects its group), so no aborted trajectory can be consumed. When the group settles, the
-  worker reports its duration and token counts to the router's ledger.
+  uid for the pool router and records aborted outputs in the context.
+* A sample whose generation came back aborted raises :class:`SampleAborted` out of the agent loop:
+  verl then writes no trajectory for it and marks its group ``failure``, so an aborted trajectory
+  never enters TransferQueue; the trainer never selects such a group either.
+* Each sample's duration and token counts are reported to the router's ledger (worker clock only).
 """
 
 from __future__ import annotations
@@ -17,89 +19,94 @@ from __future__ import annotations
 import contextvars
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-import ray
+import hydra
 
-from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopManagerTQ, AgentLoopWorkerTQ
+from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopOutput, _agent_loop_registry, register
 from verl.workers.rollout.llm_server import LLMServerClient
 
 from tailsieve_verl.integration.router import tag_request_id
 
 logger = logging.getLogger(__name__)
 
+AGENT_NAME = "tailsieve_agent"
+INNER_AGENT_KEY = "tailsieve_inner_agent"
 ABORT_REASONS = ("aborted", "abort")
+
+
+class SampleAborted(RuntimeError):
+    """Raised for a sample aborted at the bulk cutoff (expected; its group is carried)."""
 
 
 @dataclass
 class GroupContext:
-    """Mutable per-group state shared by the group's concurrent sessions (one worker process)."""
+    """State of one sample (session) of a prompt group, shared with the LLM client via a contextvar."""
 
     uid: str
     aborted: bool = False
     failed: bool = False
     aborted_tokens: int = 0
-    tokens: list[int] = field(default_factory=list)
 
 
-_GROUP: contextvars.ContextVar[GroupContext | None] = contextvars.ContextVar("tailsieve_group", default=None)
+_SAMPLE: contextvars.ContextVar[GroupContext | None] = contextvars.ContextVar("tailsieve_sample", default=None)
 
 
 class GroupTaggedClient(LLMServerClient):
     """verl's LLM client with the group uid in the routed request id and abort bookkeeping."""
 
     async def generate(self, request_id, *, prompt_ids: list[int], sampling_params: dict[str, Any], **kwargs: Any):
-        group = _GROUP.get()
-        if group is not None:
-            request_id = tag_request_id(group.uid, str(request_id))
+        sample = _SAMPLE.get()
+        if sample is not None:
+            request_id = tag_request_id(sample.uid, str(request_id))
         try:
             output = await super().generate(request_id, prompt_ids=prompt_ids, sampling_params=sampling_params, **kwargs)
         except Exception:
-            if group is not None:
-                group.failed = True
+            if sample is not None:
+                sample.failed = True
             raise
-        if group is not None and output.stop_reason in ABORT_REASONS:
-            group.aborted = True
-            group.aborted_tokens += len(output.token_ids)
+        if sample is not None and output.stop_reason in ABORT_REASONS:
+            sample.aborted = True
+            sample.aborted_tokens += len(output.token_ids)
         return output
 
 
-class TailSieveAgentLoopWorker(AgentLoopWorkerTQ.__ray_actor_class__):
-    """verl's TransferQueue agent-loop worker, run inside a :class:`GroupContext` per prompt group."""
+@register(AGENT_NAME)
+class TailSieveAgentLoop(AgentLoopBase):
+    """Runs the row's own agent loop inside a :class:`GroupContext` (see module docstring)."""
 
-    async def _run_prompt(self, prompt: dict, sampling_params: dict, trajectory: dict, trace: bool = False) -> None:
-        group = GroupContext(uid=str(prompt["uid"]))
-        token = _GROUP.set(group)
+    def __init__(self, **kwargs: Any):
+        self._init_kwargs = kwargs
+        self.server_manager = kwargs["server_manager"]
+        self.default_agent = kwargs["trainer_config"].config.actor_rollout_ref.rollout.agent.default_agent_loop
+
+    async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
+        inner_name = kwargs.pop(INNER_AGENT_KEY, None) or self.default_agent
+        if inner_name == AGENT_NAME or inner_name not in _agent_loop_registry:
+            raise ValueError(f"tailsieve_agent cannot wrap agent loop {inner_name!r}; registered: "
+                             f"{sorted(_agent_loop_registry)}")
+        inner = hydra.utils.instantiate(config=_agent_loop_registry[inner_name], **self._init_kwargs)
+        sample = GroupContext(uid=str(kwargs["uid"]))
+        token = _SAMPLE.set(sample)
         start = time.monotonic()
+        output = None
         try:
-            await super()._run_prompt(prompt, sampling_params, trajectory, trace)
+            output = await inner.run(sampling_params, **kwargs)
         finally:
-            _GROUP.reset(token)
-        report = {"uid": group.uid, "duration_s": time.monotonic() - start, "tokens": list(group.tokens),
-                  "aborted_tokens": group.aborted_tokens, "aborted": group.aborted, "failed": group.failed}
-        balancer = getattr(self.llm_client, "_load_balancer", None)
-        if balancer is not None and hasattr(balancer, "report_group"):
-            balancer.report_group.remote(report)
+            _SAMPLE.reset(token)
+            self._report(sample, kwargs.get("session_id"), time.monotonic() - start, output)
+        if sample.aborted:
+            raise SampleAborted(f"group {sample.uid} sample {kwargs.get('session_id')} aborted at the bulk cutoff "
+                                f"(expected: the group is carried to the next step)")
+        return output
 
-    async def _agent_loop_postprocess(self, output, validate, **kwargs) -> None:
-        group = _GROUP.get()
-        if group is not None and group.aborted:
-            return  # an aborted sample never enters TransferQueue
-        outputs = output if isinstance(output, list) else [output]
-        if group is not None and outputs:
-            group.tokens.append(len(outputs[-1].response_ids))
-        await super()._agent_loop_postprocess(output, validate, **kwargs)
-
-
-_WORKER_ACTOR = ray.remote(TailSieveAgentLoopWorker)
-
-
-class TailSieveAgentLoopManager(AgentLoopManagerTQ):
-    """verl's ``AgentLoopManagerTQ`` whose workers are :class:`TailSieveAgentLoopWorker`."""
-
-    def __init__(self, *args: Any, **kwargs: Any):
-        super().__init__(*args, **kwargs)
-        self.agent_loop_workers_class = _WORKER_ACTOR
-
-
+    def _report(self, sample: GroupContext, session_id: Any, duration_s: float, output: AgentLoopOutput | None) -> None:
+        balancer = getattr(self.server_manager, "_load_balancer", None)
+        if balancer is None or not hasattr(balancer, "report_sample"):
+            return
+        tokens = len(output.response_ids) if output is not None and not sample.aborted else 0
+        balancer.report_sample.remote({
+            "uid": sample.uid, "session_id": int(session_id or 0), "duration_s": duration_s, "tokens": tokens,
+            "aborted_tokens": sample.aborted_tokens, "aborted": sample.aborted,
+            "failed": sample.failed or (output is None and not sample.aborted)})

@@ -24,7 +24,6 @@ from tailsieve_verl.core.errors import TailSieveError
 from tailsieve_verl.core.perf import DEFAULT_PERF_MODEL, PerfModel, parse_perf_model
 
 TRAINER_MODE = "tailsieve"
-AGENT_LOOP_MANAGER = "tailsieve_verl.integration.agent_loop.TailSieveAgentLoopManager"
 SIM_ROLLOUT_NAME = "tailsieve_sim"
 # Backends whose verl server implements abort_all_requests()/resume_generation() (verified in the
 # verl 0.9.1 source: vllm_async_server.py, async_sglang_server.py) plus our simulated backend.
@@ -309,10 +308,9 @@ def router_config_path() -> str:
 
 
 def wire_verl_config(config: Any) -> TailSieveConfig:
-    """Validate, then point verl at TailSieve's router and agent-loop manager and hand the settings
-    to the rollout replicas (``actor_rollout_ref.rollout.custom.tailsieve``). Called by the trainer
-    in ``__init__``, before verl launches any worker; refuses to replace a user's own router or
-    agent-loop manager."""
+    """Validate, then point verl at TailSieve's router and hand the settings to the rollout replicas
+    (``actor_rollout_ref.rollout.custom.tailsieve``). Called by the trainer in ``__init__``, before
+    verl launches any worker; refuses to replace a user's own router."""
     from omegaconf import OmegaConf, open_dict
 
     cfg = validate_verl_config(config)
@@ -324,16 +322,9 @@ def wire_verl_config(config: Any) -> TailSieveConfig:
             f"actor_rollout_ref.rollout.router_config_path={router!r}: TailSieve routes groups to pools with its own "
             f"router; remove this override"
         )
-    manager = OmegaConf.select(rollout, "agent.agent_loop_manager_class")
-    if manager not in (None, AGENT_LOOP_MANAGER):
-        raise TailSieveConfigError(
-            f"actor_rollout_ref.rollout.agent.agent_loop_manager_class={manager!r}: TailSieve needs its own "
-            f"agent-loop manager ({AGENT_LOOP_MANAGER}); remove this override"
-        )
     section = _section_to_dict(OmegaConf.select(config, "tailsieve"), "tailsieve")
     with open_dict(config):
         rollout.router_config_path = router_yaml
-        rollout.agent.agent_loop_manager_class = AGENT_LOOP_MANAGER
         if OmegaConf.select(rollout, "custom") is None:
             rollout.custom = {}
         rollout.custom.tailsieve = section

@@ -218,6 +218,11 @@ def missing_data_files(config: Any) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    import warnings
+
+    # verl announces every optional training engine it cannot import (megatron, torchtitan, ...);
+    # irrelevant to composing a config, and they would bury the one line that matters.
+    warnings.filterwarnings("ignore", message=r".* engine is not available")
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
         config, tailsieve, plans = dry_run(argv)

@@ -4,7 +4,8 @@
 plugin errors at DEBUG level; this module logs them at ERROR first, so a broken install reads as
 "tailsieve-verl plugin failed to load: ..." instead of a later "Unknown trainer 'tailsieve'".
 
-Registers: the ``tailsieve`` V1 trainer mode and the ``tailsieve_sim`` rollout replica type.
+Registers: the ``tailsieve`` V1 trainer mode, the ``tailsieve_sim`` rollout replica type and the
+``tailsieve_agent`` agent loop.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ def _load_sim_replica():
 def register() -> None:
     from verl.workers.rollout.replica import RolloutReplicaRegistry
 
+    from tailsieve_verl.integration import agent_loop  # noqa: F401  (registers agent loop "tailsieve_agent")
     from tailsieve_verl.integration import trainer  # noqa: F401  (registers trainer mode "tailsieve")
     from tailsieve_verl.integration.config import SIM_ROLLOUT_NAME
 

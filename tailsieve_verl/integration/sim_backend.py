@@ -305,12 +305,25 @@ def _build_sim_replica_class():
             node_ip = ray.util.get_node_ip_address()
             address = f"{SIM_ROLLOUT_NAME}-{self.replica_rank}{self.name_suffix}@{node_ip}"
             section = (self.config.custom or {}).get("tailsieve") or {}
-            server = self.server_class.options(max_concurrency=self.max_concurrency, num_cpus=0).remote(
+            # the server needs verl's TokenOutput type only, not the plugins (keeps its start-up light)
+            runtime_env = {"env_vars": {"VERL_USE_EXTERNAL_PLUGINS": "none"}}
+            server = self.server_class.options(max_concurrency=self.max_concurrency, num_cpus=0,
+                                               runtime_env=runtime_env).remote(
                 self.replica_rank, max_num_seqs, max_model_len, int(self.config.response_length),
-                dict(section), _vocab_ids(self.model_config.tokenizer), address)
+                dict(section), _vocab_ids(self._tokenizer()), address)
             self.servers = [server]
             self._server_address, _ = await server.get_server_address.remote()
             self._server_handle = server
+
+        def _tokenizer(self) -> Any:
+            from omegaconf import DictConfig
+
+            from verl.utils.config import omega_conf_to_dataclass
+
+            model_config = self.model_config
+            if isinstance(model_config, DictConfig):
+                model_config = omega_conf_to_dataclass(model_config)
+            return model_config.tokenizer
 
         async def sleep(self) -> None:
             await self.servers[0].wait_for_requests_to_drain.remote()

@@ -42,8 +42,7 @@ from verl.utils import tensordict_utils as tu
 from verl.utils.transferqueue_utils import KVBatchMeta
 
 from tailsieve_verl.core.controller import Decision, GroupRecord, HierarchicalController, StepObservation
-from tailsieve_verl.core.selector import StepPlan, TailSelector
-from tailsieve_verl.integration.agent_loop import GroupTaggedClient
+from tailsieve_verl.core.selector import StepOutcome, StepPlan, TailSelector
 from tailsieve_verl.integration.config import TRAINER_MODE, TailSieveConfig, rollout_replica_count, wire_verl_config
 from tailsieve_verl.integration.engine_config import has_pool_engine_settings, install_pool_specialised_vllm
 from tailsieve_verl.integration.metrics import StepMeasurement, step_metrics
@@ -122,6 +121,7 @@ class TailSieveTrainer(PPOTrainerSync):
         super().__init__(config)
         self.batch_size = int(config.data.train_batch_size)
         self.n_replicas = rollout_replica_count(config)
+        self.samples_per_group = int(config.actor_rollout_ref.rollout.n)
         self.selector = TailSelector(self.batch_size)
         self.controller: HierarchicalController | None = None
         if self.settings.active:
@@ -132,6 +132,7 @@ class TailSieveTrainer(PPOTrainerSync):
         self.step_state: ActiveStep | None = None
         self.paused_addresses: list[str] = []
         self.tailsieve_metrics: dict[str, float] = {}
+        self.last_outcome: StepOutcome | None = None  # the last step's consumed/carried identities
 
     # ---- verl hooks --------------------------------------------------------------------------
     def _build_replay_buffer(self) -> ReplayBuffer:
@@ -144,6 +145,8 @@ class TailSieveTrainer(PPOTrainerSync):
             train_batch_size=int(self.config.data.train_batch_size), gen_batch_size=1)
 
     def get_llm_client(self):
+        from tailsieve_verl.integration.agent_loop import GroupTaggedClient  # see _dispatch
+
         return self.llm_server_manager.get_client(client_cls=GroupTaggedClient)
 
     def on_train_begin(self):
@@ -196,6 +199,10 @@ class TailSieveTrainer(PPOTrainerSync):
 
     def _dispatch(self, state: ActiveStep, rows: list[tuple[str, str, TensorDict]], attempt: int = 1) -> None:
         """Submit prompt rows under fresh verl uids, each declared to the router with its pool."""
+        # imported here, not at module level: verl's plugin loader imports this module and agent_loop
+        # from inside `import verl`, so neither may need the other fully initialised at import time
+        from tailsieve_verl.integration.agent_loop import AGENT_NAME, INNER_AGENT_KEY
+
         if not rows:
             return
         pools = {}
@@ -205,6 +212,9 @@ class TailSieveTrainer(PPOTrainerSync):
             pools[uid] = pool
         batch = rows[0][2] if len(rows) == 1 else tu.concat_tensordict([row for _, _, row in rows])
         batch = batch.clone(recurse=False)
+        inner = list(batch["agent_name"]) if "agent_name" in batch.keys() else [None] * len(pools)
+        tu.assign_non_tensor_stack(batch, INNER_AGENT_KEY, [getattr(x, "data", x) for x in inner])
+        tu.assign_non_tensor_stack(batch, "agent_name", [AGENT_NAME] * len(pools))
         tu.assign_non_tensor_stack(batch, "uid", list(pools))
         tu.assign_non_tensor_data(batch, "global_steps", self.global_steps)
         ray.get(self.router.assign_groups.remote(pools))
@@ -312,6 +322,8 @@ class TailSieveTrainer(PPOTrainerSync):
 
     def _forget(self, state: ActiveStep, uids: list[str]) -> None:
         """Remove attempts from TransferQueue (prompt key and any trajectory) and from the step."""
+        if not uids:
+            return
         keys = list(uids) + self.replay_buffer.trajectory_keys(set(uids))
         tq.kv_clear(keys=keys, partition_id=PARTITION)
         ray.get(self.router.forget_groups.remote(list(uids)))
@@ -330,6 +342,7 @@ class TailSieveTrainer(PPOTrainerSync):
         identity = {uid: g.identity for uid, g in state.groups.items()}
         outcome = self.selector.finish_step(plan, state.fresh_ids, [identity[u] for u in state.selected_bulk],
                                             policy_version=self.global_steps)
+        self.last_outcome = outcome
         rows = {g.identity: g.row for g in state.groups.values()}
         self.carried_rows = {pid: rows[pid] for pid in outcome.carried_ids}
         aborted_tokens = sum(reports.get(uid, {}).get("aborted_tokens", 0) for uid in dropped)
@@ -361,7 +374,8 @@ class TailSieveTrainer(PPOTrainerSync):
         reports: dict[str, dict] = {}
         deadline = time.monotonic() + timeout_s
         while True:
-            reports.update(ray.get(self.router.take_reports.remote([u for u in uids if u not in reports])))
+            pending = [u for u in uids if u not in reports]
+            reports.update(ray.get(self.router.take_reports.remote(pending, self.samples_per_group)))
             if len(reports) == len(uids) or time.monotonic() > deadline:
                 return reports
             time.sleep(self.settings.poll_interval_s)
