@@ -5,12 +5,13 @@ Every policy maps groups (trace order) to replicas and is scored by the one eval
 ``0 .. m-1``, the bulk pool ``m .. R-1``.
 
 * ``uniform`` — group i → replica i mod R (what a count-balancing router does).
-* ``uniform-oracle`` — balance known work: longest-processing-time list scheduling of group
-  token totals over all R replicas.
+* ``uniform-oracle`` — balance known work over all R replicas: groups by decreasing max length,
+  each to the replica with the smallest estimated completion time after taking it
+  (:class:`TimeEstimate`; token-count LPT, :func:`balanced_assignment`, when no model is given).
 * ``topk`` — the k groups with the largest max length go round-robin (longest first) to the
   ``m`` tail replicas; the rest go uniformly (trace order, round-robin) to the R − m others.
-* ``topk-balanced`` — same tail pool; the bulk is balanced by known work (tail isolation with
-  load balancing).
+* ``topk-balanced`` — same tail pool; the bulk is balanced by known work as in ``uniform-oracle``
+  (tail isolation with load balancing).
 * ``best-k`` — ``topk-balanced`` with the best k per instance (and the best m unless
   ``tail_replicas`` is given; k = 0 is the balanced all-replica boundary, m = 0).
 * ``exact`` — the makespan optimum (branch and bound, :mod:`core.oracle`); when the time budget
@@ -89,14 +90,59 @@ def balanced_assignment(work: Sequence[float], n_replicas: int, offset: int = 0)
     return out
 
 
+class TimeEstimate:
+    """Separable estimate of a replica's completion time, for balancing (scoring stays exact).
+
+    Each decode step costs about ``α(s) + β(s)·active``: β is the secant of the step model between
+    1 and ``typical_active`` requests at step s, α the rest. A replica then takes
+    ``P(longest response) + Σ Q(length)`` with P, Q prefix sums of α, β — exact for a linear model,
+    and what makes the replica holding the longest response take fewer tokens.
+    """
+
+    def __init__(self, perf: PerfModel, max_len: int, typical_active: int, prompt_len: float = 0.0):
+        steps = np.arange(max_len, dtype=float) + prompt_len
+        high = max(2, int(typical_active))
+        one = np.asarray(perf.step_time(np.ones_like(steps), steps), dtype=float)
+        slope = (np.asarray(perf.step_time(np.full_like(steps, high), steps), dtype=float) - one) / (high - 1)
+        slope = np.clip(slope, 0.0, one)
+        self.replica_cum = np.concatenate([[0.0], np.cumsum(one - slope)])
+        self.request_cum = np.concatenate([[0.0], np.cumsum(slope)])
+
+    def request_time(self, group: Group) -> float:
+        return float(np.sum(self.request_cum[list(group.lengths)]))
+
+
+def time_balanced_assignment(groups: Sequence[Group], n_replicas: int, perf: PerfModel,
+                             offset: int = 0) -> np.ndarray:
+    """Balance estimated completion times (:class:`TimeEstimate`): groups by decreasing max length,
+    each to the replica whose estimated time after taking it is smallest (lowest index on ties)."""
+    out = np.zeros(len(groups), dtype=np.int64)
+    if not groups:
+        return out
+    total = sum(g.n for g in groups)
+    estimate = TimeEstimate(perf, max(g.max_len for g in groups), -(-total // n_replicas),
+                            float(np.mean([g.prompt_len for g in groups])))
+    longest = [0] * n_replicas
+    request_load = [0.0] * n_replicas
+    for i in tail_order(groups):
+        g, work = groups[i], estimate.request_time(groups[i])
+        after = [estimate.replica_cum[max(longest[r], g.max_len)] + request_load[r] + work for r in range(n_replicas)]
+        r = int(np.argmin(after))
+        out[i] = offset + r
+        longest[r] = max(longest[r], g.max_len)
+        request_load[r] += work
+    return out
+
+
 def tail_order(groups: Sequence[Group]) -> list[int]:
     """Group indices by decreasing max length (then total length, then trace order)."""
     return sorted(range(len(groups)), key=lambda i: (-groups[i].max_len, -groups[i].total_len, i))
 
 
 def topk_assignment(groups: Sequence[Group], n_replicas: int, k: int, tail_replicas: int,
-                    balanced: bool) -> np.ndarray:
-    """The k longest groups round-robin over replicas 0..m-1, the bulk over m..R-1."""
+                    balanced: bool, perf: PerfModel | None = None) -> np.ndarray:
+    """The k longest groups round-robin over replicas 0..m-1, the bulk over m..R-1 (round-robin in
+    trace order, or balanced: by estimated time under ``perf``, by tokens without one)."""
     _check_split(len(groups), n_replicas, k, tail_replicas)
     order = tail_order(groups)
     tail = order[:k]
@@ -106,7 +152,9 @@ def topk_assignment(groups: Sequence[Group], n_replicas: int, k: int, tail_repli
         out[i] = j % tail_replicas
     n_bulk = n_replicas - tail_replicas
     if bulk:
-        if balanced:
+        if balanced and perf is not None:
+            out[bulk] = time_balanced_assignment([groups[i] for i in bulk], n_bulk, perf, tail_replicas)
+        elif balanced:
             out[bulk] = balanced_assignment([groups[i].total_len for i in bulk], n_bulk, tail_replicas)
         else:
             out[bulk] = uniform_assignment(len(bulk), n_bulk, tail_replicas)
@@ -139,19 +187,20 @@ def route(policy: str, groups: Sequence[Group], n_replicas: int, perf: PerfModel
     if policy == "uniform":
         return _routing(policy, groups, uniform_assignment(len(groups), n_replicas), n_replicas, perf, max_num_seqs)
     if policy == "uniform-oracle":
-        assignment = balanced_assignment([g.total_len for g in groups], n_replicas)
+        assignment = time_balanced_assignment(groups, n_replicas, perf)
         return _routing(policy, groups, assignment, n_replicas, perf, max_num_seqs)
     if policy in TAIL_POLICIES:
         m = 1 if tail_replicas is None else tail_replicas
-        assignment = topk_assignment(groups, n_replicas, k, m, balanced=policy == "topk-balanced")
+        assignment = topk_assignment(groups, n_replicas, k, m, balanced=policy == "topk-balanced", perf=perf)
         return _routing(policy, groups, assignment, n_replicas, perf, max_num_seqs, k=k, tail_replicas=m)
     cost = SetCost(groups, perf, max_num_seqs)
     if policy == "best-k":
         assignment, best_k, best_m = best_k_search(groups, n_replicas, cost, tail_replicas)
         return _routing(policy, groups, assignment, n_replicas, perf, max_num_seqs, k=best_k, tail_replicas=best_m)
     # exact
-    seeds = [best_k_search(groups, n_replicas, cost, None)[0], balanced_assignment([g.total_len for g in groups], n_replicas)] \
-        if n_replicas >= 2 else []
+    seeds = [time_balanced_assignment(groups, n_replicas, perf), balanced_assignment([g.total_len for g in groups], n_replicas)]
+    if n_replicas >= 2:
+        seeds.append(best_k_search(groups, n_replicas, cost, None)[0])
     result = solve_exact(groups, n_replicas, perf, max_num_seqs, incumbents=seeds, time_limit_s=time_limit_s,
                          node_limit=node_limit, set_cost=cost)
     routing = _routing(policy, groups, result.assignment, n_replicas, perf, max_num_seqs)
@@ -173,7 +222,7 @@ def best_k_search(groups: Sequence[Group], n_replicas: int, cost: SetCost,
     """
     n = len(groups)
     order = tail_order(groups)
-    balanced = balanced_assignment([g.total_len for g in groups], n_replicas)
+    balanced = time_balanced_assignment(groups, n_replicas, cost.perf)
     best = (cost.makespan(balanced, n_replicas), balanced, 0, 0) if tail_replicas is None else None
     for m in ([tail_replicas] if tail_replicas is not None else range(1, n_replicas)):
         for k in range(0 if tail_replicas is not None else 1, n + 1):
@@ -181,7 +230,7 @@ def best_k_search(groups: Sequence[Group], n_replicas: int, cost: SetCost,
                 tail = max(cost.cost(order[j:k:m]) for j in range(m))
                 if tail >= best[0]:
                     break
-            assignment = topk_assignment(groups, n_replicas, k, m, balanced=True)
+            assignment = topk_assignment(groups, n_replicas, k, m, balanced=True, perf=cost.perf)
             value = cost.makespan(assignment, n_replicas, stop_above=best[0] if best else float("inf"))
             if best is None or value < best[0]:
                 best = (value, assignment, k, m)

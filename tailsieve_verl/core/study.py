@@ -29,7 +29,7 @@ import numpy as np
 
 from .errors import TailSieveError
 from .perf import DEFAULT_PERF_MODEL, parse_perf_model
-from .policies import balanced_assignment, route
+from .policies import route
 from .replica import evaluate_assignment
 from .trace import Group, read_trace
 from .workload import PRESETS, PromptPool
@@ -164,7 +164,7 @@ def run_instance(index: int, groups: list[Group], config: StudyConfig, perf, rng
     random_assignment = np.empty(n, dtype=np.int64)
     random_assignment[order] = np.arange(n) % R
     random_uniform = evaluate_assignment(groups, random_assignment, R, perf).makespan_s
-    balanced = evaluate_assignment(groups, balanced_assignment([g.total_len for g in groups], R), R, perf).makespan_s
+    balanced = route("uniform-oracle", groups, R, perf).makespan_s
     exact = route("exact", groups, R, perf, time_limit_s=config.time_limit_s)
     makespans = {"best-k": best_k.makespan_s, "fixed-10%": fixed.makespan_s, "random-uniform": random_uniform,
                  "uniform-oracle": balanced}

@@ -8,8 +8,8 @@ import pytest
 
 from tailsieve_verl.core.oracle import SetCost, brute_force
 from tailsieve_verl.core.perf import LinearPerf, parse_perf_model
-from tailsieve_verl.core.policies import (POLICIES, RoutingError, balanced_assignment, route, tail_order,
-                                          topk_assignment)
+from tailsieve_verl.core.policies import (POLICIES, RoutingError, TimeEstimate, balanced_assignment, route, tail_order,
+                                          time_balanced_assignment, topk_assignment)
 from tailsieve_verl.core.replica import evaluate_assignment
 from tailsieve_verl.core.trace import Group
 
@@ -50,11 +50,32 @@ def test_uniform_is_round_robin_in_trace_order():
     assert route("uniform", groups, 3, DENSE).assignment.tolist() == [0, 1, 2, 0, 1, 2, 0]
 
 
-def test_uniform_oracle_balances_tokens_lpt():
-    groups = [Group("a", (10,)), Group("b", (9,)), Group("c", (5,)), Group("d", (5,)), Group("e", (1,))]
-    a = route("uniform-oracle", groups, 2, LINEAR).assignment.tolist()
-    loads = [sum(groups[i].total_len for i in range(5) if a[i] == r) for r in range(2)]
-    assert sorted(loads) == [15, 15]
+def test_token_lpt_balances_tokens():
+    work = [10, 9, 5, 5, 1]
+    a = balanced_assignment(work, 2).tolist()
+    assert sorted(sum(w for w, r in zip(work, a) if r == k) for k in range(2)) == [15, 15]
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_time_estimate_is_exact_for_a_linear_model(seed):
+    groups = random_groups(seed, n_groups=6)
+    estimate = TimeEstimate(LINEAR, max(g.max_len for g in groups), 8)
+    for subset in (groups[:1], groups[:3], groups):
+        expected = evaluate_assignment(subset, [0] * len(subset), 1, LINEAR).makespan_s
+        got = estimate.replica_cum[max(g.max_len for g in subset)] + sum(estimate.request_time(g) for g in subset)
+        assert got == pytest.approx(expected, rel=1e-9)
+
+
+def test_uniform_oracle_balances_time_not_tokens():
+    # Under a = 1 s/step the replica with the 1000-token response already pays 1000 s; balancing
+    # tokens would add more to it, balancing time gives the short groups to the other replica.
+    perf = LinearPerf(1.0, 0.01)
+    groups = [Group("long", (1000,))] + [Group(f"s{i}", (100,)) for i in range(30)]
+    by_time = route("uniform-oracle", groups, 2, perf)
+    by_tokens = evaluate_assignment(groups, balanced_assignment([g.total_len for g in groups], 2), 2, perf)
+    assert by_time.assignment.tolist() == time_balanced_assignment(groups, 2, perf).tolist()
+    assert by_time.makespan_s < by_tokens.makespan_s
+    assert by_time.makespan_s == pytest.approx(1000 * 1.01)
 
 
 def test_topk_sends_the_k_longest_to_the_tail_pool_round_robin():
@@ -68,11 +89,12 @@ def test_topk_sends_the_k_longest_to_the_tail_pool_round_robin():
 
 def test_topk_balanced_balances_the_bulk_by_work():
     groups = random_groups(6, n_groups=14)
-    a = topk_assignment(groups, 4, 2, 1, balanced=True)
-    bulk = [i for i in range(14) if a[i] != 0]
-    assert len(bulk) == 12 and min(a[bulk]) == 1
-    expected = balanced_assignment([groups[i].total_len for i in bulk], 3, offset=1)
-    assert a[bulk].tolist() == expected.tolist()
+    by_tokens = topk_assignment(groups, 4, 2, 1, balanced=True)
+    bulk = [i for i in range(14) if by_tokens[i] != 0]
+    assert len(bulk) == 12 and min(by_tokens[bulk]) == 1
+    assert by_tokens[bulk].tolist() == balanced_assignment([groups[i].total_len for i in bulk], 3, offset=1).tolist()
+    by_time = route("topk-balanced", groups, 4, DENSE, k=2).assignment
+    assert by_time[bulk].tolist() == time_balanced_assignment([groups[i] for i in bulk], 3, DENSE, offset=1).tolist()
 
 
 def test_topk_default_tail_pool_is_one_replica():
@@ -120,9 +142,12 @@ def test_tail_isolation_wins_in_the_long_tail_regime():
     groups = [Group("tail", (16000,) * 4)] + [Group(f"b{i}", (800,) * 16) for i in range(31)]
     uniform = route("uniform", groups, 4, DENSE)
     best = route("best-k", groups, 4, DENSE)
-    assert best.k >= 1 and best.makespan_s < uniform.makespan_s
-    tail = best.assignment[0]
-    assert tail < best.tail_replicas
+    assert best.makespan_s < uniform.makespan_s
+    counts = np.bincount(best.assignment, minlength=4)
+    assert counts[best.assignment[0]] == counts.min() < len(groups) / 4  # the tail's replica runs the fewest
+    isolated = route("topk-balanced", groups, 4, DENSE, k=1)
+    assert isolated.makespan_s < uniform.makespan_s and isolated.assignment[0] == 0
+    assert np.count_nonzero(isolated.assignment == 0) == 1
 
 
 def test_set_cost_matches_evaluator_with_cap():
