@@ -7,7 +7,9 @@ Formats, as written by ``verl/utils/tracking.py`` (``trainer.logger``):
   ``$VERL_FILE_LOGGER_ROOT/<project_name>/<experiment_name>.jsonl`` (root defaults to the working
   directory), one ``{"step": N, "data": {metric: value, ...}}`` object per ``Tracking.log`` call.
 * ``console``: ``LocalLogger`` prints ``step:N - key:value - key:value`` (numbers only, values
-  through ``pprint.pformat``, so numpy scalars may read ``np.float64(1.5)``); save the run's stdout.
+  through ``pprint.pformat``, so numpy scalars may read ``np.float64(1.5)``) inside verl's
+  TaskRunner Ray actor, so the driver's stdout shows Ray's ``(TaskRunnerV1 pid=N)`` prefix; save
+  the run's stdout.
 * ``tensorboard``: ``SummaryWriter`` event files under ``$TENSORBOARD_DIR``, else
   ``tensorboard_log/<project_name>/<experiment_name>/``; one scalar per metric and step.
 
@@ -37,7 +39,10 @@ REWARD = "critic/score/mean"
 RESPONSE_LENGTH = "response_length/mean"
 COMPARED = (GEN_TIME, STEP_TIME, REWARD, RESPONSE_LENGTH)
 
-_CONSOLE_LINE = re.compile(r"^step:(\d+)( - .*)?$")
+# verl's TaskRunner is a Ray actor, so its console lines reach the driver's stdout with Ray's
+# "(TaskRunnerV1 pid=123, ip=...)" prefix, often colour-coded.
+_CONSOLE_LINE = re.compile(r"^(?:\([^)]*pid=\d+[^)]*\)\s+)?step:(\d+)( - .*)?$")
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _NUMPY_SCALAR = re.compile(r"^np\.\w+\((.*)\)$")
 
 
@@ -117,7 +122,7 @@ def read_console_log(path: Path) -> RunLog:
     run = RunLog(path.stem, str(path), "console")
     with open(path, encoding="utf-8", errors="replace") as f:
         for line in f:
-            match = _CONSOLE_LINE.match(line.rstrip("\n"))
+            match = _CONSOLE_LINE.match(_ANSI.sub("", line).rstrip("\n"))
             if not match:
                 continue
             step = int(match.group(1))

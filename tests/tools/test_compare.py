@@ -166,8 +166,11 @@ def test_bad_inputs_are_clear_errors(verl_logs, tmp_path):
 def test_console_parser_reads_numpy_reprs_and_nan(tmp_path):
     log = tmp_path / "run.log"
     log.write_text("(TaskRunner pid=1) noise\n"
-                   "step:1 - timing_s/gen:np.float64(12.5) - critic/score/mean:nan - response_length/mean:300\n"
-                   "step:2 - timing_s/gen:10.0 - critic/score/mean:0.25 - response_length/mean:np.int64(500)\n")
+                   "(TaskRunnerV1 pid=4242) step:1 - timing_s/gen:np.float64(12.5) - critic/score/mean:nan - "
+                   "response_length/mean:300\n"
+                   "\x1b[36m(TaskRunnerV1 pid=4242, ip=127.0.0.1)\x1b[0m step:2 - timing_s/gen:10.0 - "
+                   "critic/score/mean:0.25 - response_length/mean:np.int64(500)\n"
+                   "(raylet) step:3 - timing_s/gen:1.0\n")
     run = read_run(log)
     assert run.series[GEN_TIME] == {1: 12.5, 2: 10.0}
     assert math.isnan(run.series[REWARD][1]) and run.series[REWARD][2] == 0.25
