@@ -12,7 +12,9 @@
 #   N_GPUS, NNODES      GPUs per node and nodes                           (default: 8, 1)
 #   LOGGER              verl tracker list                                 (default: '["console","file"]')
 #   PROJECT_NAME, EXPERIMENT_NAME  tracker names                          (default: tailsieve, <recipe>-<workload>)
-#   VERL_FILE_LOGGER_ROOT  where verl's `file` tracker writes $PROJECT_NAME/$EXPERIMENT_NAME.jsonl (verl's own variable)
+#   VERL_FILE_LOGGER_ROOT  where verl's `file` tracker writes $PROJECT_NAME/$EXPERIMENT_NAME.jsonl
+#                       (verl's own variable; exported absolute so the TaskRunner actor finds it)
+#                                                                         (default: $PWD/logs)
 #   TOTAL_STEPS, TRAIN_BATCH_SIZE  training steps and prompt groups per step (default: 30, 64)
 #   ROLLOUT_DATA_DIR    if set, verl dumps every step's rollouts there (input of `tailsieve trace`)
 #   TAILSIEVE_Q0, TAILSIEVE_M0  initial (q, m) of the adaptive variants   (default: B/8, 1)
@@ -33,6 +35,7 @@ NNODES=${NNODES:-1}
 LOGGER=${LOGGER:-'["console","file"]'}
 PROJECT_NAME=${PROJECT_NAME:-tailsieve}
 EXPERIMENT_NAME=${EXPERIMENT_NAME:-${RECIPE_NAME}-${WORKLOAD}}
+export VERL_FILE_LOGGER_ROOT=${VERL_FILE_LOGGER_ROOT:-$PWD/logs}
 TOTAL_STEPS=${TOTAL_STEPS:-30}
 TRAIN_BATCH_SIZE=${TRAIN_BATCH_SIZE:-64}
 MTP_BULK_TOKENS=${MTP_BULK_TOKENS:-1}
