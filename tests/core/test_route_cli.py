@@ -74,3 +74,14 @@ def test_errors_are_tailsieve_errors(trace_path, argv, needle):
 def test_missing_trace(tmp_path):
     with pytest.raises(TailSieveError, match="no such file"):
         _run("--trace", str(tmp_path / "absent.jsonl"), "-R", "2")
+
+
+def test_tailsieve_command_reports_one_error_line(trace_path, capsys):
+    from tailsieve_verl.cli import main
+
+    assert main(["route", "--trace", str(trace_path), "-R", "4", "--policy", "topk", "--k", "2",
+                 "--tail-replicas", "4"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("tailsieve route: error: --tail-replicas must be between 1 and")
+    assert main(["route", "--trace", str(trace_path), "-R", "2", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["policy"] == "best-k"
