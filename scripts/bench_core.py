@@ -35,7 +35,8 @@ def timed(fn, repeat: int = 3) -> float:
 
 def bench_evaluator(perf, quick: bool) -> None:
     print("== evaluator (core.replica) ==")
-    print(f"{'replica load':>28} {'steps':>7} {'simulate_replica':>17} {'tokens/s':>12} {'StepCostTable':>14} {'ratio':>7}")
+    print(f"{'replica load':>28} {'steps':>7} {'simulate_replica':>17} {'tokens/s':>12} "
+          f"{'StepCostTable':>14} {'ratio':>7}")
     rng = np.random.default_rng(0)
     for n in ([64, 512] if quick else [64, 512, 2048]):
         lengths = np.minimum(np.rint(np.exp(rng.normal(np.log(1024), 1.0, n))), 16384).astype(np.int64)
@@ -56,7 +57,8 @@ def bench_evaluator(perf, quick: bool) -> None:
 
 def bench_oracle(perf, quick: bool) -> None:
     print("\n== exact oracle: time to prove the optimum vs instance size (R=4, real workload, groups of 1) ==")
-    print(f"{'groups':>6} {'B&B s':>8} {'nodes':>9} {'proven':>7} {'gap to bound':>13} {'brute force s':>14} {'ratio':>7}")
+    print(f"{'groups':>6} {'B&B s':>8} {'nodes':>9} {'proven':>7} {'gap to bound':>13} {'brute force s':>14} "
+          f"{'ratio':>7}")
     for g in ([6, 8, 10, 12, 20, 50] if quick else [6, 8, 10, 12, 16, 20, 50, 100]):
         times, nodes, proven, gaps, brute = [], [], 0, [], []
         for seed in range(3):

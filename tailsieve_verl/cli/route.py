@@ -21,7 +21,8 @@ def register(subparsers) -> None:
     p.add_argument("--perf-model", default=DEFAULT_PERF_MODEL, help="linear:a=A,c=C | table:NAME[:MODEL] | fitted:...")
     p.add_argument("--policy", choices=POLICIES, default="best-k", help="routing policy")
     p.add_argument("--k", type=int, help="topk/topk-balanced: groups with the largest max length sent to the tail pool")
-    p.add_argument("--tail-replicas", type=int, help="tail-pool replicas m (topk default 1; best-k searches m when unset)")
+    p.add_argument("--tail-replicas", type=int,
+                   help="tail-pool replicas m (topk default 1; best-k searches m when unset)")
     p.add_argument("--max-num-seqs", type=int, help="per-replica concurrency cap (default: none)")
     p.add_argument("--time-limit", type=float, default=10.0, help="exact: search budget in seconds")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")

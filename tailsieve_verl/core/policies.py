@@ -198,7 +198,8 @@ def route(policy: str, groups: Sequence[Group], n_replicas: int, perf: PerfModel
         assignment, best_k, best_m = best_k_search(groups, n_replicas, cost, tail_replicas)
         return _routing(policy, groups, assignment, n_replicas, perf, max_num_seqs, k=best_k, tail_replicas=best_m)
     # exact
-    seeds = [time_balanced_assignment(groups, n_replicas, perf), balanced_assignment([g.total_len for g in groups], n_replicas)]
+    seeds = [time_balanced_assignment(groups, n_replicas, perf),
+             balanced_assignment([g.total_len for g in groups], n_replicas)]
     if n_replicas >= 2:
         seeds.append(best_k_search(groups, n_replicas, cost, None)[0])
     result = solve_exact(groups, n_replicas, perf, max_num_seqs, incumbents=seeds, time_limit_s=time_limit_s,

@@ -28,7 +28,7 @@ from typing import Callable
 import numpy as np
 
 from .errors import TailSieveError
-from .perf import DEFAULT_PERF_MODEL, parse_perf_model
+from .perf import DEFAULT_PERF_MODEL, PerfModel, parse_perf_model
 from .policies import route
 from .replica import evaluate_assignment
 from .trace import Group, read_trace
@@ -153,7 +153,8 @@ def _instance_source(config: StudyConfig) -> Callable[[int, np.random.Generator]
     return draw
 
 
-def run_instance(index: int, groups: list[Group], config: StudyConfig, perf, rng: np.random.Generator) -> InstanceResult:
+def run_instance(index: int, groups: list[Group], config: StudyConfig, perf: PerfModel,
+                 rng: np.random.Generator) -> InstanceResult:
     """Route one instance with every study policy and the exact search."""
     R = config.replicas
     n = len(groups)
