@@ -38,12 +38,11 @@ from .perf import PerfModel
 from .oracle import SetCost
 from .policies import balanced_assignment, route, topk_assignment
 from .replica import Evaluation, evaluate_assignment
-from .selector import TailSelector
+from .selector import BULK, TAIL, TailSelector
 from .trace import Group
 from .workload import PromptPool
 
 POLICIES = ("uniform", "tailsieve-fixed", "tailsieve", "oracle")
-TAIL, BULK = "tail", "bulk"
 
 
 class SimError(TailSieveError):
