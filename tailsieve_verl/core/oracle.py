@@ -21,9 +21,11 @@ cost. The search:
 Set costs come from :class:`StepCostTable`: prefix sums of the step model per active count, which
 give the same completion time as :func:`core.replica.simulate_replica` (tested to 1e-9) in
 O(responses) per set when every request is admitted at t=0 (no ``max_num_seqs`` cap below the
-instance size) and all prompts have the same length. Otherwise costs come from
-``simulate_replica`` itself and the search runs without set bounds (exhaustive with incumbent
-pruning only on completed sets), which is exact but practical only for small instances.
+instance size), all prompts have the same length and the (requests × steps) grid fits in memory.
+Otherwise costs come from ``simulate_replica`` itself; the partial sets' true costs then bound
+the search when the model is monotone (adding a group never shortens a replica), and with a
+``max_num_seqs`` cap (FIFO admission can make a larger set finish sooner) the search prunes only
+on complete assignments: exact, but practical only for small instances.
 Reported makespans of every policy always come from :func:`core.replica.evaluate_assignment`.
 """
 
@@ -303,8 +305,8 @@ def solve_exact(groups: Sequence[Group], n_replicas: int, perf: PerfModel, max_n
         extra = np.array([table.min_extra(cost.lengths[i]) for i in range(n_groups)])
         extra_after = np.concatenate([np.cumsum(extra[order][::-1])[::-1], [0.0]])  # remaining work by depth
         root_bound = _root_bound(cost, env_alone, extra, n_replicas)
-    else:
-        root_bound = 0.0
+    else:  # true set costs bound supersets only when adding a group never shortens a replica
+        root_bound = float(alone.max()) if cost.monotone else 0.0
 
     empty = np.zeros(0, dtype=np.int64)
     stack = [_Node(root_bound, 0, ((),) * n_replicas, (empty,) * n_replicas, (0.0,) * n_replicas, ())]
@@ -345,6 +347,9 @@ def solve_exact(groups: Sequence[Group], n_replicas: int, perf: PerfModel, max_n
                 env[r] = table.envelope_cost(merged[r])
                 capacity = (sum(env) + extra_after[node.depth + 1]) / n_replicas
                 bound = max(node.bound, max(env), capacity)
+            elif cost.monotone:
+                env[r] = cost.cost(members[r])
+                bound = max(node.bound, max(env))
             else:
                 bound = node.bound
             if bound >= best * (1 - tolerance):

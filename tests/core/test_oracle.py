@@ -114,3 +114,20 @@ def test_brute_force_assignment_achieves_its_value():
     groups = random_groups(rng, 6)
     assignment, value = brute_force(groups, 3, PERFS["dense"])
     assert evaluate_assignment(groups, assignment, 3, PERFS["dense"]).makespan_s == pytest.approx(value, rel=1e-12)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_exact_without_a_cost_table_equals_brute_force(seed, monkeypatch):
+    """Large instances run on simulate_replica: bounded by true set costs when the model is
+    monotone (dense), exhaustive when it is not (qwen3-4b is faster at batch 2 than at batch 1)."""
+    import tailsieve_verl.core.oracle as oracle
+
+    monkeypatch.setattr(oracle, "MAX_TABLE_CELLS", 0)
+    rng = np.random.default_rng(200 + seed)
+    perf = PERFS["dense"] if seed % 2 else PERFS["dense-4b"]
+    groups = random_groups(rng, 7, max_n=3, prompt_lens=seed % 4 == 1)
+    cost = SetCost(groups, perf)
+    assert cost.table is None and cost.monotone == (seed % 2 == 1 and seed % 4 != 1)
+    _, expected = brute_force(groups, 3, perf)
+    result = solve_exact(groups, 3, perf, time_limit_s=None, set_cost=cost)
+    assert result.optimal and result.makespan_s == pytest.approx(expected, rel=1e-9)
