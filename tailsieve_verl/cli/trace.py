@@ -40,4 +40,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"samples per prompt {summary['samples_per_prompt_min']}..{summary['samples_per_prompt_max']}; "
           f"response length mean {summary['length_mean']:.1f}, p50 {summary['length_p50']:.0f}, "
           f"p90 {summary['length_p90']:.0f}, max {summary['length_max']} ({unit})")
+    if args.step is None and summary["samples_per_prompt_max"] > build.rollout_n:
+        print(f"the run sampled n = {build.rollout_n} per prompt and step; a pool line holds every step's samples, "
+              f"so pass --n {build.rollout_n} to `tailsieve plan`")
     return 0

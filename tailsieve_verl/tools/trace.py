@@ -27,7 +27,7 @@ import hashlib
 import json
 import os
 import re
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
@@ -37,7 +37,7 @@ import numpy as np
 from ..core.trace import Group, Trace, TraceError, group_key_from_uid
 
 _STEP_FILE = re.compile(r"^(\d+)\.jsonl$")
-Counter = Callable[[Sequence[str]], list[int]]
+TokenCounter = Callable[[Sequence[str]], list[int]]
 
 
 @dataclass(frozen=True)
@@ -111,7 +111,7 @@ def whitespace_counter(texts: Sequence[str]) -> list[int]:
     return [len(t.split()) for t in texts]
 
 
-def tokenizer_counter(path: str | os.PathLike) -> Counter:
+def tokenizer_counter(path: str | os.PathLike) -> TokenCounter:
     """Token counts from a local Hugging Face tokenizer directory (nothing is downloaded)."""
     path = Path(path)
     if not path.is_dir():
@@ -138,9 +138,10 @@ class TraceBuild:
     steps: tuple[int, ...]
     responses: int
     exact: bool  # every length is a token count (dump field or tokenizer)
+    rollout_n: int  # responses per prompt group within a step (median): the run's rollout.n
 
 
-def _lengths(records: list[RolloutRecord], count: Counter) -> tuple[list[int], list[int]]:
+def _lengths(records: list[RolloutRecord], count: TokenCounter) -> tuple[list[int], list[int]]:
     missing = [i for i, r in enumerate(records) if r.response_length is None]
     measured = count([records[i].response for i in missing])
     response = [r.response_length for r in records]
@@ -177,7 +178,9 @@ def build_trace(path: str | os.PathLike, tokenizer: str | os.PathLike | None = N
         out.append(Group(pid, tuple(entry["lengths"]), entry["prompt_len"]))
     name = str(path) + ("" if exact else " (lengths approximated by whitespace words)")
     steps = tuple(sorted({r.step for r in records}))
-    return TraceBuild(Trace(tuple(out), name=name), steps, len(records), exact)
+    per_group = Counter((r.step, r.group) for r in records)
+    rollout_n = int(np.median(list(per_group.values())))
+    return TraceBuild(Trace(tuple(out), name=name), steps, len(records), exact, rollout_n)
 
 
 def summarize(build: TraceBuild) -> dict:
@@ -188,6 +191,7 @@ def summarize(build: TraceBuild) -> dict:
         "first_step": build.steps[0],
         "last_step": build.steps[-1],
         "responses": build.responses,
+        "rollout_n": build.rollout_n,
         "prompts": len(build.trace),
         "samples_per_prompt_min": int(samples.min()),
         "samples_per_prompt_max": int(samples.max()),

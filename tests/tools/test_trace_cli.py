@@ -115,10 +115,13 @@ def test_cli_writes_a_trace_the_other_commands_read(dump, tmp_path, capsys):
     assert trace_cli.run(cli(str(dump), "-o", str(out), "--json")) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["prompts"] == 3 and summary["responses"] == 36 and summary["kind"] == "prompt pool"
-    assert summary["exact_token_counts"] is False
+    assert summary["exact_token_counts"] is False and summary["rollout_n"] == N
     trace = read_trace(out)
     assert [g.n for g in trace] == [3 * N] * 3
     assert trace.groups == build_trace(dump).trace.groups
+
+    assert trace_cli.run(cli(str(dump), "-o", str(out))) == 0
+    assert f"pass --n {N} to `tailsieve plan`" in capsys.readouterr().out
 
     out_step = tmp_path / "step10.parquet"
     assert trace_cli.run(cli(str(dump), "-o", str(out_step), "--step", "10")) == 0
