@@ -53,8 +53,8 @@ class ControllerConfig:
     q_gain: float = 0.5  # damping: fraction of the gap to the balancing q moved per step
     max_q_step: int = 0  # bound on |Δq| per step; 0 = max(1, batch_size // 16)
     rate_smoothing: float = 0.5  # weight of the newest measurement in the rate EMAs (1 = no smoothing)
-    switch_threshold: float = 0.03  # predicted relative makespan gain needed to move replicas
-    gain_smoothing: float = 0.5  # weight of the newest predicted gain (damping of the outer loop)
+    switch_threshold: float = 0.06  # smoothed predicted relative makespan gain needed to move replicas
+    gain_smoothing: float = 0.3  # weight of the newest predicted gain (damping of the outer loop)
     search_radius: int = 2  # the outer loop evaluates splits m ± this (objective need not be unimodal)
     max_replica_step: int = 1  # bound on |Δm| per decision (a move toward a farther best split is clipped)
     settle_steps: int = 2  # quiet steps after any change before the outer loop decides again
