@@ -200,9 +200,12 @@ def _check_types(cfg: TailSieveConfig) -> None:
         value = getattr(cfg.sim, name)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
             raise TailSieveConfigError(f"tailsieve.sim.{name} must be a number >= 0, got {value!r}")
-    parse_perf_model(cfg.perf_model)  # PerfModelError (a TailSieveError) names the known specs
-    if cfg.sim.perf_model is not None:
-        parse_perf_model(cfg.sim.perf_model)
+    for where, spec in (("tailsieve.perf_model", cfg.perf_model), ("tailsieve.sim.perf_model", cfg.sim.perf_model)):
+        if spec is not None:
+            try:
+                parse_perf_model(spec)
+            except TailSieveError as exc:
+                raise TailSieveConfigError(f"{where}: {exc}") from None
 
 
 def _select(config: Any, path: str, default: Any = None) -> Any:
@@ -283,7 +286,9 @@ def validate_verl_config(config: Any) -> TailSieveConfig:
             )
         try:
             cfg.controller_config().validate(replicas, batch)
-        except TypeError as exc:
+        except (TypeError, TailSieveError) as exc:
+            if isinstance(exc, TailSieveConfigError):
+                raise
             raise TailSieveConfigError(f"tailsieve.controller: {exc}") from None
     for pool in ("tail", "bulk"):
         pool_cfg: PoolEngineConfig = getattr(cfg, pool)

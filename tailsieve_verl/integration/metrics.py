@@ -18,6 +18,9 @@ verl's V1 trainer aggregates ``_step_once`` metrics by key name and hands them t
 ``tailsieve/pred_makespan_s``  the same model for this step's actual split (tail groups on m
                                replicas, bulk groups on R − m; aborted work not included)
 ``tailsieve/redispatched_groups``, ``tailsieve/live_replicas``  replica-failure handling
+``tailsieve/bias/*``           the core's length-bias monitor (``core.bias``): KS distance of this
+                               step's consumed lengths to the earlier consumed steps, its noise
+                               level, ratio and mean shift (``tailsieve.log_bias``)
 =============================  ==================================================================
 """
 

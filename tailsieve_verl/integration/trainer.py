@@ -41,6 +41,7 @@ from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from verl.utils import tensordict_utils as tu
 from verl.utils.transferqueue_utils import KVBatchMeta
 
+from tailsieve_verl.core.bias import LengthBiasMonitor
 from tailsieve_verl.core.controller import Decision, GroupRecord, HierarchicalController, StepObservation
 from tailsieve_verl.core.selector import StepOutcome, StepPlan, TailSelector
 from tailsieve_verl.integration.config import TRAINER_MODE, TailSieveConfig, rollout_replica_count, wire_verl_config
@@ -133,6 +134,7 @@ class TailSieveTrainer(PPOTrainerSync):
         self.paused_addresses: list[str] = []
         self.tailsieve_metrics: dict[str, float] = {}
         self.last_outcome: StepOutcome | None = None  # the last step's consumed/carried identities
+        self.bias_monitor = LengthBiasMonitor() if self.settings.log_bias else None  # not checkpointed
 
     # ---- verl hooks --------------------------------------------------------------------------
     def _build_replay_buffer(self) -> ReplayBuffer:
@@ -366,6 +368,10 @@ class TailSieveTrainer(PPOTrainerSync):
             self.decision = self.controller.observe(observation)
         self.tailsieve_metrics = step_metrics(measurement, observation, self.decision, self.n_replicas,
                                               self.settings.perf())
+        consumed_lengths = [g.lengths for g in measurement.tail + measurement.bulk if g.lengths]
+        if self.bias_monitor is not None and consumed_lengths:
+            self.bias_monitor.update(consumed_lengths)
+            self.tailsieve_metrics.update(self.bias_monitor.metrics())
         self.step_state = None
         return batch, {}
 

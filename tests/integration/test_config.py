@@ -1,0 +1,94 @@
+"""Start-up validation and wiring of a composed verl config (no Ray, no workers)."""
+
+from __future__ import annotations
+
+import pytest
+from hydra import compose, initialize_config_module
+
+from tailsieve_verl.core.errors import TailSieveError
+from tailsieve_verl.integration.config import (
+    TailSieveConfigError,
+    parse_tailsieve_section,
+    router_config_path,
+    validate_verl_config,
+    wire_verl_config,
+)
+
+BASE = ["trainer.n_gpus_per_node=4", "trainer.nnodes=1", "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+        "actor_rollout_ref.rollout.name=vllm", "data.train_batch_size=32"]
+
+
+def shipped(overrides: list[str]):
+    with initialize_config_module("tailsieve_verl.config", version_base=None):
+        return compose("tailsieve_trainer", overrides=BASE + overrides)
+
+
+def stock(overrides: list[str]):
+    with initialize_config_module("verl.trainer.config", version_base=None):
+        return compose("ppo_trainer", overrides=BASE + overrides)
+
+
+def test_shipped_config_and_plain_overrides_give_the_same_settings():
+    a = validate_verl_config(shipped(["tailsieve.q0=4", "tailsieve.tail_replicas=1"]))
+    b = validate_verl_config(stock(["trainer.v1.trainer_mode=tailsieve", "+tailsieve.q0=4", "+tailsieve.tail_replicas=1"]))
+    assert a.q0 == b.q0 == 4 and a.tail_replicas == b.tail_replicas == 1 and a.active and b.active
+    assert (a.initial_q, a.initial_m) == (4, 1)
+
+
+def test_uniform_mode_is_the_zero_boundary():
+    for flag in ("+tailsieve.enable=false", "+tailsieve.mode=uniform"):
+        cfg = validate_verl_config(stock(["trainer.v1.trainer_mode=tailsieve", flag, "+tailsieve.q0=4"]))
+        assert not cfg.active and (cfg.initial_q, cfg.initial_m) == (0, 0)
+    # the uniform baseline also runs where no tail pool fits
+    cfg = validate_verl_config(stock(["trainer.v1.trainer_mode=tailsieve", "+tailsieve.enable=false",
+                                      "trainer.n_gpus_per_node=1"]))
+    assert not cfg.active
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["tailsieve.tail_replicas=4"], "tail_replicas=4 must be in [1, 3]"),
+    (["tailsieve.q0=40"], "must be < data.train_batch_size=32"),
+    (["tailsieve.perf_model=nope"], "unknown performance model"),
+    (["actor_rollout_ref.rollout.name=trtllm"], "cannot abort in-flight requests"),
+    (["trainer.use_v1=false"], "legacy RayPPOTrainer"),
+    (["trainer.v1.trainer_mode=sync"], "set trainer.v1.trainer_mode=tailsieve"),
+    (["+tailsieve.typo=1"], "unknown setting(s) tailsieve.typo"),
+    (["+tailsieve.controller.q_gain=3"], "q_gain must be in (0, 1]"),
+    (["+tailsieve.controller.q_init=3"], "reserved"),
+    (["trainer.n_gpus_per_node=1"], "at least 2 rollout replicas"),
+    (["+tailsieve.tail.num_speculative_tokens=4"], "actor_rollout_ref.model.mtp.enable=true"),
+    (["+tailsieve.bulk.max_num_seqs=0"], "tailsieve.bulk.max_num_seqs must be an integer >= 1"),
+    (["tailsieve.mode=sometimes"], "tailsieve.mode must be one of"),
+    (["algorithm.filter_groups.enable=true"], "filter_groups"),
+])
+def test_invalid_settings_fail_with_one_clear_message(overrides, message):
+    with pytest.raises(TailSieveConfigError) as err:
+        validate_verl_config(shipped(overrides))
+    assert message in str(err.value)
+    assert isinstance(err.value, TailSieveError) and "\n" not in str(err.value)
+
+
+def test_wiring_points_verl_at_the_router_and_hands_settings_to_replicas():
+    config = shipped(["tailsieve.q0=4", "+tailsieve.bulk.max_num_seqs=128"])
+    settings = wire_verl_config(config)
+    rollout = config.actor_rollout_ref.rollout
+    assert rollout.router_config_path == router_config_path()
+    assert parse_tailsieve_section(rollout.custom.tailsieve) == settings
+    again = wire_verl_config(config)  # idempotent
+    assert again == settings
+
+
+def test_wiring_refuses_to_replace_a_users_router():
+    config = shipped(["actor_rollout_ref.rollout.router_config_path=/my/router.yaml"])
+    with pytest.raises(TailSieveConfigError, match="routes groups to pools with its own router"):
+        wire_verl_config(config)
+
+
+def test_fixed_mode_and_pool_engine_settings_pin_the_split():
+    assert shipped(["tailsieve.mode=fixed", "tailsieve.q0=4"]) is not None
+    fixed = validate_verl_config(shipped(["tailsieve.mode=fixed", "tailsieve.q0=4"])).controller_config()
+    assert fixed.fixed_tail_replicas == 1 and not fixed.inner_loop
+    engine = validate_verl_config(shipped(["tailsieve.q0=4", "+tailsieve.tail.max_num_seqs=16"])).controller_config()
+    assert engine.fixed_tail_replicas == 1 and engine.inner_loop
+    adaptive = validate_verl_config(shipped(["tailsieve.q0=4"])).controller_config()
+    assert adaptive.fixed_tail_replicas is None and (adaptive.q_init, adaptive.m_init) == (4, 1)

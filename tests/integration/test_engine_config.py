@@ -1,0 +1,42 @@
+"""Per-pool engine settings applied to verl's own RolloutConfig dataclass."""
+
+from __future__ import annotations
+
+from hydra import compose, initialize_config_module
+
+from verl.utils.config import omega_conf_to_dataclass
+
+from tailsieve_verl.integration.config import wire_verl_config
+from tailsieve_verl.integration.engine_config import (
+    BULK,
+    TAIL,
+    has_pool_engine_settings,
+    launch_pool,
+    pool_engine,
+    settings_from_rollout_config,
+    specialise_rollout_config,
+)
+
+
+def test_tail_and_bulk_replicas_get_their_own_engine_settings():
+    with initialize_config_module("tailsieve_verl.config", version_base=None):
+        config = compose("tailsieve_trainer", overrides=[
+            "trainer.n_gpus_per_node=4", "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+            "actor_rollout_ref.rollout.name=vllm", "data.train_batch_size=32", "tailsieve.q0=4",
+            "tailsieve.tail_replicas=1", "actor_rollout_ref.model.mtp.enable=true",
+            "actor_rollout_ref.rollout.max_num_seqs=256",
+            "+tailsieve.tail.max_num_seqs=32", "+tailsieve.tail.num_speculative_tokens=4",
+            "+tailsieve.tail.engine_kwargs.max_num_batched_tokens=4096", "+tailsieve.bulk.mtp_enable=false"])
+    wire_verl_config(config)
+    rollout = omega_conf_to_dataclass(config.actor_rollout_ref.rollout)
+    settings = settings_from_rollout_config(rollout)
+    assert has_pool_engine_settings(settings)
+    assert [launch_pool(rank, settings) for rank in range(4)] == [TAIL, BULK, BULK, BULK]
+
+    tail = specialise_rollout_config(rollout, pool_engine(0, settings))
+    assert tail.max_num_seqs == 32
+    assert tail.mtp.enable_rollout and tail.mtp.num_speculative_tokens == 4
+    assert tail.engine_kwargs["vllm"]["max_num_batched_tokens"] == 4096
+    bulk = specialise_rollout_config(rollout, pool_engine(2, settings))
+    assert bulk.max_num_seqs == 256 and not bulk.mtp.enable_rollout
+    assert rollout.max_num_seqs == 256  # the shared config is not mutated

@@ -1,0 +1,73 @@
+"""The pool router as verl's router plugin sees it (plain class; verl wraps it in ray.remote)."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from tailsieve_verl.integration.router import ANY, BULK, TAIL, PoolRouter, tag_request_id
+
+SERVERS = {f"10.0.{node}.1:8000": f"handle-{node}" for node in range(4)}  # one replica per node
+ADDRS = list(SERVERS)
+
+
+def acquire(router: PoolRouter, group: str, nonce: str) -> str:
+    address, handle = router.acquire_server(tag_request_id(group, nonce))
+    assert handle == SERVERS[address]
+    router.release_server(address)
+    return address
+
+
+def test_groups_are_atomic_and_round_robin_within_their_pool():
+    router = PoolRouter(dict(SERVERS), {"router_class": "x"})
+    router.set_pools([ADDRS[0]])
+    groups = {f"t{i}": TAIL for i in range(2)} | {f"b{i}": BULK for i in range(6)}
+    router.assign_groups(groups)
+    placed = {}
+    for sample in range(4):  # n = 4 samples per group, interleaved like concurrent agent loops
+        for group in groups:
+            address = acquire(router, group, f"s{sample}")
+            assert placed.setdefault(group, address) == address  # all samples on one replica
+    assert {placed[g] for g in groups if groups[g] == TAIL} == {ADDRS[0]}
+    bulk = Counter(placed[g] for g in groups if groups[g] == BULK)
+    assert set(bulk) == set(ADDRS[1:]) and set(bulk.values()) == {2}
+
+
+def test_pools_move_between_steps_and_untagged_requests_use_every_replica():
+    router = PoolRouter(dict(SERVERS))
+    router.set_pools(ADDRS[:2])
+    assert router.pools() == {TAIL: ADDRS[:2], BULK: ADDRS[2:]}
+    router.set_pools([])  # uniform boundary: m = 0
+    router.assign_groups({f"g{i}": BULK for i in range(8)})
+    assert Counter(acquire(router, f"g{i}", "a") for i in range(8)) == Counter({a: 2 for a in ADDRS})
+    router.assign_groups({f"v{i}": ANY for i in range(4)})
+    assert {acquire(router, f"v{i}", "a") for i in range(4)} == set(ADDRS)
+    address, _ = router.acquire_server("plain-uuid")  # a request with no group tag
+    assert address in SERVERS
+    with pytest.raises(ValueError, match="unknown replica addresses"):
+        router.set_pools(["10.9.9.9:1"])
+
+
+def test_a_removed_replica_hands_its_groups_to_the_rest_of_its_pool():
+    router = PoolRouter(dict(SERVERS))
+    router.set_pools([ADDRS[0]])
+    router.assign_groups({"g": BULK, "t": TAIL})
+    first = acquire(router, "g", "1")
+    router.remove_servers([first])
+    again = acquire(router, "g", "2")
+    assert again != first and again in ADDRS[1:]
+    router.remove_servers([ADDRS[0]])  # the tail pool is empty: its groups go to the survivors
+    assert acquire(router, "t", "1") in router.get_all_servers()
+
+
+def test_sample_ledger_aggregates_a_group():
+    router = PoolRouter(dict(SERVERS))
+    router.report_sample({"uid": "g", "session_id": 1, "duration_s": 2.0, "tokens": 7, "aborted_tokens": 0,
+                          "aborted": False, "failed": False})
+    assert router.take_reports(["g"], min_samples=2) == {}
+    router.report_sample({"uid": "g", "session_id": 0, "duration_s": 3.0, "tokens": 5, "aborted_tokens": 0,
+                          "aborted": False, "failed": False})
+    report = router.take_reports(["g"], min_samples=2)["g"]
+    assert report["duration_s"] == 3.0 and report["tokens"] == (5, 7) and not report["aborted"]
+    assert router.take_reports(["g"], min_samples=1) == {}  # taken once
