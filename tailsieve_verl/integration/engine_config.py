@@ -8,10 +8,17 @@ pool is a high-concurrency batch where it would not.
 
 Engines are configured at launch, so a replica keeps its pool's engine settings for the whole run;
 with per-pool settings the trainer therefore pins the split at ``tail_replicas`` (the controller
-still moves q). MTP drafter weights across weight updates: with Megatron (+mbridge) verl trains
-the MTP head and syncs it with the policy each step; with FSDP the drafter keeps the weights loaded
-at engine start (stale but still a valid proposer — acceptance rate, not correctness, degrades as the
-policy drifts). See the README.
+still moves q).
+
+MTP drafter weights across weight updates (read in verl 0.9.1's vLLM worker extension,
+``vllm_rollout/utils.py``: with ``speculative_config.method == "mtp"`` every weight update is also
+loaded into the drafter, by parameter name): under **Megatron** (``mtp.enable=true``, the model has
+MTP layers) the actor exports the MTP layers with the policy, so the tail pool's drafter follows the
+policy each step (trained when ``mtp.enable_train=true``, otherwise the unchanged checkpoint MTP
+weights are re-sent). Under **FSDP** the HF model class carries no MTP layers, so nothing under
+their names is sent: the drafter keeps the MTP weights loaded at engine start while its shared
+parts (embeddings, head) follow the policy — a stale but valid proposer whose acceptance rate, not
+correctness, degrades as the policy drifts. A GPU run is needed to measure that drift.
 
 The settings travel to the replicas inside ``actor_rollout_ref.rollout.custom["tailsieve"]`` (a
 free-form field of verl's RolloutConfig), written by :func:`tailsieve_verl.integration.config.wire_verl_config`.

@@ -13,6 +13,7 @@ verl's V1 trainer aggregates ``_step_once`` metrics by key name and hands them t
 ``tailsieve/tail_makespan_s``  last regenerated tail group's finish (worker clock, from dispatch)
 ``tailsieve/bulk_makespan_s``  the bulk cutoff: the (B − T)-th finished bulk group
 ``tailsieve/makespan_s``       max of the two
+``tailsieve/cutoff_wall_s``    when the trainer saw the cutoff and aborted (its clock, incl. polling)
 ``tailsieve/pred_uniform_makespan_s``  the perf model's makespan of this step's B consumed groups
                                under uniform group routing over all replicas
 ``tailsieve/pred_makespan_s``  the same model for this step's actual split (tail groups on m
@@ -83,6 +84,7 @@ def step_metrics(measurement: StepMeasurement, observation: StepObservation, dec
         "tailsieve/tail_makespan_s": float(observation.tail_makespan_s),
         "tailsieve/bulk_makespan_s": float(observation.bulk_cutoff_s),
         "tailsieve/makespan_s": float(observation.makespan_s),
+        "tailsieve/cutoff_wall_s": float(measurement.cutoff_s),
         "tailsieve/pred_uniform_makespan_s": float(uniform),
         "tailsieve/pred_makespan_s": float(split),
         "tailsieve/redispatched_groups": float(measurement.redispatched),

@@ -306,10 +306,9 @@ class TailSieveTrainer(PPOTrainerSync):
             return
         replicas = self._replicas_by_address()
         targets = [replicas[a] for a in state.bulk_addresses if a in replicas]
-        ray.get([r.server_handle.abort_all_requests.remote() for r in targets])
-        for replica in targets:  # multi-server replicas: verl's replica-level abort pauses every server
-            if len(replica.servers) > 1:
-                ray.get([s.abort_all_requests.remote() for s in replica.servers[1:]])
+        # every server of a replica, like verl's RolloutReplica.abort_all_requests (the engine pauses
+        # and parks later admissions until resume_generation)
+        ray.get([server.abort_all_requests.remote() for replica in targets for server in replica.servers])
         self.paused_addresses = [r.server_address for r in targets]
 
     def _resume_paused(self) -> None:
