@@ -10,9 +10,33 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+from pathlib import Path
+from typing import Sequence
 
-from ..core.trace import write_trace
-from ..tools.trace import build_trace, summarize
+from ..core.rollout_dump import TokenCounter, build_trace, summarize
+from ..core.trace import TraceError, write_trace
+
+
+def tokenizer_counter(path: str | os.PathLike) -> TokenCounter:
+    """Token counts from a local Hugging Face tokenizer directory (nothing is downloaded)."""
+    path = Path(path)
+    if not path.is_dir():
+        raise TraceError(f"--tokenizer {path}: not a directory; give a local Hugging Face model or tokenizer "
+                         "directory (the policy's, e.g. the recipe's MODEL_PATH)")
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True, trust_remote_code=False)
+    except (OSError, ValueError) as e:
+        raise TraceError(f"--tokenizer {path}: cannot load a tokenizer there ({str(e).splitlines()[0]})") from None
+
+    def count(texts: Sequence[str]) -> list[int]:
+        if not texts:
+            return []
+        return [len(ids) for ids in tokenizer(list(texts), add_special_tokens=False)["input_ids"]]
+
+    return count
 
 
 def register(subparsers) -> None:
@@ -28,7 +52,8 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    build = build_trace(args.rollout_dir, tokenizer=args.tokenizer, step=args.step)
+    count = tokenizer_counter(args.tokenizer) if args.tokenizer is not None else None
+    build = build_trace(args.rollout_dir, count=count, step=args.step)
     write_trace(build.trace, args.output)
     summary = summarize(build) | {"output": args.output, "kind": "step trace" if args.step is not None else "prompt pool"}
     if args.json:

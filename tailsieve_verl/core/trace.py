@@ -11,14 +11,13 @@ On-disk format (JSONL, one group per line)::
 
 ``prompt_len`` is optional (default 0). Parquet files with the same columns are read too, and so
 are the JSONL rollout dumps verl writes with ``trainer.rollout_data_dir`` (see
-:func:`read_verl_rollout_dump`).
+:mod:`.rollout_dump`).
 """
 
 from __future__ import annotations
 
 import json
 import os
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Sequence
@@ -180,71 +179,13 @@ def read_parquet(path: str | os.PathLike) -> Trace:
     return groups_to_trace(groups, str(path))
 
 
-def group_key_from_uid(uid: object) -> str:
-    """verl V1 keys a response ``{sample}_{rollout}_{output}``; its group is ``{sample}``."""
-    parts = str(uid).rsplit("_", 2)
-    return parts[0] if len(parts) == 3 and parts[1].isdigit() and parts[2].isdigit() else str(uid)
-
-
-def read_verl_rollout_dump(path: str | os.PathLike, step: int | None = None) -> Trace:
-    """Read the JSONL rollout dumps that verl 0.9.1 writes under ``trainer.rollout_data_dir``.
-
-    verl writes one ``{step}.jsonl`` per step; each line is one response with (at least) the
-    decoded ``input`` and ``output`` text, ``score`` and ``step``, plus any extra keys it was given.
-    V1 writes ``uid`` as the TransferQueue key ``{sample}_{rollout}_{output}``; a group is the
-    ``{sample}`` part (the legacy trainer's ``uid`` is already per prompt), else the prompt text. The response length is ``response_length`` when the dump has it (token count), else the
-    whitespace token count of ``output`` — an approximation the caller is warned about through the
-    trace name. ``path`` is a directory (all steps, or ``step``) or one file.
-    """
-    path = Path(path)
-    if path.is_dir():
-        files = sorted(path.glob("*.jsonl"), key=lambda p: (len(p.stem), p.stem))
-        if step is not None:
-            files = [p for p in files if p.stem == str(step)]
-        if not files:
-            raise TraceError(f"{path}: no verl rollout dump ({'%s.jsonl' % step if step is not None else '*.jsonl'}) "
-                             "found; point at trainer.rollout_data_dir of a verl run")
-    else:
-        files = [path]
-    groups: "OrderedDict[str, dict]" = OrderedDict()
-    approximate = False
-    for file in files:
-        with open(file, encoding="utf-8") as f:
-            for lineno, line in enumerate(f, start=1):
-                if not line.strip():
-                    continue
-                where = f"{file}:{lineno}"
-                try:
-                    rec = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise TraceError(f"{where}: not valid JSON ({e.msg})") from None
-                if not isinstance(rec, dict) or "output" not in rec and "response_length" not in rec:
-                    raise TraceError(f"{where}: not a verl rollout dump line (needs 'output' or "
-                                     "'response_length'); for a trace use the JSONL trace format")
-                key = group_key_from_uid(rec["uid"]) if rec.get("uid") else rec.get("input")
-                if key is None:
-                    raise TraceError(f"{where}: cannot identify the prompt group (no 'uid' or 'input')")
-                key = f"{rec.get('step', file.stem)}:{key}" if len(files) > 1 else str(key)
-                if "response_length" in rec:
-                    length = int(rec["response_length"])
-                else:
-                    length = len(str(rec["output"]).split())
-                    approximate = True
-                entry = groups.setdefault(key, {"lengths": [], "prompt_len": int(rec.get("prompt_length", 0) or 0)})
-                entry["lengths"].append(length)
-    prompt_ids = {key: f"g{i:06d}" if len(key) > 64 else key for i, key in enumerate(groups)}
-    out = [Group(prompt_ids[k], tuple(v["lengths"]), v["prompt_len"]) for k, v in groups.items()]
-    name = str(path) + (" (lengths approximated by whitespace tokens)" if approximate else "")
-    return groups_to_trace(out, name)
-
-
 def read_trace(path: str | os.PathLike) -> Trace:
     """Read a trace from a JSONL/Parquet trace file or a verl rollout-dump directory."""
     path = Path(path)
     if not path.exists():
         raise TraceError(f"{path}: no such file or directory")
     if path.is_dir():
-        return read_verl_rollout_dump(path)
+        return _read_rollout_dump(path)
     if path.suffix == ".parquet":
         return read_parquet(path)
     with open(path, encoding="utf-8") as f:
@@ -254,8 +195,14 @@ def read_trace(path: str | os.PathLike) -> Trace:
     except json.JSONDecodeError:
         head = {}
     if isinstance(head, dict) and "lengths" not in head and ("output" in head or "response_length" in head):
-        return read_verl_rollout_dump(path)
+        return _read_rollout_dump(path)
     return read_jsonl(path)
+
+
+def _read_rollout_dump(path: Path) -> Trace:
+    from .rollout_dump import build_trace  # a prompt pool; `tailsieve trace` adds token counting
+
+    return build_trace(path).trace
 
 
 def write_trace(trace: Trace | Iterable[Group], path: str | os.PathLike) -> None:

@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from tailsieve_verl.core.rollout_dump import prompt_identity
 from tailsieve_verl.core.trace import Group, Trace, TraceError, read_trace, write_trace
 
 
@@ -74,7 +75,7 @@ def test_parquet_missing_column(tmp_path):
         read_trace(path)
 
 
-def test_verl_rollout_dump_groups_by_uid(tmp_path):
+def test_verl_rollout_dump_reads_as_a_prompt_pool(tmp_path):
     dump = tmp_path / "dump"
     dump.mkdir()
     rows = [{"input": "q1", "output": "x", "score": 1.0, "step": 1, "uid": "s7_0_0", "response_length": 12},
@@ -82,8 +83,9 @@ def test_verl_rollout_dump_groups_by_uid(tmp_path):
             {"input": "q2", "output": "z", "score": 0.0, "step": 1, "uid": "s9_0_0", "response_length": 4}]
     (dump / "1.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     trace = read_trace(dump)
-    assert [g.prompt_id for g in trace] == ["s7", "s9"]
-    assert trace.get("s7").lengths == (12, 30)
+    assert [g.prompt_id for g in trace] == [prompt_identity("q1"), prompt_identity("q2")]
+    assert trace.get(prompt_identity("q1")).lengths == (12, 30)
+    assert trace.get(prompt_identity("q2")).lengths == (4,)
 
 
 def test_verl_dump_bad_line(tmp_path):

@@ -12,7 +12,8 @@ import pytest
 
 from tailsieve_verl.cli import trace as trace_cli
 from tailsieve_verl.core.trace import TraceError, read_trace
-from tailsieve_verl.tools.trace import build_trace, prompt_identity
+from tailsieve_verl.cli.trace import tokenizer_counter
+from tailsieve_verl.core.rollout_dump import build_trace, prompt_identity
 
 PROMPTS = ["What is 2 + 2?", "Prove that the sum of two even numbers is even.", "Count the primes below 30."]
 N = 4
@@ -78,7 +79,7 @@ def test_token_counts_from_a_local_tokenizer(dump, tmp_path):
     tok_dir = tmp_path / "tok"
     build_tokenizer(tok_dir)
     tokenizer = AutoTokenizer.from_pretrained(str(tok_dir), local_files_only=True)
-    build = build_trace(dump, tokenizer=tok_dir)
+    build = build_trace(dump, count=tokenizer_counter(tok_dir))
     assert build.exact and "approximated" not in build.trace.name
     for p, group in enumerate(build.trace):
         want = [len(tokenizer.encode(response(step, p, s), add_special_tokens=False))
@@ -92,7 +93,7 @@ def test_token_counts_from_a_local_tokenizer(dump, tmp_path):
 
     PPOTrainer._write_generations(["q"], [tokenizer.decode(ids, skip_special_tokens=True)], [None], [0.0],
                                   {"uid": ["a_0_0"]}, str(d), 1)
-    assert build_trace(d, tokenizer=tok_dir).trace[0].lengths == (len(ids),)
+    assert build_trace(d, count=tokenizer_counter(tok_dir)).trace[0].lengths == (len(ids),)
 
 
 def test_dump_token_count_fields_win(tmp_path):
@@ -143,7 +144,7 @@ def test_bad_inputs_are_clear_errors(tmp_path, dump):
     with pytest.raises(TraceError, match="1.jsonl:2: not a verl rollout dump line"):
         build_trace(bad)
     with pytest.raises(TraceError, match="--tokenizer .*not a directory"):
-        build_trace(dump, tokenizer=tmp_path / "nope")
+        tokenizer_counter(tmp_path / "nope")
     (tmp_path / "not_a_tokenizer").mkdir()
     with pytest.raises(TraceError, match="cannot load a tokenizer"):
-        build_trace(dump, tokenizer=tmp_path / "not_a_tokenizer")
+        tokenizer_counter(tmp_path / "not_a_tokenizer")

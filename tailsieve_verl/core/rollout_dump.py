@@ -9,7 +9,7 @@ a step but cannot follow a prompt *across* steps; the decoded prompt text can, a
 identity here (``p-`` + the first 16 hex digits of its SHA-1).
 
 Token counts: a dump line with ``response_length`` / ``prompt_length`` is used as is. Otherwise the
-text is measured with a local Hugging Face tokenizer (``--tokenizer``): the encoding of the decoded
+text is measured with a token counter (`tailsieve trace --tokenizer`: a local Hugging Face tokenizer): the encoding of the decoded
 text, which equals the generated token count except for special tokens the decode dropped (the
 EOS) and rare non-canonical tokenizations. Without a tokenizer, whitespace-separated words are
 counted: a rough proxy, flagged in the trace name and the summary.
@@ -34,7 +34,7 @@ from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
-from ..core.trace import Group, Trace, TraceError, group_key_from_uid
+from .trace import Group, Trace, TraceError
 
 _STEP_FILE = re.compile(r"^(\d+)\.jsonl$")
 TokenCounter = Callable[[Sequence[str]], list[int]]
@@ -50,6 +50,12 @@ class RolloutRecord:
     response: str
     response_length: int | None  # token count when the dump carries it
     prompt_length: int | None
+
+
+def group_key_from_uid(uid: object) -> str:
+    """verl V1 keys a response ``{sample}_{rollout}_{output}``; its group is ``{sample}``."""
+    parts = str(uid).rsplit("_", 2)
+    return parts[0] if len(parts) == 3 and parts[1].isdigit() and parts[2].isdigit() else str(uid)
 
 
 def prompt_identity(prompt: str) -> str:
@@ -111,27 +117,6 @@ def whitespace_counter(texts: Sequence[str]) -> list[int]:
     return [len(t.split()) for t in texts]
 
 
-def tokenizer_counter(path: str | os.PathLike) -> TokenCounter:
-    """Token counts from a local Hugging Face tokenizer directory (nothing is downloaded)."""
-    path = Path(path)
-    if not path.is_dir():
-        raise TraceError(f"--tokenizer {path}: not a directory; give a local Hugging Face model or tokenizer "
-                         "directory (the policy's, e.g. the recipe's MODEL_PATH)")
-    from transformers import AutoTokenizer
-
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True, trust_remote_code=False)
-    except (OSError, ValueError) as e:
-        raise TraceError(f"--tokenizer {path}: cannot load a tokenizer there ({str(e).splitlines()[0]})") from None
-
-    def count(texts: Sequence[str]) -> list[int]:
-        if not texts:
-            return []
-        return [len(ids) for ids in tokenizer(list(texts), add_special_tokens=False)["input_ids"]]
-
-    return count
-
-
 @dataclass(frozen=True)
 class TraceBuild:
     trace: Trace
@@ -153,16 +138,17 @@ def _lengths(records: list[RolloutRecord], count: TokenCounter) -> tuple[list[in
     return response, prompt
 
 
-def build_trace(path: str | os.PathLike, tokenizer: str | os.PathLike | None = None,
+def build_trace(path: str | os.PathLike, count: TokenCounter | None = None,
                 step: int | None = None) -> TraceBuild:
-    """A prompt pool over every step of the dump, or the groups of one ``step``."""
+    """A prompt pool over every step of the dump, or the groups of one ``step``.
+
+    ``count`` measures texts in tokens (e.g. a tokenizer); without it, whitespace words."""
     records = list(read_rollout_records(path, step))
     if not records:
         raise TraceError(f"{path}: the rollout dump has no responses")
     exact_from_dump = all(r.response_length is not None and r.prompt_length is not None for r in records)
-    count = tokenizer_counter(tokenizer) if tokenizer is not None else whitespace_counter
-    response, prompt = _lengths(records, count)
-    exact = exact_from_dump or tokenizer is not None
+    response, prompt = _lengths(records, count or whitespace_counter)
+    exact = exact_from_dump or count is not None
 
     groups: "OrderedDict[str, dict]" = OrderedDict()
     for rec, length, prompt_len in zip(records, response, prompt):
