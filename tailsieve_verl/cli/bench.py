@@ -116,10 +116,10 @@ def print_report(report: dict) -> None:
         print(f"tailsieve: q={sel['q']} carried groups on m={sel['m']} tail replicas (selected by a real "
               f"partial-rollout cutoff)")
     head = f"{'policy':<10} {'predicted s':>11} {'measured s':>11} {'range s':>15} {'pred err':>9} " \
-           f"{'pred speedup':>12} {'meas speedup':>12}"
+           f"{'pred speedup':>12} {'meas speedup':>12} {'meas/pred':>9}"
     print(head)
     for row in report["policies"]:
         lo, hi = row["measured_makespan_range_s"]
         print(f"{row['policy']:<10} {row['predicted_makespan_s']:>11.2f} {row['measured_makespan_s']:>11.2f} "
               f"{f'{lo:.2f}–{hi:.2f}':>15} {row['prediction_error']:>+8.1%} {row['predicted_speedup']:>11.3f}x "
-              f"{row['measured_speedup']:>11.3f}x")
+              f"{row['measured_speedup']:>11.3f}x {row['measured_over_predicted_speedup']:>8.1%}")

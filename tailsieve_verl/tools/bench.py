@@ -273,6 +273,7 @@ def bench(groups: Sequence[Group], servers: Sequence[OpenAIServer], n_replicas: 
             "predicted_speedup": base.predicted_s / res.predicted_s,
             "measured_speedup": statistics.median(paired),
             "measured_speedup_range": [min(paired), max(paired)],
+            "measured_over_predicted_speedup": statistics.median(paired) / (base.predicted_s / res.predicted_s),
             "predicted_replica_s": res.predicted_replica_s,
             "measured_replica_s": res.measured_replica_s,
             "measured_runs_s": res.measured_s,

@@ -150,3 +150,22 @@ def test_cli_bench_needs_q_and_m_together(tmp_path):
     args = parser.parse_args(["bench", "--preset", "strong", "-R", "2", "--url", "http://127.0.0.1:9", "--q", "2"])
     with pytest.raises(Exception, match="--q and --m together"):
         args.func(args)
+
+
+def test_cli_bench_prints_a_table_measured_next_to_predicted(tmp_path, capsys):
+    trace = tmp_path / "step.jsonl"
+    write_trace(skewed_groups(), trace)
+    cal = tmp_path / "cal.json"
+    cal.write_text(json.dumps({"device": "test", "rows": [
+        {"model": "tiny", "batch": b, "context": 16, "step_ms": 10 + 2 * b} for b in (1, 8, 64)]}))
+    parser = argparse.ArgumentParser()
+    cli_bench.register(parser.add_subparsers())
+    with FakeOpenAIServer(seconds_per_token=0.0002) as fake:
+        args = parser.parse_args(["bench", "--trace", str(trace), "-R", "3", "--url", fake.url, "--calibration",
+                                  str(cal), "--repeats", "1", "--policies", "uniform,oracle",
+                                  "--out", str(tmp_path / "b.json")])
+        assert args.func(args) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1].split()[:3] == ["policy", "predicted", "s"]
+    assert [line.split()[0] for line in lines[2:4]] == ["uniform", "oracle"]
+    assert lines[-1] == f"wrote {tmp_path / 'b.json'}"
