@@ -47,7 +47,7 @@ def register(subparsers) -> None:
     p.set_defaults(func=run)
 
 
-def _calibration_batches(groups, n_replicas: int, max_num_seqs: int | None) -> tuple[int, ...]:
+def _calibration_batches(groups, max_num_seqs: int | None) -> tuple[int, ...]:
     """Powers of two up to the largest per-replica concurrency any assignment can reach."""
     need = sum(g.n for g in groups)
     if max_num_seqs:
@@ -80,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
     if args.calibration:
         cal = Calibration.load(args.calibration)
     else:
-        plan = SweepPlan(batches=_calibration_batches(groups, args.replicas, args.max_num_seqs),
+        plan = SweepPlan(batches=_calibration_batches(groups, args.max_num_seqs),
                          prompt_lens=tuple(args.calibration_prompt_lens))
         with progress_bar("calibrate", len(plan.points), quiet=args.json) as advance:
             doc = calibrate(servers[0], plan, on_point=lambda d, t, row: advance(

@@ -169,3 +169,19 @@ def test_cli_bench_prints_a_table_measured_next_to_predicted(tmp_path, capsys):
     assert lines[1].split()[:3] == ["policy", "predicted", "s"]
     assert [line.split()[0] for line in lines[2:4]] == ["uniform", "oracle"]
     assert lines[-1] == f"wrote {tmp_path / 'b.json'}"
+
+
+def test_cli_bench_measures_a_calibration_on_the_server_when_none_is_given(tmp_path, capsys):
+    trace = tmp_path / "step.jsonl"
+    write_trace([Group("a", (5,)), Group("b", (9,))], trace)
+    parser = argparse.ArgumentParser()
+    cli_bench.register(parser.add_subparsers())
+    with FakeOpenAIServer(seconds_per_token=0.005) as fake:
+        args = parser.parse_args(["bench", "--trace", str(trace), "-R", "2", "--url", fake.url, "--repeats", "1",
+                                  "--policies", "uniform", "--calibration-prompt-lens", "4",
+                                  "--out", str(tmp_path / "b.json"), "--json"])
+        assert args.func(args) == 0
+    report = json.loads(capsys.readouterr().out)
+    written = tmp_path / "b.calibration.json"
+    assert report["calibration"] == str(written)
+    assert [row["batch"] for row in json.loads(written.read_text())["rows"]] == [1, 2]
