@@ -218,22 +218,24 @@ class _FluidModel:
         others = np.maximum(active - top, 0.0) / np.maximum(n_groups - 1, 1)[:, None]
         return top + (np.ceil(n_groups[:, None] / replicas) - 1) * others
 
-    def prepare(self, pool_sizes: Sequence[int]) -> None:
-        """Evaluate tail and bulk predictions for several pool sizes in one vectorised pass."""
-        sizes = np.array([k for k in pool_sizes if ("tail", k) not in self._memo], dtype=float)
-        if not len(sizes):
-            return
-        clocks = self._clock(self.bulk_active[None, :], sizes[:, None])
-        crit = self._critical(self.q_candidates, sizes[:, None, None], self.tail_active[None])
-        step = self.table(crit, np.broadcast_to(self.ctx, crit.shape))
-        tails = (np.where(crit > 0, step, 0.0) * self.seg).sum(axis=-1)
-        for i, k in enumerate(sizes.astype(int)):
-            self._memo[("cut", k)] = np.interp(self.cut_step, self.grid, clocks[i])
-            self._memo[("tail", k)] = tails[i]
+    def prepare(self, tail_sizes: Sequence[int] = (), bulk_sizes: Sequence[int] = ()) -> None:
+        """Evaluate tail and bulk predictions for several pool sizes in one vectorised pass each."""
+        tails = np.array([k for k in tail_sizes if ("tail", k) not in self._memo], dtype=float)
+        if len(tails):
+            crit = self._critical(self.q_candidates, tails[:, None, None], self.tail_active[None])
+            step = self.table(crit, np.broadcast_to(self.ctx, crit.shape))
+            times = (np.where(crit > 0, step, 0.0) * self.seg).sum(axis=-1)
+            for i, k in enumerate(tails.astype(int)):
+                self._memo[("tail", k)] = times[i]
+        bulks = np.array([k for k in bulk_sizes if ("cut", k) not in self._memo], dtype=float)
+        if len(bulks):
+            clocks = self._clock(self.bulk_active[None, :], bulks[:, None])
+            for i, k in enumerate(bulks.astype(int)):
+                self._memo[("cut", k)] = np.interp(self.cut_step, self.grid, clocks[i])
 
     def bulk_cutoff(self, replicas: int) -> np.ndarray:
         """Predicted bulk cutoff per q candidate on ``replicas`` replicas (all fresh groups spread evenly)."""
-        self.prepare([replicas])
+        self.prepare(bulk_sizes=[replicas])
         return self._memo[("cut", replicas)]
 
     def bulk_full(self, replicas: int) -> float:
@@ -246,7 +248,7 @@ class _FluidModel:
 
     def tail_time(self, replicas: int) -> np.ndarray:
         """Predicted tail-pool time per q candidate on ``replicas`` replicas."""
-        self.prepare([replicas])
+        self.prepare(tail_sizes=[replicas])
         return self._memo[("tail", replicas)]
 
 
@@ -411,11 +413,11 @@ class HierarchicalController:
         s, cfg, R = self.state, self.config, self.n_replicas
         model = _FluidModel(s.history, self.batch_size, obs.prompt_len, self._table, self._q_candidates)
         qc = self._q_candidates
-        full_bias = self._model_bias(obs, model)
         lo, hi = max(0, s.m - cfg.search_radius), min(R - 1, s.m + cfg.search_radius)
+        splits = sorted(set(range(max(1, lo), hi + 1)) | ({obs.m} - {0}))
+        model.prepare(tail_sizes=splits, bulk_sizes=[R - m for m in splits])
+        full_bias = self._model_bias(obs, model)
         tail_default, cutoff_default = _mean(s.tail_bias, 1.0), _mean(s.cutoff_bias, full_bias)
-        splits = range(max(1, lo), hi + 1)
-        model.prepare(sorted(set(splits) | {R - m for m in splits} | {hi + 1, R - max(1, lo) + 1}))
         best: dict[int, tuple[float, int]] = {}
         tails: dict[int, np.ndarray] = {}
         bulks: dict[int, np.ndarray] = {}
