@@ -108,8 +108,30 @@ class TimeEstimate:
         self.replica_cum = np.concatenate([[0.0], np.cumsum(one - slope)])
         self.request_cum = np.concatenate([[0.0], np.cumsum(slope)])
 
-    def request_time(self, group: Group) -> float:
-        return float(np.sum(self.request_cum[list(group.lengths)]))
+    @classmethod
+    def shared(cls, perf: PerfModel, max_len: int, typical_active: int, prompt_len: float = 0.0) -> "TimeEstimate":
+        """A cached estimate (searches balance hundreds of candidate pools of one instance)."""
+        # Powers of two: candidates and instances of one workload share a handful of estimates.
+        steps = 1 << max(0, int(max_len - 1).bit_length())
+        typical_active = 1 << max(1, int(typical_active - 1).bit_length())
+        key = (id(perf), steps, typical_active, float(prompt_len))
+        estimate = _ESTIMATES.get(key)
+        if estimate is None or estimate._perf is not perf:
+            estimate = cls(perf, steps, typical_active, prompt_len)
+            estimate._perf = perf  # keeps id(perf) from being reused while cached
+            if len(_ESTIMATES) >= 64:
+                _ESTIMATES.pop(next(iter(_ESTIMATES)))
+            _ESTIMATES[key] = estimate
+        return estimate
+
+    def request_times(self, groups: Sequence[Group]) -> np.ndarray:
+        """Σ Q(length) per group."""
+        flat = np.fromiter((v for g in groups for v in g.lengths), dtype=np.int64)
+        starts = np.cumsum([0] + [g.n for g in groups[:-1]])
+        return np.add.reduceat(self.request_cum[flat], starts)
+
+
+_ESTIMATES: dict[tuple, TimeEstimate] = {}
 
 
 def time_balanced_assignment(groups: Sequence[Group], n_replicas: int, perf: PerfModel,
@@ -120,17 +142,20 @@ def time_balanced_assignment(groups: Sequence[Group], n_replicas: int, perf: Per
     if not groups:
         return out
     total = sum(g.n for g in groups)
-    estimate = TimeEstimate(perf, max(g.max_len for g in groups), -(-total // n_replicas),
-                            float(np.mean([g.prompt_len for g in groups])))
+    estimate = TimeEstimate.shared(perf, max(g.max_len for g in groups), -(-total // n_replicas),
+                                   float(np.mean([g.prompt_len for g in groups])))
+    works = estimate.request_times(groups).tolist()
+    replica_part = estimate.replica_cum
     longest = [0] * n_replicas
-    request_load = [0.0] * n_replicas
+    load = [0.0] * n_replicas  # estimated time: replica part of the longest response + request parts
     for i in tail_order(groups):
-        g, work = groups[i], estimate.request_time(groups[i])
-        after = [estimate.replica_cum[max(longest[r], g.max_len)] + request_load[r] + work for r in range(n_replicas)]
-        r = int(np.argmin(after))
+        g_max, work = groups[i].max_len, works[i]
+        after = [(replica_part[max(longest[r], g_max)] - replica_part[longest[r]]) + load[r] + work
+                 for r in range(n_replicas)]
+        r = after.index(min(after))
         out[i] = offset + r
-        longest[r] = max(longest[r], g.max_len)
-        request_load[r] += work
+        load[r] = after[r]
+        longest[r] = max(longest[r], g_max)
     return out
 
 

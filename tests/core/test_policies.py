@@ -62,7 +62,7 @@ def test_time_estimate_is_exact_for_a_linear_model(seed):
     estimate = TimeEstimate(LINEAR, max(g.max_len for g in groups), 8)
     for subset in (groups[:1], groups[:3], groups):
         expected = evaluate_assignment(subset, [0] * len(subset), 1, LINEAR).makespan_s
-        got = estimate.replica_cum[max(g.max_len for g in subset)] + sum(estimate.request_time(g) for g in subset)
+        got = estimate.replica_cum[max(g.max_len for g in subset)] + estimate.request_times(subset).sum()
         assert got == pytest.approx(expected, rel=1e-9)
 
 
