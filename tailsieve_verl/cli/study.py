@@ -24,7 +24,7 @@ def register(subparsers) -> None:
     p.add_argument("--replicas", "-R", type=int, default=DEFAULTS.replicas, help="replicas R")
     p.add_argument("--perf-model", default=DEFAULT_PERF_MODEL, help="performance model spec")
     p.add_argument("--workload", default=DEFAULTS.workload, help="preset weak|real|strong, or a trace file")
-    p.add_argument("--seed", type=int, default=DEFAULTS.seed)
+    p.add_argument("--seed", type=int, default=DEFAULTS.seed, help="seed of the workload draw and random routing")
     p.add_argument("--time-limit", type=float, default=DEFAULTS.time_limit_s,
                    help="exact search budget per instance (s); unfinished searches report a proven bound")
     p.add_argument("--out", default="study.json", help="JSON report")
