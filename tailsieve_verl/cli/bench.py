@@ -82,9 +82,9 @@ def run(args: argparse.Namespace) -> int:
     else:
         plan = SweepPlan(batches=_calibration_batches(groups, args.max_num_seqs),
                          prompt_lens=tuple(args.calibration_prompt_lens))
-        with progress_bar("calibrate", len(plan.points), quiet=args.json) as advance:
-            doc = calibrate(servers[0], plan, on_point=lambda d, t, row: advance(
-                f"batch {row['batch']} ctx {row['context']:.0f}"))
+        with progress_bar("calibrate", plan.repeats * len(plan.points), quiet=args.json) as advance:
+            doc = calibrate(servers[0], plan, on_sample=lambda done, total, batch, context, step_s: advance(
+                f"batch {batch} ctx {context:.0f}"))
         cal = write_calibration(doc, out.with_name(out.stem + ".calibration.json"))
     perf = TablePerf(cal)
     runs = args.repeats * len(policies) + ("tailsieve" in policies)

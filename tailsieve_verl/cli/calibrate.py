@@ -65,10 +65,10 @@ def run(args: argparse.Namespace) -> int:
     plan = SweepPlan(batches=tuple(args.batches), prompt_lens=tuple(args.prompt_lens),
                      decode_short=args.decode_short, decode_long=args.decode_long, repeats=args.repeats)
     server = OpenAIServer(args.url, args.model, timeout_s=args.timeout)
-    with progress_bar("calibrate", len(plan.points), quiet=args.json) as advance:
+    with progress_bar("calibrate", plan.repeats * len(plan.points), quiet=args.json) as advance:
         doc = calibrate(server, plan, device=args.device,
-                        on_point=lambda done, total, row: advance(
-                            f"batch {row['batch']:>4} ctx {row['context']:>6.0f}: {row['step_ms']:.2f} ms/step"))
+                        on_sample=lambda done, total, batch, context, step_s: advance(
+                            f"batch {batch:>4} ctx {context:>6.0f}: {step_s * 1000:.2f} ms/step"))
     cal = write_calibration(doc, args.out)
     TablePerf(cal)  # the file must build the table model that `table:PATH` will build
     if args.json:

@@ -1,15 +1,16 @@
 """Measure a live server's decode step time over concurrency × context (``tailsieve calibrate``).
 
-One point (batch b, prompt length p): submit b forced-length requests together, once with D1 and
-once with D2 > D1 generated tokens, and time until the last one returns. Everything that does not
+One sample of a point (batch b, prompt length p): submit b forced-length requests together, once
+with D1 and once with D2 > D1 generated tokens, and time until the last one returns. Everything that does not
 scale with the number of decode steps (HTTP, scheduling, prefill, detokenisation of the last
 chunk) cancels in the difference, so
 
     step_s = (T(D2) − T(D1)) / (D2 − D1)
 
 is the time of one decode step with b requests active at a mean context of p + (D1 + D2)/2 tokens
-(the context the requests hold during the D1..D2 window). Short and long runs alternate and the
-median over repeats is kept, so a noisy machine shifts both alike. The result is the calibration
+(the context the requests hold during the D1..D2 window). Short and long runs alternate, every
+repeat sweeps all points, and the median over repeats is kept, so a noisy machine's slow spells
+are discarded rather than written into a few points. The result is the calibration
 JSON that :class:`tailsieve_verl.core.perf.Calibration` reads (``table:PATH`` / ``fitted:PATH``).
 """
 
@@ -67,31 +68,31 @@ def _batch_seconds(server: OpenAIServer, batch: int, prompt_len: int, length: in
     return max(t.finish_s for t in server.run_together(requests))
 
 
-def measure_point(server: OpenAIServer, batch: int, prompt_len: int, plan: SweepPlan) -> dict:
-    """One calibration row: median step time of ``batch`` concurrent decodes at this prompt length."""
-    short_s: list[float] = []
-    long_s: list[float] = []
-    for rep in range(plan.repeats):
-        # Alternate which run goes first so drift on a shared machine does not bias the difference.
-        order = ((plan.decode_short, short_s), (plan.decode_long, long_s))
-        for length, sink in (order if rep % 2 == 0 else order[::-1]):
-            sink.append(_batch_seconds(server, batch, prompt_len, length, key=f"cal:{batch}:{prompt_len}:{rep}:{length}"))
-    steps = [(lg - sh) / (plan.decode_long - plan.decode_short) for sh, lg in zip(short_s, long_s)]
+def measure_step(server: OpenAIServer, batch: int, prompt_len: int, plan: SweepPlan, rep: int) -> float:
+    """One estimate of the step time: a short and a long run back to back (which goes first
+    alternates with ``rep``, so drift on a shared machine does not bias the difference)."""
+    lengths = (plan.decode_short, plan.decode_long) if rep % 2 == 0 else (plan.decode_long, plan.decode_short)
+    seconds = {n: _batch_seconds(server, batch, prompt_len, n, key=f"cal:{batch}:{prompt_len}:{rep}:{n}")
+               for n in lengths}
+    return (seconds[plan.decode_long] - seconds[plan.decode_short]) / (plan.decode_long - plan.decode_short)
+
+
+def calibration_row(model: str, batch: int, prompt_len: int, plan: SweepPlan, steps: list[float]) -> dict:
+    """The row of one point from its per-repeat step estimates (median kept, spread recorded)."""
     step_s = statistics.median(steps)
     if step_s <= 0:
-        raise TailSieveError(f"batch {batch}, prompt {prompt_len}: the longer run was not slower "
-                             f"({statistics.median(short_s):.3f}s vs {statistics.median(long_s):.3f}s); the "
-                             "machine is too noisy or decode_long is too close to decode_short — raise "
-                             "--decode-long or --repeats")
+        raise TailSieveError(f"batch {batch}, prompt {prompt_len}: the longer runs were not slower than the "
+                             "shorter ones; the machine is too noisy or decode_long is too close to decode_short "
+                             "— raise --decode-long or --repeats")
     return {
-        "model": server.model,
+        "model": model,
         "batch": batch,
         "context": plan.context_of(prompt_len),
         "step_ms": round(step_s * 1000.0, 4),
         "prompt_len": prompt_len,
         "step_ms_spread": [round(min(steps) * 1000, 4), round(max(steps) * 1000, 4)],
         "per_request_tok_s": round(1.0 / step_s, 2),
-        "repeats": plan.repeats,
+        "repeats": len(steps),
     }
 
 
@@ -107,15 +108,25 @@ def describe_local_host() -> str:
 
 
 def calibrate(server: OpenAIServer, plan: SweepPlan, device: str | None = None,
-              on_point: Callable[[int, int, dict], None] | None = None) -> dict:
-    """Sweep the plan against ``server`` and return the calibration document."""
+              on_sample: Callable[[int, int, int, float, float], None] | None = None) -> dict:
+    """Sweep the plan against ``server`` and return the calibration document.
+
+    Repeat-major order: every repeat visits every point (odd repeats in reverse), so a slow spell
+    of a shared machine lands on one sample of many points instead of on all samples of a few;
+    the per-point median then discards it. ``on_sample(done, total, batch, context, step_s)`` is
+    called after every sample."""
     server.complete(ForcedRequest(synthetic_prompt(max(plan.prompt_lens), "warm-up"), plan.decode_short))
-    rows = []
     points = plan.points
-    for i, (batch, prompt_len) in enumerate(points):
-        rows.append(measure_point(server, batch, prompt_len, plan))
-        if on_point:
-            on_point(i + 1, len(points), rows[-1])
+    steps: dict[tuple[int, int], list[float]] = {point: [] for point in points}
+    done = 0
+    for rep in range(plan.repeats):
+        for batch, prompt_len in (points if rep % 2 == 0 else points[::-1]):
+            step_s = measure_step(server, batch, prompt_len, plan, rep)
+            steps[(batch, prompt_len)].append(step_s)
+            done += 1
+            if on_sample:
+                on_sample(done, plan.repeats * len(points), batch, plan.context_of(prompt_len), step_s)
+    rows = {point: calibration_row(server.model, *point, plan, steps[point]) for point in points}
     return {
         "device": device or describe_local_host(),
         "source": "tailsieve calibrate",
@@ -126,7 +137,7 @@ def calibrate(server: OpenAIServer, plan: SweepPlan, device: str | None = None,
                   "context = prompt_len + (decode_short + decode_long) / 2",
         "plan": {"batches": list(plan.batches), "prompt_lens": list(plan.prompt_lens),
                  "decode_short": plan.decode_short, "decode_long": plan.decode_long, "repeats": plan.repeats},
-        "rows": rows,
+        "rows": [rows[point] for point in points],
     }
 
 

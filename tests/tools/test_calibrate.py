@@ -118,3 +118,15 @@ def test_cli_rejects_a_malformed_batch_list():
     cli_calibrate.register(parser.add_subparsers())
     with pytest.raises(SystemExit):
         parser.parse_args(["calibrate", "--url", "http://x", "--batches", "1,two"])
+
+
+def test_every_repeat_sweeps_every_point_so_a_slow_spell_hits_many_points_once():
+    plan = SweepPlan(batches=(1, 2, 3), prompt_lens=(4,), decode_short=2, decode_long=8, repeats=3)
+    visits = []
+    with FakeOpenAIServer(seconds_per_token=0.02) as fake:
+        doc = calibrate(OpenAIServer(fake.url), plan,
+                        on_sample=lambda done, total, batch, context, step_s: visits.append((done, total, batch)))
+    assert [b for _, _, b in visits] == [1, 2, 3, 3, 2, 1, 1, 2, 3]
+    assert visits[-1][:2] == (9, 9)
+    assert all(r["repeats"] == 3 and r["step_ms_spread"][0] <= r["step_ms"] <= r["step_ms_spread"][1]
+               for r in doc["rows"])
