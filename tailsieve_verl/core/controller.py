@@ -27,6 +27,7 @@ lends them to the bulk pool (a tail pool with no work is uniform routing). ``sta
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import asdict, dataclass, field
 from typing import Sequence
@@ -142,15 +143,15 @@ class _StepTable:
     def context_index(self, context: np.ndarray) -> np.ndarray:
         return np.clip(np.searchsorted(self.CONTEXTS, context, side="right") - 1, 0, len(self.CONTEXTS) - 1)
 
-    def __call__(self, active: np.ndarray, context_index: np.ndarray) -> np.ndarray:
-        """Step seconds at fractional ``active`` (linear between integers) and a context (nearest level below)."""
-        if active.size and active.max() > self.max_active:
-            self._build(int(2 ** math.ceil(math.log2(active.max() + 1))))
-        active = np.where(active > 0, np.maximum(active, 1.0), 0.0)  # a busy replica runs >= 1 request
-        lo = active.astype(np.int64)
-        w = active - lo
-        rows = self.table[lo, context_index]
-        return rows + w * (self.table[lo + 1, context_index] - rows)
+    def flat(self, max_active: float) -> np.ndarray:
+        """The table raveled row-major (row = integer active, column = context level), covering
+        ``max_active``: a fluid model gathers from it by ``active · len(CONTEXTS) + context``."""
+        if max_active + 1 > self.max_active:
+            self._build(int(2 ** math.ceil(math.log2(max_active + 2))))
+        return self.table.ravel()
+
+
+_UNIT_GRID = np.linspace(0.0, 1.0, 16)  # the fluid model's step grid, scaled per history
 
 
 class _FluidModel:
@@ -162,53 +163,57 @@ class _FluidModel:
     longest sample; the tail pool holds the q' groups with the longest samples.
     """
 
-    GRID = 16  # points of each of the linear and geometric halves of the step grid
-
     def __init__(self, history: Sequence[tuple[np.ndarray, np.ndarray]], batch_size: int, prompt_len: float,
                  table: _StepTable, q_candidates: np.ndarray):
         self.h = len(history)
-        self.table = table
         self.batch_size = batch_size
         self.q_candidates = q_candidates
         lengths = np.concatenate([lengths for lengths, _ in history]).astype(float)
         sizes = np.concatenate([sizes for _, sizes in history])
-        starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
-        gmax = np.maximum.reduceat(lengths, starts)
+        if sizes.min() == sizes.max():  # the usual case: every group has n samples
+            gmax = lengths.reshape(len(sizes), -1).max(axis=1)
+        else:
+            gmax = np.maximum.reduceat(lengths, np.concatenate([[0], np.cumsum(sizes)[:-1]]))
         s_max = float(lengths.max())
-        grid = np.unique(np.concatenate([np.linspace(0.0, s_max, self.GRID),
-                                         np.geomspace(16.0, max(s_max, 17.0), self.GRID)]))
+        grid = np.unique(np.concatenate([s_max * _UNIT_GRID, 16.0 * (max(s_max, 17.0) / 16.0) ** _UNIT_GRID]))
         self.grid = grid[grid <= s_max] if s_max > 0 else np.array([0.0, 1.0])
         self.mid = 0.5 * (self.grid[:-1] + self.grid[1:])
         self.seg = np.diff(self.grid)
-        self.ctx = table.context_index(self.mid + prompt_len)
+        self._table = table.flat(len(lengths) / self.h)
+        self._ctx = table.context_index(self.mid + prompt_len)
         self._memo: dict[tuple[str, int], np.ndarray | float] = {}
         n_seg = len(self.mid)
         # segment index from which a response is no longer active: it is active on segments with mid < length
         seg_end = np.searchsorted(self.mid, lengths, side="left")
         ends = np.bincount(seg_end, minlength=n_seg + 1)
         self.bulk_active = np.cumsum(ends[::-1])[::-1][1:] / self.h  # responses with length > mid_i
-        gsorted = np.sort(gmax)
-        ranks = np.clip(((batch_size - q_candidates) * self.h).astype(np.int64) - 1, 0, len(gsorted) - 1)
-        self.cut_step = gsorted[ranks]  # step at which the (B − q')-th group finishes
+        order = np.argsort(-gmax, kind="stable")  # longest group first
+        ranks = np.clip(((batch_size - q_candidates) * self.h).astype(np.int64) - 1, 0, len(gmax) - 1)
+        self.cut_step = gmax[order[::-1][ranks]]  # step at which the (B − q')-th group finishes
         # Tail: the q' groups with the longest samples; responses counted per (candidate, segment).
         rows = q_candidates * self.h
-        order = np.argsort(-gmax, kind="stable")
         rank_of_group = np.empty(len(gmax), dtype=np.int64)
         rank_of_group[order] = np.arange(len(gmax))
         resp_rank = np.repeat(rank_of_group, sizes)
         keep = resp_rank < rows.max()
-        row_of_rank = np.searchsorted(rows, np.arange(rows.max()), side="right")  # first candidate including it
-        row_idx = row_of_rank[resp_rank[keep]]
+        row_idx = np.searchsorted(rows, resp_rank[keep], side="right")  # first candidate including the response
         flat = row_idx * (n_seg + 1) + seg_end[keep]
         counts = np.bincount(flat, minlength=(len(rows) + 1) * (n_seg + 1)).reshape(len(rows) + 1, n_seg + 1)
         counts = np.cumsum(counts, axis=0)[: len(rows)]
         self.tail_active = np.cumsum(counts[:, ::-1], axis=1)[:, ::-1][:, 1:] / self.h
 
+    def _step_time(self, active: np.ndarray) -> np.ndarray:
+        """Seconds per decode step on each segment (last axis) at fractional ``active`` per replica,
+        linear between integers; 0 where nothing runs."""
+        busy = np.maximum(active, 1.0)  # a busy replica runs >= 1 request
+        lo = busy.astype(np.int64)
+        at = lo * len(_StepTable.CONTEXTS) + self._ctx
+        below = self._table[at]
+        return np.where(active > 0, below + (busy - lo) * (self._table[at + len(_StepTable.CONTEXTS)] - below), 0.0)
+
     def _clock(self, active: np.ndarray, replicas) -> np.ndarray:
         """Clock at each grid point; ``replicas`` may be a column of several pool sizes."""
-        per_replica = active / replicas
-        step = self.table(per_replica, np.broadcast_to(self.ctx, per_replica.shape))
-        clock = np.cumsum(self.seg * np.where(per_replica > 0, step, 0.0), axis=-1)
+        clock = np.cumsum(self.seg * self._step_time(active / replicas), axis=-1)
         return np.concatenate([np.zeros(clock.shape[:-1] + (1,)), clock], axis=-1)
 
     def _critical(self, n_groups: np.ndarray, replicas: int, active: np.ndarray) -> np.ndarray:
@@ -223,8 +228,7 @@ class _FluidModel:
         tails = np.array([k for k in tail_sizes if ("tail", k) not in self._memo], dtype=float)
         if len(tails):
             crit = self._critical(self.q_candidates, tails[:, None, None], self.tail_active[None])
-            step = self.table(crit, np.broadcast_to(self.ctx, crit.shape))
-            times = (np.where(crit > 0, step, 0.0) * self.seg).sum(axis=-1)
+            times = (self._step_time(crit) * self.seg).sum(axis=-1)
             for i, k in enumerate(tails.astype(int)):
                 self._memo[("tail", k)] = times[i]
         bulks = np.array([k for k in bulk_sizes if ("cut", k) not in self._memo], dtype=float)
@@ -286,7 +290,8 @@ def _mean(biases: dict, default: float) -> float:
 
 def _work_arrays(groups: Sequence[GroupRecord]) -> tuple[np.ndarray, np.ndarray]:
     sizes = np.fromiter((len(g.lengths) for g in groups), dtype=np.int64, count=len(groups))
-    lengths = np.fromiter((x for g in groups for x in g.lengths), dtype=np.int64, count=int(sizes.sum()))
+    lengths = np.fromiter(itertools.chain.from_iterable(g.lengths for g in groups), dtype=np.int64,
+                          count=int(sizes.sum()))
     return lengths, sizes
 
 
