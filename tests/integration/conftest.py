@@ -2,16 +2,16 @@
 tiny local tokenizer/model config (nothing downloaded), a prompt parquet, composed verl configs, and
 a rollout-only TailSieve trainer.
 
-What is stubbed, and why: the actor worker group (model update, log-probs, checkpoint of weights)
-— there is no GPU and the policy update is not what these tests check. Everything on the rollout
-path is verl's own: LLMServerManager, the router plugin loader, AgentLoopManagerTQ workers and
-agent loops, TransferQueue, the V1 ReplayBuffer, CheckpointEngineManager (naive backend), the
-trainer's step()/checkpoint code — with the simulated replicas as the inference servers.
+What is stubbed, and why (see ``tailsieve_verl.integration.rollout_only``): the actor worker group
+(model update, log-probs, checkpoint of weights) — there is no GPU and the policy update is not
+what these tests check. Everything on the rollout path is verl's own: LLMServerManager, the router
+plugin loader, AgentLoopManagerTQ workers and agent loops, TransferQueue, the V1 ReplayBuffer,
+CheckpointEngineManager (naive backend), the trainer's step()/checkpoint code — with the simulated
+replicas as the inference servers.
 """
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from types import SimpleNamespace
@@ -104,104 +104,28 @@ def transfer_queue(ray_session, assets):
     tq.close()
 
 
-class _StubActorWorkerGroup:
-    """Stands in for the actor/critic workers: no model, no update, no weight checkpoint."""
-
-    world_size = 1
-
-    def update_weights(self, global_steps=None, mode=None):
-        return []
-
-    def save_checkpoint(self, local_path, *args, **kwargs):
-        os.makedirs(local_path, exist_ok=True)
-
-    def load_checkpoint(self, local_path, *args, **kwargs):
-        return None
-
-
-def rollout_only_trainer_cls():
-    from omegaconf import OmegaConf
-
-    from verl.checkpoint_engine.base import CheckpointEngineManager
-    from verl.utils.config import omega_conf_to_dataclass
-    from verl.workers.rollout.llm_server import LLMServerManager
-
-    from tailsieve_verl.integration.trainer import TailSieveTrainer
-
-    class RolloutOnlyTrainer(TailSieveTrainer):
-        """TailSieveTrainer with the actor stubbed (see module docstring)."""
-
-        def _setup(self):
-            self._init_tokenizer()
-            self._init_dataloader()
-            self.llm_server_manager = LLMServerManager.create(config=self.config)
-            self.actor_rollout_wg = _StubActorWorkerGroup()
-            engine_cfg = omega_conf_to_dataclass(self.config.actor_rollout_ref.rollout.checkpoint_engine)
-            engine_cfg.backend = "naive"
-            self.checkpoint_manager = CheckpointEngineManager(
-                config=engine_cfg, actor_wg=self.actor_rollout_wg, replicas=self.llm_server_manager.get_replicas())
-            self.reward_loop_manager = SimpleNamespace(reward_loop_worker_handles=[])
-            self._load_checkpoint()
-
-        def _balance_batch(self, batch, metrics, logging_prefix="global_seqlen", keep_minibatch=False):
-            return batch
-
-        def _compute_old_log_prob(self, batch, metrics):
-            return batch
-
-        def _compute_advantage(self, batch, metrics):
-            return batch
-
-        def _update_actor(self, batch, metrics):
-            return batch
-
-    return RolloutOnlyTrainer
-
-
 class Harness:
-    """Builds a rollout-only trainer plus verl's agent-loop manager, and runs steps like fit()."""
+    """A :class:`RolloutDryRun` (the product's CPU dry run) whose steps also list the consumed
+    groups' ``extra_info.prompt_id`` — the test oracle for "each prompt exactly once"."""
 
     def __init__(self, assets, overrides: list[str]):
-        from verl.trainer.ppo.v1 import AgentLoopManagerTQ
+        from tailsieve_verl.integration.rollout_only import RolloutDryRun
 
-        self.config = compose(assets, overrides)
-        self.trainer = rollout_only_trainer_cls()(config=self.config)
-        self.trainer.init()
-        self.trainer.curr_step_profile = False
-        self.manager = AgentLoopManagerTQ.create(
-            config=self.config, llm_client=self.trainer.get_llm_client(), teacher_client=None,
-            reward_loop_worker_handles=None)
-        self.trainer.agent_loop_manager = self.manager
-        self.trainer.on_train_begin()
+        self.run = RolloutDryRun(compose(assets, overrides))
+        self.trainer = self.run.trainer
 
     def step(self) -> dict:
-        import transfer_queue as tq
-
-        trainer = self.trainer
-        trainer.global_steps += 1
-        trainer.timing_raw = {}
-        metrics: dict = {}
-        batch = trainer.step(metrics, {})
-        prompts = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=["extra_info"])
-        prompt_ids = [getattr(x, "data", x)["prompt_id"] for x in prompts["extra_info"]]
-        trainer.on_step_end()
-        tq.kv_clear(keys=batch.keys, partition_id=batch.partition_id)
-        return {"metrics": metrics, "batch": batch, "prompt_ids": prompt_ids, "outcome": trainer.last_outcome}
+        result = self.run.step()
+        result["prompt_ids"] = [info["prompt_id"] for info in result["extra_info"]]
+        return result
 
     def server_stats(self) -> list[dict]:
-        import ray
-
-        return ray.get([r.server_handle.get_stats.remote() for r in self.trainer.llm_server_manager.get_replicas()])
+        return self.run.server_stats()
 
     def close(self) -> None:
-        import ray
-
-        for worker in getattr(self.manager, "agent_loop_workers", []):
-            ray.kill(worker)
-        for replica in self.trainer.llm_server_manager.get_replicas():
-            for server in replica.servers:
-                ray.kill(server)
-        ray.kill(self.trainer.llm_server_manager.global_load_balancer)
+        if self.run is not None:
+            self.run.close()
+            self.run = None
 
 
 @pytest.fixture
@@ -216,7 +140,3 @@ def harness_factory(transfer_queue, assets):
     yield make
     for h in made:
         h.close()
-
-
-def dump(obj) -> str:
-    return json.dumps(obj, default=str)

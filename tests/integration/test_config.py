@@ -92,3 +92,14 @@ def test_fixed_mode_and_pool_engine_settings_pin_the_split():
     assert engine.fixed_tail_replicas == 1 and engine.inner_loop
     adaptive = validate_verl_config(shipped(["tailsieve.q0=4"])).controller_config()
     assert adaptive.fixed_tail_replicas is None and (adaptive.q_init, adaptive.m_init) == (4, 1)
+
+
+def test_rollout_dry_run_switches_to_simulated_replicas_of_the_real_layout():
+    from tailsieve_verl.integration.rollout_only import dry_run_overrides
+
+    out = dry_run_overrides(["trainer.n_gpus_per_node=8", "trainer.nnodes=2", "actor_rollout_ref.rollout.name=vllm"])
+    with initialize_config_module("verl.trainer.config", version_base=None):
+        config = compose("ppo_trainer", overrides=out + ["actor_rollout_ref.rollout.tensor_model_parallel_size=2"])
+    rollout = config.actor_rollout_ref.rollout
+    assert rollout.name == "tailsieve_sim" and config.trainer.v1.trainer_mode == "tailsieve"
+    assert rollout.n_gpus_per_node * rollout.nnodes // rollout.tensor_model_parallel_size == 8
