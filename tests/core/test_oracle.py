@@ -131,3 +131,16 @@ def test_exact_without_a_cost_table_equals_brute_force(seed, monkeypatch):
     _, expected = brute_force(groups, 3, perf)
     result = solve_exact(groups, 3, perf, time_limit_s=None, set_cost=cost)
     assert result.optimal and result.makespan_s == pytest.approx(expected, rel=1e-9)
+
+
+@pytest.mark.parametrize("seed", range(24))
+def test_root_bounds_never_exceed_the_optimum(seed):
+    """Pigeonhole, staircase and capacity bounds on skewed instances (a few long responses)."""
+    rng = np.random.default_rng(300 + seed)
+    perf = list(PERFS.values())[seed % len(PERFS)]
+    n_replicas = 2 + seed % 3
+    groups = [Group(f"p{i}", tuple(int(v) for v in np.minimum(rng.lognormal(6, 1.2, size=rng.integers(1, 3)), 4000)
+                                   .astype(int) + 1)) for i in range(7)]
+    _, optimum = brute_force(groups, n_replicas, perf)
+    result = solve_exact(groups, n_replicas, perf, node_limit=1, time_limit_s=None)
+    assert result.lower_bound_s <= optimum * (1 + 1e-9)
