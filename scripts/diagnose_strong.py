@@ -21,7 +21,7 @@ import argparse
 import json
 import time
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -29,7 +29,7 @@ import numpy as np
 from tailsieve_verl.core.controller import ControllerConfig
 from tailsieve_verl.core.perf import parse_perf_model
 from tailsieve_verl.core.sim import PolicyResult, SimConfig, simulate
-from tailsieve_verl.core.workload import PromptPool
+from tailsieve_verl.core.workload import PromptPool, WorkloadSpec, get_preset
 
 SETUPS = {"dense": ("table:h200-dense", 8), "moe": ("table:h200-moe", 4)}
 Q_GRID = (1, 2, 4, 6, 8, 12, 16, 24, 32)
@@ -46,6 +46,14 @@ class Job:
     pool: int
     q: int | None = None  # None: the adaptive policies (uniform, tailsieve, oracle)
     m: int | None = None
+    sampling_share: float | None = None  # None: the preset's; the rest of its share moves to the prompt
+
+    def workload_spec(self) -> WorkloadSpec:
+        spec = get_preset(self.workload)
+        if self.sampling_share is None:
+            return spec
+        moved = spec.sampling_share - self.sampling_share
+        return replace(spec, sampling_share=self.sampling_share, prompt_share=spec.prompt_share + moved)
 
 
 def tail_precision(result: PolicyResult, n: int, window: slice) -> float:
@@ -81,7 +89,7 @@ def run_job(job: Job) -> tuple[Job, dict]:
         ctl, fixed = ControllerConfig(q_init=job.q, inner_loop=False), job.m
     cfg = SimConfig(steps=job.steps, n_replicas=replicas, batch_size=job.batch, n=job.n, seed=job.seed,
                     policies=policies, fixed_tail_replicas=fixed, controller=ctl)
-    result = simulate(cfg, PromptPool(job.workload, job.pool, seed=job.seed), perf, job.workload)
+    result = simulate(cfg, PromptPool(job.workload_spec(), job.pool, seed=job.seed), perf, job.workload)
     out = {}
     for name, r in result.policies.items():
         out[name] = breakdown(r, window) | {"precision": tail_precision(r, job.n, window)}
@@ -104,6 +112,9 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=8)
     ap.add_argument("--pool", type=int, default=2048)
     ap.add_argument("--q-grid", default=",".join(map(str, Q_GRID)))
+    ap.add_argument("--sampling-share", type=float, default=None,
+                    help="override the share of length variance from sampling noise (the rest goes to the prompt); "
+                         "0 = a perfectly persistent tail signal")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--out", default="experiments_out")
     args = ap.parse_args()
@@ -112,7 +123,8 @@ def main() -> None:
     for setup in args.setups.split(","):
         replicas = SETUPS[setup][1]
         for seed in range(args.seeds):
-            base = Job(setup, args.workload, seed, args.steps, args.batch, args.n, args.pool)
+            base = Job(setup, args.workload, seed, args.steps, args.batch, args.n, args.pool,
+                       sampling_share=args.sampling_share)
             jobs.append(base)
             jobs += [Job(**{**base.__dict__, "q": q, "m": m}) for m in range(1, replicas) for q in q_grid]
     t0 = time.perf_counter()
@@ -161,7 +173,8 @@ def main() -> None:
                      f"{np.mean([v['bulk_s'] for v in best]):.1f}",
                      f"{np.mean([v['tail_bound_share'] for v in best]):.0%}", best_key.replace(",", " / "),
                      f"{np.mean([v['precision'] for v in best]):.2f}"])
-    print(f"\n### {args.workload} tails: adaptive vs hindsight-best static (q, m) vs oracle "
+    noise = "" if args.sampling_share is None else f", sampling share {args.sampling_share:g}"
+    print(f"\n### {args.workload} tails{noise}: adaptive vs hindsight-best static (q, m) vs oracle "
           f"(B={args.batch}×{args.n}, {args.steps} steps, {args.seeds} seeds, steps ≥ {args.steps // 4})\n")
     print(_table(["setup", "policy", "makespan s", "speedup", "tail pool s", "bulk cutoff / shared s",
                   "tail-bound steps", "T / m", "tail precision"], rows))
@@ -170,7 +183,8 @@ def main() -> None:
                   "tail precision"], grid_rows))
     print(f"\n(random picking scores tail precision T/B; {len(jobs)} runs in {time.perf_counter() - t0:.0f} s)")
     Path(args.out).mkdir(parents=True, exist_ok=True)
-    (Path(args.out) / f"diagnose_{args.workload}.json").write_text(json.dumps(report, indent=1, default=float))
+    suffix = "" if args.sampling_share is None else f"_sampling{args.sampling_share:g}"
+    (Path(args.out) / f"diagnose_{args.workload}{suffix}.json").write_text(json.dumps(report, indent=1, default=float))
 
 
 if __name__ == "__main__":
