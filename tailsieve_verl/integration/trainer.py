@@ -81,7 +81,7 @@ class ActiveStep:
     groups: dict[str, InflightGroup] = field(default_factory=dict)  # by attempt uid
     started: float = field(default_factory=time.monotonic)
     cutoff_s: float | None = None
-    selected_bulk: list[str] = field(default_factory=list)  # attempt uids, in finish order
+    selected_bulk: list[str] = field(default_factory=list)  # attempt uids, in the order seen finished
     redispatched: int = 0
 
 

@@ -39,6 +39,7 @@ def test_uniform_mode_is_uniform_group_routing(harness_factory, tmp_path):
 
 def test_carried_groups_are_regenerated_and_survive_checkpoint_resume(harness_factory, tmp_path):
     overrides = ["+tailsieve.mode=fixed", "+tailsieve.q0=2", "+tailsieve.tail_replicas=1",
+                 "tailsieve.sim.time_scale=30",  # slow enough that the cutoff lands before the tails finish
                  f"trainer.default_local_dir={tmp_path}"]
     h = harness_factory(overrides)
     consumed: list[str] = []
