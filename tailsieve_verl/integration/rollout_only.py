@@ -46,6 +46,7 @@ class RolloutOnlyTrainer(TailSieveTrainer):
         from verl.utils.config import omega_conf_to_dataclass
         from verl.workers.rollout.llm_server import LLMServerManager
 
+        self.use_critic = self.use_reference_policy = False  # only the rollout runs (see module docstring)
         self._init_tokenizer()
         self._init_dataloader()
         self.llm_server_manager = LLMServerManager.create(config=self.config)  # standalone replicas

@@ -44,6 +44,7 @@ def test_carried_groups_are_regenerated_and_survive_checkpoint_resume(harness_fa
     h = harness_factory(overrides)
     consumed: list[str] = []
     carried_prev: tuple[str, ...] = ()
+    wasted = 0.0
     for step in range(3):
         before = h.server_stats()[0]
         result = h.step()
@@ -56,7 +57,7 @@ def test_carried_groups_are_regenerated_and_survive_checkpoint_resume(harness_fa
         assert m["tailsieve/carried_groups"] == len(carried_prev)
         assert m["tailsieve/m"] == (1 if carried_prev else 0)
         assert m["tailsieve/q"] == m["tailsieve/aborted_groups"] == len(outcome.carried_ids) == 2
-        assert m["tailsieve/aborted_tokens"] >= 0
+        wasted += m["tailsieve/aborted_tokens"]
         assert not set(outcome.carried_ids) & set(outcome.consumed_ids)
         if carried_prev:  # replica 0 is the tail pool: it ran exactly the carried groups, never aborted
             assert after["completed"] - before["completed"] == len(carried_prev) * N
@@ -65,6 +66,7 @@ def test_carried_groups_are_regenerated_and_survive_checkpoint_resume(harness_fa
     assert len(consumed) == len(set(consumed)) == 3 * B  # no prompt consumed twice
     stats = h.server_stats()
     assert sum(s["aborted"] for s in stats) > 0  # the bulk cutoff really aborted requests
+    assert wasted == sum(s["aborted_tokens"] for s in stats)  # every aborted token is accounted as waste
 
     carried_rows = dict(h.trainer.carried_rows)
     carried_prompts = {row["extra_info"][0]["prompt_id"] for row in carried_rows.values()}
