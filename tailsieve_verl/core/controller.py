@@ -79,7 +79,8 @@ class ControllerConfig:
                 raise ControllerError(f"{name} must be in (0, 1], got {getattr(self, name)}")
         if not 0 < self.max_q_fraction < 1 or self.balance_tolerance < 0 or self.switch_threshold < 0:
             raise ControllerError("max_q_fraction must be in (0, 1); balance_tolerance and switch_threshold >= 0")
-        if self.max_replica_step < 1 or self.search_radius < self.max_replica_step or self.settle_steps < 0 or self.history_steps < 1 or self.max_q_step < 0:
+        if (self.max_replica_step < 1 or self.search_radius < self.max_replica_step or self.settle_steps < 0
+                or self.history_steps < 1 or self.max_q_step < 0):
             raise ControllerError("need max_replica_step >= 1, search_radius >= max_replica_step, settle_steps >= 0, "
                                   "history_steps >= 1, max_q_step >= 0")
 
@@ -276,7 +277,8 @@ class _State:
     steps: int = 0
     sec_per_tail_group: float | None = None
     pool_times: list = field(default_factory=list)  # smoothed [tail, bulk] seconds at the current split
-    bulk_curve: np.ndarray = field(default_factory=lambda: np.zeros(0))  # smoothed time of the k-th bulk finish (NaN = unseen)
+    # smoothed time of the k-th bulk finish (NaN = unseen)
+    bulk_curve: np.ndarray = field(default_factory=lambda: np.zeros(0))
     tail_bias: dict = field(default_factory=dict)  # split m -> measured / predicted tail-pool time
     cutoff_bias: dict = field(default_factory=dict)  # split m -> measured / predicted bulk cutoff
     full_bias: float | None = None  # measured / predicted end of a shared pool (uniform routing)
@@ -439,7 +441,8 @@ class HierarchicalController:
         for m, (span, _) in best.items():
             if m != s.m:
                 gain = (current - span) / current if current > 0 else 0.0
-                s.gains[m] = gain if m not in s.gains else (1 - cfg.gain_smoothing) * s.gains[m] + cfg.gain_smoothing * gain
+                old = s.gains.get(m)
+                s.gains[m] = gain if old is None else (1 - cfg.gain_smoothing) * old + cfg.gain_smoothing * gain
         target = max((m for m in best if m != s.m), key=lambda m: s.gains[m], default=None)
         if target is None or s.gains[target] <= cfg.switch_threshold:
             return None
