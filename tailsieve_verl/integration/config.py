@@ -74,7 +74,7 @@ class TailSieveConfig:
     a working adaptive configuration."""
 
     enable: bool = True
-    mode: str = "adaptive"  # adaptive: controller moves (q, m); fixed: (q0, tail_replicas) kept
+    mode: str = "adaptive"  # adaptive: controller moves (q, m); fixed: tail_replicas pinned, q still adapts
     q0: int = 0  # tail groups at the first step (adaptive mode starts here)
     tail_replicas: int = 1  # m0: replicas in the tail pool
     perf_model: str = DEFAULT_PERF_MODEL  # concurrency-throughput model used by the controller
@@ -114,8 +114,6 @@ class TailSieveConfig:
             )
         pinned = self.mode == "fixed" or not (self.tail.is_default() and self.bulk.is_default())
         kwargs = dict(self.controller)
-        if self.mode == "fixed":
-            kwargs["inner_loop"] = False
         return ControllerConfig(q_init=self.q0, m_init=self.tail_replicas,
                                 fixed_tail_replicas=self.tail_replicas if pinned else None, **kwargs)
 

@@ -87,7 +87,7 @@ def test_wiring_refuses_to_replace_a_users_router():
 def test_fixed_mode_and_pool_engine_settings_pin_the_split():
     assert shipped(["tailsieve.mode=fixed", "tailsieve.q0=4"]) is not None
     fixed = validate_verl_config(shipped(["tailsieve.mode=fixed", "tailsieve.q0=4"])).controller_config()
-    assert fixed.fixed_tail_replicas == 1 and not fixed.inner_loop
+    assert fixed.fixed_tail_replicas == 1 and fixed.inner_loop  # the paper's fixed allocation: m pinned, q adapts
     engine = validate_verl_config(shipped(["tailsieve.q0=4", "+tailsieve.tail.max_num_seqs=16"])).controller_config()
     assert engine.fixed_tail_replicas == 1 and engine.inner_loop
     adaptive = validate_verl_config(shipped(["tailsieve.q0=4"])).controller_config()
