@@ -11,6 +11,7 @@ TransferQueue, per-sample measurements for the controller — on verl's unchange
 * A sample whose generation came back aborted raises :class:`SampleAborted` out of the agent loop:
   verl then writes no trajectory for it and marks its group ``failure``, so an aborted trajectory
   never enters TransferQueue; the trainer never selects such a group either.
+* ``tailsieve.stop`` strings are added to every request's sampling params.
 * Each sample's duration and token counts are reported to the router's ledger (worker clock only).
 """
 
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import hydra
+from omegaconf import OmegaConf
 
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopOutput, _agent_loop_registry, register
 from verl.workers.rollout.llm_server import LLMServerClient
@@ -79,7 +81,10 @@ class TailSieveAgentLoop(AgentLoopBase):
     def __init__(self, **kwargs: Any):
         self._init_kwargs = kwargs
         self.server_manager = kwargs["server_manager"]
-        self.default_agent = kwargs["trainer_config"].config.actor_rollout_ref.rollout.agent.default_agent_loop
+        config = kwargs["trainer_config"].config
+        self.default_agent = config.actor_rollout_ref.rollout.agent.default_agent_loop
+        # Validated at start-up (integration.config): the stop strings every request carries.
+        self.stop = list(OmegaConf.select(config, "tailsieve.stop", default=None) or ())
 
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
         inner_name = kwargs.pop(INNER_AGENT_KEY, None) or self.default_agent
@@ -87,6 +92,8 @@ class TailSieveAgentLoop(AgentLoopBase):
             raise ValueError(f"tailsieve_agent cannot wrap agent loop {inner_name!r}; registered: "
                              f"{sorted(_agent_loop_registry)}")
         inner = hydra.utils.instantiate(config=_agent_loop_registry[inner_name], **self._init_kwargs)
+        if self.stop:
+            sampling_params = {**sampling_params, "stop": self.stop}
         sample = GroupContext(uid=str(kwargs["uid"]))
         token = _SAMPLE.set(sample)
         start = time.monotonic()

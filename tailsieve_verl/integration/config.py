@@ -85,6 +85,9 @@ class TailSieveConfig:
     drain_timeout_s: float = 600.0  # abort → all aborted groups settled; longer is an error
     poll_interval_s: float = 0.05  # TransferQueue status polling while waiting for groups
     log_bias: bool = True  # length-bias monitor metrics
+    # Stop strings added to every rollout request (verl 0.9.1 has no rollout option for them and
+    # vLLM ignores engine defaults when a request brings its own sampling params), e.g. ['<END>'].
+    stop: tuple[str, ...] = ()
 
     @property
     def active(self) -> bool:
@@ -151,9 +154,23 @@ def _build(cls: type, values: Mapping[str, Any], where: str, nested: Mapping[str
             kwargs[name] = _build(nested[name], _section_to_dict(value, f"{where}.{name}"), f"{where}.{name}")
         elif name in ("controller", "engine_kwargs"):
             kwargs[name] = _section_to_dict(value, f"{where}.{name}")
+        elif name == "stop":
+            kwargs[name] = _string_list(value, f"{where}.{name}")
         else:
             kwargs[name] = value
     return cls(**kwargs)
+
+
+def _string_list(value: Any, where: str) -> tuple[str, ...]:
+    from omegaconf import ListConfig, OmegaConf
+
+    if isinstance(value, ListConfig):
+        value = OmegaConf.to_container(value, resolve=True)
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) and v for v in value):
+        raise TailSieveConfigError(f"{where} must be a list of non-empty strings, e.g. '[\"<END>\"]', got {value!r}")
+    return tuple(value)
 
 
 def parse_tailsieve_section(section: Any) -> TailSieveConfig:

@@ -35,6 +35,11 @@ def test_shipped_config_and_plain_overrides_give_the_same_settings():
     assert (a.initial_q, a.initial_m) == (4, 1)
 
 
+def test_stop_strings_are_read_as_a_list():
+    assert validate_verl_config(shipped(["+tailsieve.stop=['<END>']"])).stop == ("<END>",)
+    assert validate_verl_config(shipped([])).stop == ()
+
+
 def test_uniform_mode_is_the_zero_boundary():
     for flag in ("+tailsieve.enable=false", "+tailsieve.mode=uniform"):
         cfg = validate_verl_config(stock(["trainer.v1.trainer_mode=tailsieve", flag, "+tailsieve.q0=4"]))
@@ -60,6 +65,7 @@ def test_uniform_mode_is_the_zero_boundary():
     (["+tailsieve.bulk.max_num_seqs=0"], "tailsieve.bulk.max_num_seqs must be an integer >= 1"),
     (["tailsieve.mode=sometimes"], "tailsieve.mode must be one of"),
     (["algorithm.filter_groups.enable=true"], "filter_groups"),
+    (["+tailsieve.stop=[1]"], "tailsieve.stop must be a list of non-empty strings"),
 ])
 def test_invalid_settings_fail_with_one_clear_message(overrides, message):
     with pytest.raises(TailSieveConfigError) as err:
