@@ -45,8 +45,8 @@ DFLASH_TOKENS=${DFLASH_TOKENS:-8}
 # One sampling configuration per workload, shared by every recipe, baseline and variant alike
 # (matched sampling). n = 8 responses per prompt group.
 case "${WORKLOAD}" in
-  math) MAX_PROMPT_LENGTH=1024; MAX_RESPONSE_LENGTH=8192 ;;
-  code) MAX_PROMPT_LENGTH=1024; MAX_RESPONSE_LENGTH=4096 ;;
+  math) MAX_PROMPT_LENGTH=1024; MAX_RESPONSE_LENGTH=8192; STOP="['<END>']" ;;
+  code) MAX_PROMPT_LENGTH=1024; MAX_RESPONSE_LENGTH=4096; STOP="[]" ;;
   *) echo "${RECIPE_NAME}: WORKLOAD must be math or code, got '${WORKLOAD}'" >&2; exit 2 ;;
 esac
 ROLLOUT_N=8
@@ -98,6 +98,8 @@ ARGS=(
   # same code path, so every A/B pair differs only in routing)
   trainer.use_v1=True
   trainer.v1.trainer_mode=tailsieve
+  # the workload's stop strings on every request, baselines included (verl has no rollout option)
+  "+tailsieve.stop=${STOP}"
   "trainer.logger=${LOGGER}"
   "trainer.project_name=${PROJECT_NAME}"
   "trainer.experiment_name=${EXPERIMENT_NAME}"

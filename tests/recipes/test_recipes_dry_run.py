@@ -74,6 +74,7 @@ def test_every_recipe_dry_runs(recipe, dry_run):
     # matched sampling (math workload by default)
     assert (rollout.n, rollout.temperature, rollout.top_p, rollout.top_k) == (8, 1.0, 1.0, -1)
     assert config.data.max_response_length == 8192
+    assert tailsieve.stop == ("<END>",)  # the math template's terminator, on every recipe
     assert config.reward.custom_reward_function.path == "pkg://tailsieve_verl.rewards"
     # layout: eight TP1 replicas, or four TP2 for the two MoE models
     tp = 2 if "a3b" in recipe.stem else 1
