@@ -5,7 +5,8 @@
 #
 # Usage: bash scripts/bench_vllm_cpu.sh [OUT_DIR]
 # Env:   WORKLOADS="strong:32:4:1 real:16:4:1" (preset:groups:group_size:seed), REPLICAS=4,
-#        LENGTH_SCALE=0.1, MAX_LEN=1000, REPEATS=3, PORT=8123, NICE=-10
+#        LENGTH_SCALE=0.1, MAX_LEN=1000, REPEATS=3, PORT=8123, NICE=-10,
+#        CALIBRATION=path (reuse a calibration measured on this server instead of measuring one)
 #
 # On a shared machine other jobs steal the engine's core at random; the server and the client run
 # at raised priority (NICE, as root) so that calibration and bench see the same, quieter machine.
@@ -54,11 +55,15 @@ json.dump({"host": describe_local_host(), "python": platform.python_version(),
           open(sys.argv[1], "w"), indent=2)
 PYEOF
 
-"${PY[@]}" -m tailsieve_verl calibrate --url "$URL" --out "$OUT/calibration.json" \
-    --batches 1,2,4,8,16,32,64 --prompt-lens 16,384 --decode-short 16 --decode-long 96 --repeats 5
+if [[ -n "${CALIBRATION:-}" ]]; then
+    [[ "$CALIBRATION" -ef "$OUT/calibration.json" ]] || cp "$CALIBRATION" "$OUT/calibration.json"
+else
+    "${PY[@]}" -m tailsieve_verl calibrate --url "$URL" --out "$OUT/calibration.json" \
+        --batches 1,2,4,8,16,32,64 --prompt-lens 16,384 --decode-short 16 --decode-long 96 --repeats 5
+fi
 for workload in $WORKLOADS; do
     IFS=: read -r preset groups size seed <<<"$workload"
     "${PY[@]}" -m tailsieve_verl bench --preset "$preset" --groups "$groups" --group-size "$size" --seed "$seed" \
         -R "$REPLICAS" --url "$URL" --calibration "$OUT/calibration.json" --length-scale "$LENGTH_SCALE" \
-        --max-len "$MAX_LEN" --repeats "$REPEATS" --out "$OUT/bench_${preset}_B${groups}_n${size}_seed${seed}.json"
+        --max-len "$MAX_LEN" --repeats "$REPEATS" --out "$OUT/bench_${preset}_B${groups}_n${size}_seed${seed}_r${REPEATS}.json"
 done
