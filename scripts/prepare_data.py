@@ -37,6 +37,7 @@ from typing import Iterator
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tailsieve_verl.core.errors import TailSieveError  # noqa: E402
+from tailsieve_verl.core.trace import iter_records  # noqa: E402
 from tailsieve_verl.rewards import (  # noqa: E402
     CODE_DATA_SOURCE,
     MATH_DATA_SOURCE,
@@ -52,24 +53,10 @@ class DataPrepError(TailSieveError):
 def read_rows(path: Path) -> Iterator[tuple[str, dict]]:
     if not path.exists():
         raise DataPrepError(f"{path}: no such file; give a local .jsonl or .parquet file")
-    if path.suffix == ".parquet":
-        import pyarrow.parquet as pq
-
-        for i, row in enumerate(pq.read_table(path).to_pylist()):
-            yield f"{path}: row {i}", row
-        return
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            where = f"{path}:{lineno}"
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DataPrepError(f"{where}: not valid JSON ({e.msg}); one JSON object per line") from None
-            if not isinstance(row, dict):
-                raise DataPrepError(f"{where}: expected a JSON object")
-            yield where, row
+    for where, row in iter_records(path, error=DataPrepError):
+        if not isinstance(row, dict):
+            raise DataPrepError(f"{where}: expected a JSON object")
+        yield where, row
 
 
 def first_field(row: dict, names: tuple[str, ...], where: str, what: str) -> str:

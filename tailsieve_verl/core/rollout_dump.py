@@ -34,7 +34,7 @@ from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
-from .trace import Group, Trace, TraceError
+from .trace import Group, Trace, TraceError, iter_records
 
 _STEP_FILE = re.compile(r"^(\d+)\.jsonl$")
 TokenCounter = Callable[[Sequence[str]], list[int]]
@@ -91,26 +91,18 @@ def _optional_int(record: dict, key: str, where: str) -> int | None:
 
 def read_rollout_records(path: str | os.PathLike, step: int | None = None) -> Iterator[RolloutRecord]:
     for file_step, file in dump_files(path, step):
-        with open(file, encoding="utf-8") as f:
-            for lineno, line in enumerate(f, start=1):
-                if not line.strip():
-                    continue
-                where = f"{file}:{lineno}"
-                try:
-                    rec = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise TraceError(f"{where}: not valid JSON ({e.msg})") from None
-                if not isinstance(rec, dict) or not isinstance(rec.get("input"), str) or (
-                        not isinstance(rec.get("output"), str) and "response_length" not in rec):
-                    raise TraceError(f"{where}: not a verl rollout dump line (needs the decoded 'input' and "
-                                     "'output' texts); for a trace file use `tailsieve route --trace` directly")
-                rec_step = rec.get("step", file_step)
-                if isinstance(rec_step, bool) or not isinstance(rec_step, int):
-                    raise TraceError(f"{where}: step = {rec_step!r} is not an integer")
-                group = group_key_from_uid(rec["uid"]) if rec.get("uid") else rec["input"]
-                yield RolloutRecord(rec_step, str(group), rec["input"], rec.get("output") or "",
-                                    _optional_int(rec, "response_length", where),
-                                    _optional_int(rec, "prompt_length", where))
+        for where, rec in iter_records(file):
+            if not isinstance(rec, dict) or not isinstance(rec.get("input"), str) or (
+                    not isinstance(rec.get("output"), str) and "response_length" not in rec):
+                raise TraceError(f"{where}: not a verl rollout dump line (needs the decoded 'input' and "
+                                 "'output' texts); for a trace file use `tailsieve route --trace` directly")
+            rec_step = rec.get("step", file_step)
+            if isinstance(rec_step, bool) or not isinstance(rec_step, int):
+                raise TraceError(f"{where}: step = {rec_step!r} is not an integer")
+            group = group_key_from_uid(rec["uid"]) if rec.get("uid") else rec["input"]
+            yield RolloutRecord(rec_step, str(group), rec["input"], rec.get("output") or "",
+                                _optional_int(rec, "response_length", where),
+                                _optional_int(rec, "prompt_length", where))
 
 
 def whitespace_counter(texts: Sequence[str]) -> list[int]:

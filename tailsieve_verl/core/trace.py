@@ -20,7 +20,7 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Iterable, Iterator, Sequence
 
 from .errors import TailSieveError
 
@@ -137,44 +137,38 @@ def groups_to_trace(groups: Iterable[Group], name: str) -> Trace:
     return Trace(tuple(groups), name=name)
 
 
-def read_jsonl(path: str | os.PathLike) -> Trace:
+def iter_records(path: str | os.PathLike,
+                 error: type[TailSieveError] = TraceError) -> Iterator[tuple[str, object]]:
+    """``(where, record)`` per non-blank JSONL line or Parquet row; ``where`` names the file and the
+    line (or row) for error messages, and bad JSON raises ``error`` saying so."""
     path = Path(path)
-    groups: list[Group] = []
-    seen: dict[str, int] = {}
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        for row, record in enumerate(pq.read_table(path).to_pylist()):
+            yield f"{path}: row {row}", record
+        return
     with open(path, encoding="utf-8") as f:
         for lineno, line in enumerate(f, start=1):
             if not line.strip():
                 continue
             where = f"{path}:{lineno}"
             try:
-                record = json.loads(line)
+                yield where, json.loads(line)
             except json.JSONDecodeError as e:
-                raise TraceError(f"{where}: not valid JSON ({e.msg}); one JSON object per line") from None
-            group = validate_group_record(record, where)
-            if group.prompt_id in seen:
-                raise TraceError(f"{where}: duplicate prompt_id {group.prompt_id!r} (first on line "
-                                 f"{seen[group.prompt_id]}); merge its samples into one group")
-            seen[group.prompt_id] = lineno
-            groups.append(group)
-    return groups_to_trace(groups, str(path))
+                raise error(f"{where}: not valid JSON ({e.msg}); one JSON object per line") from None
 
 
-def read_parquet(path: str | os.PathLike) -> Trace:
-    import pyarrow.parquet as pq
-
-    table = pq.read_table(path)
-    missing = {"prompt_id", "lengths"} - set(table.column_names)
-    if missing:
-        raise TraceError(f"{path}: parquet trace lacks column(s) {', '.join(sorted(missing))}; "
-                         "expected prompt_id, lengths[, prompt_len]")
-    groups, seen = [], {}
-    for row, record in enumerate(table.to_pylist()):
-        where = f"{path}: row {row}"
+def read_trace_file(path: str | os.PathLike) -> Trace:
+    """A JSONL or Parquet trace; every bad record is reported with its line (or row)."""
+    groups: list[Group] = []
+    seen: dict[str, str] = {}
+    for where, record in iter_records(path):
         group = validate_group_record(record, where)
         if group.prompt_id in seen:
-            raise TraceError(f"{where}: duplicate prompt_id {group.prompt_id!r} (first at row "
-                             f"{seen[group.prompt_id]})")
-        seen[group.prompt_id] = row
+            raise TraceError(f"{where}: duplicate prompt_id {group.prompt_id!r} (first at {seen[group.prompt_id]}); "
+                             "merge its samples into one group")
+        seen[group.prompt_id] = where
         groups.append(group)
     return groups_to_trace(groups, str(path))
 
@@ -187,7 +181,7 @@ def read_trace(path: str | os.PathLike) -> Trace:
     if path.is_dir():
         return _read_rollout_dump(path)
     if path.suffix == ".parquet":
-        return read_parquet(path)
+        return read_trace_file(path)
     with open(path, encoding="utf-8") as f:
         first = next((line for line in f if line.strip()), "")
     try:
@@ -196,7 +190,7 @@ def read_trace(path: str | os.PathLike) -> Trace:
         head = {}
     if isinstance(head, dict) and "lengths" not in head and ("output" in head or "response_length" in head):
         return _read_rollout_dump(path)
-    return read_jsonl(path)
+    return read_trace_file(path)
 
 
 def _read_rollout_dump(path: Path) -> Trace:

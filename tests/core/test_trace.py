@@ -49,7 +49,7 @@ def test_bad_line_names_file_and_line(tmp_path, line, needle):
 def test_duplicate_prompt_names_both_lines(tmp_path):
     path = _write(tmp_path, ['{"prompt_id": "a", "lengths": [5]}', '{"prompt_id": "b", "lengths": [5]}',
                              '{"prompt_id": "a", "lengths": [6]}'])
-    with pytest.raises(TraceError, match=r"t.jsonl:3: duplicate prompt_id 'a' \(first on line 1\)"):
+    with pytest.raises(TraceError, match=r"t.jsonl:3: duplicate prompt_id 'a' \(first at .*t.jsonl:1\)"):
         read_trace(path)
 
 
@@ -71,7 +71,7 @@ def test_parquet_missing_column(tmp_path):
 
     path = tmp_path / "t.parquet"
     pq.write_table(pa.Table.from_pylist([{"prompt_id": "a"}]), path)
-    with pytest.raises(TraceError, match="lacks column"):
+    with pytest.raises(TraceError, match="row 0: missing key"):
         read_trace(path)
 
 
