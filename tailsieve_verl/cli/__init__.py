@@ -16,7 +16,10 @@ class CLIError(Exception):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tailsieve", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="tailsieve",
+        description="TailSieve for verl: simulate, plan, route, trace, compare, calibrate and benchmark "
+                    "partial-rollout-guided tail routing.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in SUBCOMMANDS:
         importlib.import_module(f"{__name__}.{name}").register(sub)
