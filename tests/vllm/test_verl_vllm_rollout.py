@@ -10,8 +10,9 @@ Response lengths are forced per prompt (``min_tokens = max_tokens``, ``ignore_eo
 identity decides whether it is long, as the tail signal assumes. Where verl's trainer would update
 weights between steps, this test performs the same engine calls a weight sync makes (abort every
 replica, then resume) and keeps the weights: nothing here trains. Not run here: the
-TailSieveTrainer orchestration itself (TransferQueue replay buffer, dispatch, cutoff watcher) — the
-step below is driven by the test with the same calls.
+TailSieveTrainer orchestration itself (TransferQueue replay buffer, dispatch, cutoff watcher) and
+``TailSieveAgentLoop`` wrapping verl's single-turn loop — the step below is driven by the test with
+the same calls, setting the client's per-sample context as that agent loop does.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from tailsieve_verl.core.selector import BULK as CONSUMED_BULK
 from tailsieve_verl.core.selector import TAIL as CONSUMED_TAIL
 from tailsieve_verl.core.selector import TailSelector
 from tailsieve_verl.core.trace import Group
-from tailsieve_verl.integration.agent_loop import _GROUP, GroupContext, GroupTaggedClient
+from tailsieve_verl.integration.agent_loop import _SAMPLE, GroupContext, GroupTaggedClient
 from tailsieve_verl.integration.router import BULK, TAIL, PoolRouter
 from tailsieve_verl.tools.bench import bench
 from tailsieve_verl.tools.calibrate import SweepPlan, calibrate, write_calibration
@@ -52,11 +53,15 @@ class GroupRun:
     prompt_id: str
     uid: str
     outputs: list
-    context: GroupContext
+    samples: list[GroupContext]  # the client's per-sample bookkeeping
+
+    @property
+    def aborted(self) -> bool:
+        return any(s.aborted for s in self.samples)
 
     @property
     def completed(self) -> bool:
-        return not self.context.aborted and all(o.stop_reason == "completed" for o in self.outputs)
+        return not self.aborted and all(o.stop_reason == "completed" for o in self.outputs)
 
 
 @dataclass
@@ -79,18 +84,20 @@ class Harness:
         ray.get(self.router.set_pools.remote([self.tail_replica.server_address]))
         self.client = GroupTaggedClient(cfg, load_balancer_handle=self.router)
 
-    async def run_group(self, prompt_id: str, uid: str) -> GroupRun:
-        context = GroupContext(uid=uid)
-        token = _GROUP.set(context)  # as TailSieveAgentLoopWorker does around each group
+    async def run_sample(self, prompt_id: str, uid: str, k: int) -> tuple[object, GroupContext]:
+        sample = GroupContext(uid=uid)
+        token = _SAMPLE.set(sample)  # as TailSieveAgentLoop does around each sample
         try:
             length = forced_length(prompt_id)
             params = {"max_tokens": length, "min_tokens": length, "ignore_eos": True, "temperature": 1.0}
-            outputs = await asyncio.gather(*(
-                self.client.generate(f"{uid}-{k}", prompt_ids=prompt_ids(prompt_id), sampling_params=dict(params))
-                for k in range(N_SAMPLES)))
+            output = await self.client.generate(f"{uid}-{k}", prompt_ids=prompt_ids(prompt_id), sampling_params=params)
         finally:
-            _GROUP.reset(token)
-        return GroupRun(prompt_id, uid, list(outputs), context)
+            _SAMPLE.reset(token)
+        return output, sample
+
+    async def run_group(self, prompt_id: str, uid: str) -> GroupRun:
+        results = await asyncio.gather(*(self.run_sample(prompt_id, uid, k) for k in range(N_SAMPLES)))
+        return GroupRun(prompt_id, uid, [o for o, _ in results], [s for _, s in results])
 
     async def step(self, selector: TailSelector, q: int, fresh_ids: list[str]) -> StepRun:
         plan = selector.plan_step(q)
@@ -146,7 +153,7 @@ def test_bulk_groups_unfinished_at_the_cutoff_are_aborted_and_carried(two_steps)
     assert set(first.outcome.carried_ids) == {"p1", "p4"}
     for pid in ("p1", "p4"):
         run = first.bulk[pid]
-        assert run.context.aborted and not run.completed
+        assert all(s.aborted for s in run.samples) and not run.completed
         assert all(o.stop_reason == "aborted" and len(o.token_ids) < LONG for o in run.outputs)
     assert len(first.aborted_request_ids) == 2 * N_SAMPLES  # only the unfinished groups' requests
 
