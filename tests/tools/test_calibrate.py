@@ -83,7 +83,8 @@ def test_bad_sweep_plans_are_refused(kwargs, match):
 
 
 def test_calibration_document_is_what_table_models_read(tmp_path):
-    plan = SweepPlan(batches=(1, 2), prompt_lens=(4, 32), decode_short=2, decode_long=8, repeats=1)
+    # the long runs sleep 0.76 s longer than the short ones: no scheduling hiccup on a loaded box inverts them
+    plan = SweepPlan(batches=(1, 2), prompt_lens=(4, 32), decode_short=2, decode_long=40, repeats=1)
     with FakeOpenAIServer(seconds_per_token=0.02) as fake:
         doc = calibrate(OpenAIServer(fake.url), plan, device="test host")
     # warm-up + per point one short and one long run of `batch` requests
@@ -105,7 +106,7 @@ def test_cli_writes_the_file_and_prints_json(tmp_path, capsys):
     out = tmp_path / "c.json"
     with FakeOpenAIServer(seconds_per_token=0.02) as fake:
         args = parser.parse_args(["calibrate", "--url", fake.url, "--out", str(out), "--batches", "1,2",
-                                  "--prompt-lens", "4", "--decode-short", "2", "--decode-long", "8",
+                                  "--prompt-lens", "4", "--decode-short", "2", "--decode-long", "40",
                                   "--repeats", "1", "--json"])
         assert args.func(args) == 0
     printed = json.loads(capsys.readouterr().out)
