@@ -90,7 +90,7 @@ def test_calibration_document_is_what_table_models_read(tmp_path):
     # warm-up + per point one short and one long run of `batch` requests
     assert len(fake.bodies) == 1 + sum(2 * b for b, _ in plan.points)
     assert [(r["batch"], r["prompt_len"]) for r in doc["rows"]] == [(1, 4), (2, 4), (1, 32), (2, 32)]
-    assert {r["context"] for r in doc["rows"]} == {4 + 5.0, 32 + 5.0}
+    assert {r["context"] for r in doc["rows"]} == {4 + 21.0, 32 + 21.0}  # prompt + mean of short and long
     assert all(r["model"] == "tiny" and r["step_ms"] > 0 for r in doc["rows"])
     assert doc["device"] == "test host" and doc["server_version"] == "fake-0"
     path = tmp_path / "cal.json"
