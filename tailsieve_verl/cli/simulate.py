@@ -89,8 +89,8 @@ def _print_summary(result: SimResult, out: Path, plots: list) -> None:
     speedup = result.speedup_vs_uniform()
     table = Table(title=f"{c.steps} steps, workload {result.workload}, R={c.n_replicas}, B={c.batch_size}×{c.n}, "
                         f"{result.perf}")
-    for column in ("policy", "mean makespan", "speedup vs uniform", "final q", "final m", "wasted tokens",
-                   "lost / dup / stale"):
+    table.add_column("policy", no_wrap=True)
+    for column in ("mean makespan", "speedup vs uniform", "final q", "final m", "wasted tokens", "lost / dup / stale"):
         table.add_column(column, justify="right")
     for name, r in result.policies.items():
         last = r.records[-1]
@@ -98,7 +98,7 @@ def _print_summary(result: SimResult, out: Path, plots: list) -> None:
         table.add_row(name, f"{r.mean_makespan_s:.2f} s", f"{speedup[name]:.3f}×" if name in speedup else "-",
                       str(last.next_q) if tailsieve else "-", str(last.next_m) if tailsieve else "-",
                       f"{100 * r.wasted_fraction:.1f} %", f"{r.lost} / {r.duplicated} / {r.stale}")
-    console = Console()
+    console = Console(width=max(Console().width, 110))  # a pipe reports 80 columns: keep rows on one line
     console.print(table)
     console.print(f"wrote {out / 'simulate.json'}" + "".join(f", {p}" for p in plots))
 
