@@ -39,6 +39,7 @@ def test_uniform_mode_is_uniform_group_routing(harness_factory, tmp_path):
 
 def test_carried_groups_are_regenerated_and_survive_checkpoint_resume(harness_factory, tmp_path):
     overrides = ["+tailsieve.mode=fixed", "+tailsieve.q0=2", "+tailsieve.tail_replicas=1",
+                 "+tailsieve.controller.inner_loop=false",  # hold q = 2 too, so every step carries 2
                  "tailsieve.sim.time_scale=30",  # slow enough that the cutoff lands before the tails finish
                  f"trainer.default_local_dir={tmp_path}"]
     h = harness_factory(overrides)
@@ -86,7 +87,7 @@ def test_carried_groups_are_regenerated_and_survive_checkpoint_resume(harness_fa
 
 def test_replica_failure_mid_step_redispatches_its_groups(harness_factory, tmp_path):
     h = harness_factory(["+tailsieve.mode=fixed", "+tailsieve.q0=2", "+tailsieve.tail_replicas=1",
-                         "tailsieve.sim.time_scale=40", f"trainer.default_local_dir={tmp_path}"])
+                         "+tailsieve.controller.inner_loop=false", "tailsieve.sim.time_scale=40", f"trainer.default_local_dir={tmp_path}"])
     h.step()  # fills the carried queue, so the next step has a tail pool
     victim = h.trainer.llm_server_manager.get_replicas()[-1]  # a bulk replica
 
