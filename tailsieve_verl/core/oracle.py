@@ -39,13 +39,13 @@ from typing import Sequence
 import numpy as np
 
 from .errors import TailSieveError
-from .perf import PerfModel
+from .perf import PerfModel, cached_per_model
 from .replica import simulate_replica
 from .trace import Group
 
 # Largest (active count × steps) grid a StepCostTable may allocate (float64: 8 bytes each).
 MAX_TABLE_CELLS = 8_000_000
-_TABLE_CACHE: dict[tuple, "StepCostTable"] = {}
+_TABLE_CACHE: dict[tuple, tuple] = {}
 _TABLE_CACHE_SIZE = 4
 
 
@@ -93,15 +93,8 @@ class StepCostTable:
     @classmethod
     def shared(cls, perf: PerfModel, max_active: int, max_len: int, prompt_len: int = 0) -> "StepCostTable":
         """A cached table (studies route many instances of the same size under one model)."""
-        key = (id(perf), int(max_active), int(max_len), int(prompt_len))
-        table = _TABLE_CACHE.get(key)
-        if table is None or table._perf is not perf:
-            table = cls(perf, max_active, max_len, prompt_len)
-            table._perf = perf  # keeps id(perf) from being reused while cached
-            if len(_TABLE_CACHE) >= _TABLE_CACHE_SIZE:
-                _TABLE_CACHE.pop(next(iter(_TABLE_CACHE)))
-            _TABLE_CACHE[key] = table
-        return table
+        return cached_per_model(_TABLE_CACHE, _TABLE_CACHE_SIZE, perf, (int(max_active), int(max_len), int(prompt_len)),
+                                lambda: cls(perf, max_active, max_len, prompt_len))
 
     def _sum(self, cum: np.ndarray, sorted_desc: np.ndarray) -> float:
         n = len(sorted_desc)

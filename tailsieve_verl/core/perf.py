@@ -210,6 +210,19 @@ class FittedPerf(PerfModel):
         return np.where(active > 0, self.a + self.b * active + self.k * active * np.asarray(context, dtype=float), 0.0)
 
 
+def cached_per_model(cache: dict, limit: int, perf: PerfModel, key: tuple, build):
+    """``build()`` once per (perf model, key), keeping the ``limit`` newest: tables derived from a
+    model are costly and searches reuse a handful of them. The entry holds the model, so its id
+    cannot be reused by another model while cached."""
+    full_key = (id(perf), *key)
+    entry = cache.get(full_key)
+    if entry is None or entry[0] is not perf:
+        if len(cache) >= limit:
+            cache.pop(next(iter(cache)))
+        entry = cache[full_key] = (perf, build())
+    return entry[1]
+
+
 def _split_table_spec(body: str) -> tuple[str, str | None]:
     if body in BUNDLED_TABLES or os.path.exists(body):
         return body, None

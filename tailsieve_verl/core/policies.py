@@ -29,7 +29,7 @@ import numpy as np
 
 from .errors import TailSieveError
 from .oracle import SetCost, solve_exact
-from .perf import PerfModel
+from .perf import PerfModel, cached_per_model
 from .replica import Evaluation, evaluate_assignment
 from .trace import Group
 
@@ -114,15 +114,8 @@ class TimeEstimate:
         # Powers of two: candidates and instances of one workload share a handful of estimates.
         steps = 1 << max(0, int(max_len - 1).bit_length())
         typical_active = 1 << max(1, int(typical_active - 1).bit_length())
-        key = (id(perf), steps, typical_active, float(prompt_len))
-        estimate = _ESTIMATES.get(key)
-        if estimate is None or estimate._perf is not perf:
-            estimate = cls(perf, steps, typical_active, prompt_len)
-            estimate._perf = perf  # keeps id(perf) from being reused while cached
-            if len(_ESTIMATES) >= 64:
-                _ESTIMATES.pop(next(iter(_ESTIMATES)))
-            _ESTIMATES[key] = estimate
-        return estimate
+        return cached_per_model(_ESTIMATES, 64, perf, (steps, typical_active, float(prompt_len)),
+                                lambda: cls(perf, steps, typical_active, prompt_len))
 
     def request_times(self, groups: Sequence[Group]) -> np.ndarray:
         """Σ Q(length) per group."""
@@ -131,7 +124,7 @@ class TimeEstimate:
         return np.add.reduceat(self.request_cum[flat], starts)
 
 
-_ESTIMATES: dict[tuple, TimeEstimate] = {}
+_ESTIMATES: dict[tuple, tuple] = {}
 
 
 def time_balanced_assignment(groups: Sequence[Group], n_replicas: int, perf: PerfModel,
