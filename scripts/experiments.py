@@ -140,6 +140,7 @@ def ablation(args) -> dict:
         "no feasibility check": replace(base, check_feasibility=False),
         "no settle period": replace(base, settle_steps=0),
         "no switch threshold": replace(base, switch_threshold=0.0),
+        "no candidate over-collection (abort exactly q)": replace(base, candidate_factor=1.0),
     }
     out, rows = {}, []
     for setup in ("dense", "moe"):

@@ -62,6 +62,7 @@ class ControllerConfig:
     history_steps: int = 1  # consumed batches kept as response-work history
     check_feasibility: bool = True  # outer loop requires deadline feasibility of a switch
     inner_loop: bool = True  # ablation switch: False freezes q (except when m moves)
+    candidate_factor: float = 2.0  # bulk groups aborted (tail candidates) per isolated group; see core.selector
 
     def validate(self, n_replicas: int, batch_size: int) -> None:
         if n_replicas < 1 or batch_size < 2:
@@ -77,6 +78,8 @@ class ControllerConfig:
         for name in ("q_gain", "rate_smoothing", "gain_smoothing"):
             if not 0 < getattr(self, name) <= 1:
                 raise ControllerError(f"{name} must be in (0, 1], got {getattr(self, name)}")
+        if not self.candidate_factor >= 1:
+            raise ControllerError(f"candidate_factor must be >= 1, got {self.candidate_factor}")
         if not 0 < self.max_q_fraction < 1 or self.balance_tolerance < 0 or self.switch_threshold < 0:
             raise ControllerError("max_q_fraction must be in (0, 1); balance_tolerance and switch_threshold >= 0")
         if (self.max_replica_step < 1 or self.search_radius < self.max_replica_step or self.settle_steps < 0
@@ -475,7 +478,8 @@ class HierarchicalController:
             i_tail = int(np.clip(np.searchsorted(qc, len(obs.tail_groups)), 0, len(qc) - 1))
             s.tail_bias[obs.m] = smooth(s.tail_bias.get(obs.m), obs.tail_makespan_s,
                                         float(model.tail_time(obs.m)[i_tail]))
-            i_cut = int(np.clip(np.searchsorted(qc, obs.q), 0, len(qc) - 1))
+            isolated = self.batch_size - len(obs.bulk_groups)  # the cutoff was the (B − isolated)-th finish
+            i_cut = int(np.clip(np.searchsorted(qc, isolated), 0, len(qc) - 1))
             s.cutoff_bias[obs.m] = smooth(s.cutoff_bias.get(obs.m), obs.bulk_cutoff_s,
                                           float(model.bulk_cutoff(R - obs.m)[i_cut]))
         elif obs.q == 0 and not obs.tail_groups:

@@ -15,9 +15,10 @@ Policies:
   (:mod:`core.policies`) with the best (k, m), searched per step coarse-to-fine (k on a grid of
   ``B/16``, then every k around the best).
 
-A TailSieve step (see :mod:`core.selector`): the tail pool (m replicas) regenerates the T carried
-groups; the bulk pool (R − m) runs ``B − T + q`` fresh groups and aborts the q unfinished once
-``B − T`` have finished (the cutoff). Makespan = max(tail pool done, cutoff). When nothing is carried
+A TailSieve step (see :mod:`core.selector`): the tail pool (m replicas) regenerates the T top-scored
+carried candidates; the bulk pool (R − m) runs the other candidates and new prompts, ``B − T + a``
+groups, and aborts the a unfinished once ``B − T`` have finished (the cutoff); their tokens at the
+abort are their scores as the next step's candidates. Makespan = max(tail pool done, cutoff). When nothing is carried
 the tail replicas join the bulk pool; when m = 0 but groups are carried (return to uniform routing),
 they run in the shared pool and the step also waits for them. Aborted work before the cutoff is
 reported as wasted tokens. A ledger checks every prompt is consumed exactly once, by the policy
@@ -91,7 +92,7 @@ class GroupSpan:
 class StepRecord:
     step: int
     makespan_s: float
-    q: int  # groups aborted and carried this step
+    q: int  # the isolation target of this step (the controller's q)
     m: int  # tail-pool replicas used this step (0 = one shared pool)
     n_tail: int  # carried groups regenerated this step
     tail_s: float  # tail pool done (0 without a tail pool)
@@ -313,7 +314,7 @@ class TailSieveRunner(_Runner):
                  name: str):
         self.name = name
         super().__init__(cfg, pool, perf)
-        self.selector = TailSelector(cfg.batch_size)
+        self.selector = TailSelector(cfg.batch_size, controller_cfg.candidate_factor)
         self.controller = HierarchicalController(controller_cfg, cfg.n_replicas, cfg.batch_size, perf)
         self.decision: Decision = self.controller.decision
         self.generated: dict[str, int] = {}
@@ -327,54 +328,57 @@ class TailSieveRunner(_Runner):
         plan = self.selector.plan_step(self.decision.q)
         fresh_ids = self.stream.take(plan.n_fresh)
         self.ledger.pull(fresh_ids)
+        bulk_ids = list(plan.requeued_ids) + fresh_ids
         tail = self.sample(plan.tail_ids, t)  # regenerated from scratch under policy version t
-        fresh = self.sample(fresh_ids, t)
-        self.generated.update(dict.fromkeys(list(plan.tail_ids) + fresh_ids, t))
+        bulk = self.sample(bulk_ids, t)
+        self.generated.update(dict.fromkeys(list(plan.tail_ids) + bulk_ids, t))
         m = self.decision.m if tail else 0  # an idle tail pool lends its replicas to the bulk pool
-        groups = tail + fresh
+        groups = tail + bulk
         if m > 0:
-            assignment = np.concatenate([_round_robin(len(tail), m), _round_robin(len(fresh), R - m, m)])
+            assignment = np.concatenate([_round_robin(len(tail), m), _round_robin(len(bulk), R - m, m)])
         else:
             assignment = _round_robin(len(groups), R)
         ev = evaluate_assignment(groups, assignment, R, self.perf)
         tail_finish = ev.group_finish_s[:len(tail)]
-        fresh_finish = ev.group_finish_s[len(tail):]
-        order = np.argsort(fresh_finish, kind="stable")
+        bulk_finish = ev.group_finish_s[len(tail):]
+        order = np.argsort(bulk_finish, kind="stable")
         done = order[:plan.bulk_quota]
-        cutoff = float(fresh_finish[done[-1]]) if len(done) else 0.0
+        cutoff = float(bulk_finish[done[-1]]) if len(done) else 0.0
         tail_s = float(tail_finish.max()) if len(tail) else 0.0
         makespan = max(tail_s, cutoff)
         abort_s = cutoff if m > 0 else makespan  # a shared pool aborts only when the step ends
-        aborted = np.ones(len(fresh), dtype=bool)
+        aborted = np.ones(len(bulk), dtype=bool)
         aborted[done] = False
-        wasted = self._wasted(groups, ev, assignment, len(tail), aborted, abort_s)
-        finished_ids = [fresh_ids[i] for i in done]
-        outcome = self.selector.finish_step(plan, fresh_ids, finished_ids, policy_version=t)
+        at_abort = self._tokens_at(groups, ev, assignment, len(tail), aborted, abort_s)
+        outcome = self.selector.finish_step(plan, fresh_ids, [bulk_ids[i] for i in done], policy_version=t,
+                                            scores={bulk_ids[i]: at_abort[i] for i in at_abort})
         self.ledger.consume(outcome.consumed_ids, self.generated, t)
         for pid in outcome.consumed_ids:
             del self.generated[pid]
         obs = StepObservation(
             q=plan.n_abort, m=m, tail_makespan_s=tail_s, bulk_cutoff_s=cutoff,
             tail_groups=tuple(GroupRecord(g.lengths, float(f)) for g, f in zip(tail, tail_finish)),
-            bulk_groups=tuple(GroupRecord(fresh[i].lengths, float(fresh_finish[i])) for i in done),
+            bulk_groups=tuple(GroupRecord(bulk[i].lengths, float(bulk_finish[i])) for i in done),
             n_aborted=plan.n_abort, prompt_len=float(np.mean([g.prompt_len for g in groups])))
         self.decision = self.controller.observe(obs)
         self.decisions.append(self.decision)
-        consumed = tail + [fresh[i] for i in done]
+        consumed = tail + [bulk[i] for i in done]
         lengths = tuple(x for g in consumed for x in g.lengths)
         busy = [min(x, abort_s) if r >= m else x for r, x in enumerate(ev.replica_times_s)]
         spans = ()
         if keep:
-            routes = [TAIL] * len(tail) + [BULK] * len(fresh)
+            routes = [TAIL] * len(tail) + [BULK] * len(bulk)
             spans = _spans(ev, assignment, routes, [False] * len(tail) + aborted.tolist(), abort_s)
         self.result.records.append(StepRecord(
-            t, makespan, plan.n_abort, m, len(tail), tail_s if m > 0 else 0.0, cutoff if m > 0 else makespan,
-            wasted, sum(lengths), lengths, tuple(busy), self.decision.q, self.decision.m, spans))
+            t, makespan, plan.q, m, len(tail), tail_s if m > 0 else 0.0, cutoff if m > 0 else makespan,
+            int(sum(at_abort.values())), sum(lengths), lengths, tuple(busy), self.decision.q, self.decision.m, spans))
 
     @staticmethod
-    def _wasted(groups: list[Group], ev: Evaluation, assignment: np.ndarray, n_tail: int, aborted: np.ndarray,
-                abort_s: float) -> int:
-        wasted = 0
+    def _tokens_at(groups: list[Group], ev: Evaluation, assignment: np.ndarray, n_tail: int, aborted: np.ndarray,
+                   abort_s: float) -> dict[int, int]:
+        """Response tokens each aborted bulk group had generated at the abort (bulk index -> tokens):
+        its abort score, and the wasted work."""
+        out: dict[int, int] = {}
         for r in np.unique(assignment[n_tail:][aborted]):
             members = np.flatnonzero(assignment == r)
             lengths = [x for i in members for x in groups[i].lengths]
@@ -384,9 +388,9 @@ class TailSieveRunner(_Runner):
             for i in members:
                 k = groups[i].n
                 if i >= n_tail and aborted[i - n_tail]:
-                    wasted += int(tokens[pos:pos + k].sum())
+                    out[int(i - n_tail)] = int(tokens[pos:pos + k].sum())
                 pos += k
-        return wasted
+        return out
 
 
 def build_runners(cfg: SimConfig, pool: PromptPool, perf: PerfModel) -> list[_Runner]:

@@ -13,8 +13,10 @@ def _run_step(sel: TailSelector, q: int, next_id: list[int], rng: np.random.Gene
     plan = sel.plan_step(q)
     fresh = [f"p{next_id[0] + i}" for i in range(plan.n_fresh)]
     next_id[0] += plan.n_fresh
-    finished = list(rng.permutation(fresh)[:plan.bulk_quota])
-    return plan, fresh, sel.finish_step(plan, fresh, finished, policy_version=version)
+    bulk = list(plan.requeued_ids) + fresh
+    finished = list(rng.permutation(bulk)[:plan.bulk_quota])
+    scores = {p: float(rng.integers(0, 1000)) for p in bulk}
+    return plan, fresh, sel.finish_step(plan, fresh, finished, policy_version=version, scores=scores)
 
 
 def test_step_consumes_batch_and_carries_aborted_identities():
@@ -34,19 +36,41 @@ def test_step_consumes_batch_and_carries_aborted_identities():
     assert out2.carried_ids == ("r0", "r1")
 
 
-def test_shrinking_q_drains_every_carried_group():
+def test_shrinking_q_drains_the_other_candidates_through_the_bulk_pool():
     sel = TailSelector(8)
     rng = np.random.default_rng(0)
     counter = [0]
     _, _, out = _run_step(sel, 4, counter, rng, 0)
     assert len(out.carried_ids) == 4
     plan = sel.plan_step(1)
-    assert set(plan.tail_ids) == set(out.carried_ids)  # all four regenerated, none dropped
-    assert plan.n_fresh == 4 + 1 and plan.bulk_quota == 4
+    assert plan.tail_ids == out.carried_ids[:1]  # the highest abort score isolated
+    assert plan.requeued_ids == out.carried_ids[1:]  # the rest regenerated in the bulk pool, none dropped
+    assert plan.bulk_quota == 7 and plan.n_abort == 1 and plan.n_bulk == 8 and plan.n_fresh == 5
+    uniform = TailSelector(8)
+    _run_step(uniform, 3, counter, rng, 0)
+    back = uniform.plan_step(0)  # back to uniform routing: everything runs in the bulk pool, nothing aborted
+    assert back.tail_ids == () and len(back.requeued_ids) == 3 and back.n_abort == 0 and back.n_bulk == 8
 
 
-def test_exactly_once_over_1000_steps_with_random_q():
-    sel, rng, counter = TailSelector(16), np.random.default_rng(1), [0]
+def test_candidates_are_ranked_by_abort_score_and_oversampled():
+    sel = TailSelector(8, candidate_factor=2.0)
+    plan = sel.plan_step(2)
+    assert plan.n_abort == 4 and plan.n_fresh == 12 and plan.bulk_quota == 8
+    fresh = [f"p{i}" for i in range(12)]
+    scores = {"p8": 10.0, "p9": 400.0, "p10": 30.0, "p11": 400.0}
+    out = sel.finish_step(plan, fresh, fresh[:8], 0, scores=scores)
+    assert out.carried_ids == ("p9", "p11", "p10", "p8")  # heaviest first, ties in bulk order
+    plan = sel.plan_step(2)
+    assert plan.tail_ids == ("p9", "p11") and plan.requeued_ids == ("p10", "p8")
+    assert plan.bulk_quota == 6 and plan.n_abort == 4 and plan.n_bulk == 10 and plan.n_fresh == 8
+    with pytest.raises(SelectorError, match="candidate_factor"):
+        TailSelector(8, candidate_factor=0.5)
+    assert TailSelector(8, candidate_factor=3.0).n_abort(5) == 7  # never the whole batch
+
+
+@pytest.mark.parametrize("factor", [1.0, 2.0])
+def test_exactly_once_over_1000_steps_with_random_q(factor):
+    sel, rng, counter = TailSelector(16, candidate_factor=factor), np.random.default_rng(1), [0]
     consumed: Counter = Counter()
     pulled: list[str] = []
     qs = rng.integers(0, 8, 1000)
@@ -99,7 +123,7 @@ def test_state_dict_roundtrip_is_json_and_checks_batch_size():
     state = json.loads(json.dumps(sel.state_dict()))
     other = TailSelector(8)
     other.load_state_dict(state)
-    assert other.carried == sel.carried and other.step == sel.step
+    assert other.carried == sel.carried and other.step == sel.step and other.scores == sel.scores
     assert other.plan_step(3).tail_ids == sel.plan_step(3).tail_ids
     with pytest.raises(SelectorError, match="batch_size"):
         TailSelector(16).load_state_dict(state)

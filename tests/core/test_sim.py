@@ -36,13 +36,17 @@ def test_ledger_detects_loss_duplicates_and_stale_responses():
 
 
 def test_tailsieve_step_semantics():
-    """Tail pool regenerates carried groups; the bulk stops once B − T finished; makespan = max of both."""
+    """The tail pool regenerates the top-q candidates; the bulk stops once B − T finished and aborts
+    candidate_factor · q; makespan = max of both."""
     perf = LinearPerf(0.01, 0.0001)
     pool = PromptPool("real", 256, seed=1)
     cfg = SimConfig(steps=2, n_replicas=4, batch_size=16, n=4, seed=1)
-    runner = TailSieveRunner(cfg, pool, perf, ControllerConfig(fixed_tail_replicas=1, q_init=3, inner_loop=False),
-                             "tailsieve-fixed")
-    runner.step(0, keep=False)  # nothing carried yet: shared pool, 3 aborted
+    runner = TailSieveRunner(cfg, pool, perf, ControllerConfig(fixed_tail_replicas=1, q_init=3, inner_loop=False,
+                                                               candidate_factor=2.0), "tailsieve-fixed")
+    runner.step(0, keep=False)  # nothing carried yet: shared pool, 6 aborted
+    candidates = list(runner.selector.carried)
+    scores = [runner.selector.scores[p] for p in candidates]
+    assert len(candidates) == 6 and scores == sorted(scores, reverse=True) and scores[0] > 0
     runner.step(1, keep=True)
     first, second = runner.result.records
     assert (first.m, first.n_tail, first.q) == (0, 0, 3)
@@ -51,7 +55,7 @@ def test_tailsieve_step_semantics():
     assert len(second.consumed_lengths) == 16 * 4
     aborted = [s for s in second.spans if s.aborted]
     finished_bulk = [s for s in second.spans if s.route == "bulk" and not s.aborted]
-    assert len(aborted) == 3 and len(finished_bulk) == 16 - 3
+    assert len(aborted) == 6 and len(finished_bulk) == 16 - 3
     assert max(s.finish_s for s in finished_bulk) == pytest.approx(second.bulk_s)
     assert all(s.finish_s == pytest.approx(second.bulk_s) for s in aborted)
     assert 0 < second.wasted_tokens
