@@ -4,7 +4,8 @@ replicas of the tail pool. Uniform routing is the boundary (0, 0).
 * **Inner loop** (every step, m fixed): move q toward equal tail- and bulk-pool makespans. The tail
   pool's smoothed rate (seconds per regenerated group) predicts its time for q' groups; the bulk
   pool's smoothed finish-time curve (time of its k-th finished group) predicts its cutoff for
-  q' (the (B − q')-th finish). The move is damped (``q_gain``) and bounded (``max_q_step``).
+  q' (the (B − q')-th finish). The move is damped (``q_gain``) and bounded (``max_q_step``); q
+  stays >= m, since round-robin would leave a tail replica with fewer groups idle.
 * **Outer loop** (after ``settle_steps`` quiet steps): with the response-work history of the last
   ``history_steps`` consumed batches and the concurrency–throughput model, a fluid model predicts
   each nearby split's best makespan; a replica moves only when the smoothed predicted gain beats
@@ -413,7 +414,7 @@ class HierarchicalController:
         if (q_star - s.q) * direction <= 0:
             q_star = s.q + direction  # the measurement decides the direction; the model only the size
         step = min(self.max_q_step, max(1, int(round(cfg.q_gain * abs(q_star - s.q)))))
-        new_q = int(np.clip(s.q + direction * step, 1, self.q_max))
+        new_q = int(np.clip(s.q + direction * step, min(s.m, self.q_max), self.q_max))  # no idle tail replica
         if new_q != s.q:
             s.q = new_q
         return Decision(s.q, s.m, f"inner: tail {tail:.1f}s vs bulk {bulk:.1f}s -> q {s.q}")
@@ -437,7 +438,7 @@ class HierarchicalController:
                 continue
             tails[m] = model.tail_time(m) * s.tail_bias.get(m, tail_default)
             bulks[m] = model.bulk_cutoff(R - m) * s.cutoff_bias.get(m, cutoff_default)
-            span = np.maximum(tails[m], bulks[m])
+            span = np.where(qc >= min(m, self.q_max), np.maximum(tails[m], bulks[m]), np.inf)  # >= 1 group per tail replica
             i = int(np.argmin(span))
             best[m] = (float(span[i]), int(qc[i]))
         current = best[s.m][0]

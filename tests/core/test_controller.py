@@ -68,6 +68,15 @@ def test_inner_loop_settles_on_a_responsive_plant(perf):
     assert all(12 <= x <= 15 for x in qs[-10:]), qs
 
 
+def test_inner_loop_keeps_one_group_per_tail_replica(perf):
+    """A tail pool much slower than the bulk pulls q down, but never below m: round-robin would
+    leave a tail replica without a group."""
+    ctl = HierarchicalController(ControllerConfig(fixed_tail_replicas=3, q_init=8), R, B, perf)
+    rng = np.random.default_rng(4)
+    qs = [ctl.observe(_obs(ctl.state.q, 3, 90.0, 10.0, rng)).q for _ in range(20)]
+    assert qs[-1] == 3 and min(qs) == 3 and qs[0] < 8, qs
+
+
 def test_fixed_variant_never_moves_replicas(perf):
     ctl = HierarchicalController(ControllerConfig(fixed_tail_replicas=4, q_init=4, settle_steps=0), R, B, perf)
     rng = np.random.default_rng(2)
