@@ -165,11 +165,12 @@ class _FluidModel:
     Responses of a pool start together and are spread evenly over its replicas; between grid points
     the number of active responses is taken as constant, so a pool's clock is a sum of segment
     lengths times the tabulated step time at the per-replica concurrency. A group finishes at its
-    longest sample; the tail pool holds the q' groups with the longest samples.
+    longest sample; the tail pool holds the q' groups with the longest samples; the bulk pool holds
+    B − q' + candidate_factor · q' groups (the history's load scaled) and is cut when B − q' finish.
     """
 
     def __init__(self, history: Sequence[tuple[np.ndarray, np.ndarray]], batch_size: int, prompt_len: float,
-                 table: _StepTable, q_candidates: np.ndarray):
+                 table: _StepTable, q_candidates: np.ndarray, candidate_factor: float = 1.0):
         self.h = len(history)
         self.batch_size = batch_size
         self.q_candidates = q_candidates
@@ -193,16 +194,19 @@ class _FluidModel:
         ends = np.bincount(seg_end, minlength=n_seg + 1)
         self.bulk_active = np.cumsum(ends[::-1])[::-1][1:] / self.h  # responses with length > mid_i
         order = np.argsort(-gmax, kind="stable")  # longest group first
-        ranks = np.clip(((batch_size - q_candidates) * self.h).astype(np.int64) - 1, 0, len(gmax) - 1)
-        self.cut_step = gmax[order[::-1][ranks]]  # step at which the (B − q')-th group finishes
+        # the bulk pool runs B − q' + a' groups (a' = candidate_factor · q' aborted): a load B'/B times
+        # the history's, cut when B − q' of them have finished (that quantile of the history's groups)
+        held = batch_size + (candidate_factor - 1.0) * q_candidates
+        self.bulk_scale = held / batch_size
+        ranks = np.clip((len(gmax) * (batch_size - q_candidates) / held).astype(np.int64) - 1, 0, len(gmax) - 1)
+        self.cut_step = gmax[order[::-1][ranks]]  # step at which the (B − q')-th bulk group finishes
         # Tail: the q' groups with the longest samples; responses counted per (candidate, segment).
         rows = q_candidates * self.h
         rank_of_group = np.empty(len(gmax), dtype=np.int64)
         rank_of_group[order] = np.arange(len(gmax))
-        resp_rank = np.repeat(rank_of_group, sizes)
-        keep = resp_rank < rows.max()
-        row_idx = np.searchsorted(rows, resp_rank[keep], side="right")  # first candidate including the response
-        flat = row_idx * (n_seg + 1) + seg_end[keep]
+        group_row = np.repeat(np.searchsorted(rows, rank_of_group, side="right"), sizes)  # first candidate holding it
+        keep = group_row < len(rows)
+        flat = group_row[keep] * (n_seg + 1) + seg_end[keep]
         counts = np.bincount(flat, minlength=(len(rows) + 1) * (n_seg + 1)).reshape(len(rows) + 1, n_seg + 1)
         counts = np.cumsum(counts, axis=0)[: len(rows)]
         self.tail_active = np.cumsum(counts[:, ::-1], axis=1)[:, ::-1][:, 1:] / self.h
@@ -238,9 +242,14 @@ class _FluidModel:
                 self._memo[("tail", k)] = times[i]
         bulks = np.array([k for k in bulk_sizes if ("cut", k) not in self._memo], dtype=float)
         if len(bulks):
-            clocks = self._clock(self.bulk_active[None, :], bulks[:, None])
+            # one clock per q' candidate (its own bulk load), read at that candidate's cut step
+            j = np.clip(np.searchsorted(self.grid, self.cut_step, side="right"), 1, len(self.grid) - 1)
+            frac = np.clip((self.cut_step - self.grid[j - 1]) / (self.grid[j] - self.grid[j - 1]), 0.0, 1.0)
+            rows = np.arange(len(self.cut_step))
+            clocks = self._clock(self.bulk_active[None, None, :] * self.bulk_scale[None, :, None], bulks[:, None, None])
+            lo, hi = clocks[:, rows, j - 1], clocks[:, rows, j]
             for i, k in enumerate(bulks.astype(int)):
-                self._memo[("cut", k)] = np.interp(self.cut_step, self.grid, clocks[i])
+                self._memo[("cut", k)] = lo[i] + frac * (hi[i] - lo[i])
 
     def bulk_cutoff(self, replicas: int) -> np.ndarray:
         """Predicted bulk cutoff per q candidate on ``replicas`` replicas (all fresh groups spread evenly)."""
@@ -295,9 +304,9 @@ def _mean(biases: dict, default: float) -> float:
 
 
 def _work_arrays(groups: Sequence[GroupRecord]) -> tuple[np.ndarray, np.ndarray]:
-    sizes = np.fromiter((len(g.lengths) for g in groups), dtype=np.int64, count=len(groups))
-    lengths = np.fromiter(itertools.chain.from_iterable(g.lengths for g in groups), dtype=np.int64,
-                          count=int(sizes.sum()))
+    seqs = [g.lengths for g in groups]
+    sizes = np.fromiter(map(len, seqs), dtype=np.int64, count=len(seqs))
+    lengths = np.fromiter(itertools.chain.from_iterable(seqs), dtype=np.int64, count=int(sizes.sum()))
     return lengths, sizes
 
 
@@ -422,7 +431,8 @@ class HierarchicalController:
     # ------------------------------------------------------------------ outer loop
     def _outer(self, obs: StepObservation) -> Decision | None:
         s, cfg, R = self.state, self.config, self.n_replicas
-        model = _FluidModel(s.history, self.batch_size, obs.prompt_len, self._table, self._q_candidates)
+        model = _FluidModel(s.history, self.batch_size, obs.prompt_len, self._table, self._q_candidates,
+                            cfg.candidate_factor)
         qc = self._q_candidates
         lo, hi = max(0, s.m - cfg.search_radius), min(R - 1, s.m + cfg.search_radius)
         splits = sorted(set(range(max(1, lo), hi + 1)) | ({obs.m} - {0}))
