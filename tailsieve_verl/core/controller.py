@@ -246,7 +246,8 @@ class _FluidModel:
             j = np.clip(np.searchsorted(self.grid, self.cut_step, side="right"), 1, len(self.grid) - 1)
             frac = np.clip((self.cut_step - self.grid[j - 1]) / (self.grid[j] - self.grid[j - 1]), 0.0, 1.0)
             rows = np.arange(len(self.cut_step))
-            clocks = self._clock(self.bulk_active[None, None, :] * self.bulk_scale[None, :, None], bulks[:, None, None])
+            loads = self.bulk_active[None, None, :] * self.bulk_scale[None, :, None]
+            clocks = self._clock(loads, bulks[:, None, None])
             lo, hi = clocks[:, rows, j - 1], clocks[:, rows, j]
             for i, k in enumerate(bulks.astype(int)):
                 self._memo[("cut", k)] = lo[i] + frac * (hi[i] - lo[i])
@@ -448,7 +449,8 @@ class HierarchicalController:
                 continue
             tails[m] = model.tail_time(m) * s.tail_bias.get(m, tail_default)
             bulks[m] = model.bulk_cutoff(R - m) * s.cutoff_bias.get(m, cutoff_default)
-            span = np.where(qc >= min(m, self.q_max), np.maximum(tails[m], bulks[m]), np.inf)  # >= 1 group per tail replica
+            # at least one group per tail replica
+            span = np.where(qc >= min(m, self.q_max), np.maximum(tails[m], bulks[m]), np.inf)
             i = int(np.argmin(span))
             best[m] = (float(span[i]), int(qc[i]))
         current = best[s.m][0]

@@ -87,6 +87,11 @@ class ActiveStep:
     redispatched: int = 0
 
 
+def _abort_score(report: dict) -> int:
+    """Response tokens a group had generated when it was aborted: its candidate score (core.selector)."""
+    return sum(report.get("tokens", ())) + report.get("aborted_tokens", 0)
+
+
 def _row(batch: TensorDict, index: int) -> TensorDict:
     return batch[index : index + 1]
 
@@ -125,11 +130,12 @@ class TailSieveTrainer(PPOTrainerSync):
         self.batch_size = int(config.data.train_batch_size)
         self.n_replicas = rollout_replica_count(config)
         self.samples_per_group = int(config.actor_rollout_ref.rollout.n)
-        self.selector = TailSelector(self.batch_size, self.settings.controller_config().candidate_factor)
+        controller_config = self.settings.controller_config()
+        self.selector = TailSelector(self.batch_size, controller_config.candidate_factor)
         self.controller: HierarchicalController | None = None
         if self.settings.active:
             self.controller = HierarchicalController(
-                self.settings.controller_config(), self.n_replicas, self.batch_size, self.settings.perf())
+                controller_config, self.n_replicas, self.batch_size, self.settings.perf())
         self.decision = self.controller.decision if self.controller else Decision(0, 0, "uniform")
         self.carried_rows: dict[str, TensorDict] = {}
         self.step_state: ActiveStep | None = None
@@ -344,9 +350,7 @@ class TailSieveTrainer(PPOTrainerSync):
             if reports.get(uid, {}).get("aborted"):
                 raise RolloutStepError(f"group {state.groups[uid].identity} was aborted but selected for training")
         identity = {uid: g.identity for uid, g in state.groups.items()}
-        # abort score: response tokens the group had generated when it was aborted (see core.selector)
-        scores = {identity[u]: sum(reports.get(u, {}).get("tokens", ())) + reports.get(u, {}).get("aborted_tokens", 0)
-                  for u in dropped}
+        scores = {identity[u]: _abort_score(reports.get(u, {})) for u in dropped}
         outcome = self.selector.finish_step(plan, state.fresh_ids, [identity[u] for u in state.selected_bulk],
                                             policy_version=self.global_steps, scores=scores)
         self.last_outcome = outcome
