@@ -150,26 +150,25 @@ uniform() {
   ARGS+=(+tailsieve.enable=false)
 }
 
-# TailSieve routing-only: the controller adapts q (tail groups) and m (tail replicas).
-tailsieve_adaptive() {
+# TailSieve on, in mode $1 (adaptive | fixed) starting from $2 tail replicas.
+tailsieve_on() {
   ARGS+=(
     +tailsieve.enable=true
-    +tailsieve.mode=adaptive
+    "+tailsieve.mode=$1"
     "+tailsieve.q0=${TAILSIEVE_Q0:-$(( TRAIN_BATCH_SIZE / 8 ))}"
-    "+tailsieve.tail_replicas=${TAILSIEVE_M0:-1}"
+    "+tailsieve.tail_replicas=$2"
     "+tailsieve.perf_model=${PERF_MODEL}"
   )
 }
 
+# TailSieve routing-only: the controller adapts q (tail groups) and m (tail replicas).
+tailsieve_adaptive() {
+  tailsieve_on adaptive "${TAILSIEVE_M0:-1}"
+}
+
 # TailSieve fixed allocation: the replica split is held at R/2 : R/2 (2:2 or 4:4).
 tailsieve_fixed() {
-  ARGS+=(
-    +tailsieve.enable=true
-    +tailsieve.mode=fixed
-    "+tailsieve.q0=${TAILSIEVE_Q0:-$(( TRAIN_BATCH_SIZE / 8 ))}"
-    "+tailsieve.tail_replicas=$(( REPLICAS / 2 ))"
-    "+tailsieve.perf_model=${PERF_MODEL}"
-  )
+  tailsieve_on fixed "$(( REPLICAS / 2 ))"
 }
 
 # The model's native MTP head drafts on every replica at the bulk depth.

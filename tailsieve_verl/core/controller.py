@@ -170,7 +170,7 @@ class _FluidModel:
     """
 
     def __init__(self, history: Sequence[tuple[np.ndarray, np.ndarray]], batch_size: int, prompt_len: float,
-                 table: _StepTable, q_candidates: np.ndarray, candidate_factor: float = 1.0):
+                 table: _StepTable, q_candidates: np.ndarray, candidate_factor: float):
         self.h = len(history)
         self.batch_size = batch_size
         self.q_candidates = q_candidates
