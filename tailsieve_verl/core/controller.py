@@ -170,8 +170,9 @@ class _FluidModel:
     """
 
     def __init__(self, history: Sequence[tuple[np.ndarray, np.ndarray]], batch_size: int, prompt_len: float,
-                 table: _StepTable, q_candidates: np.ndarray, candidate_factor: float):
+                 table: _StepTable, q_candidates: np.ndarray, candidate_factor: float, per_sample: bool):
         self.h = len(history)
+        self.per_sample = per_sample
         self.batch_size = batch_size
         self.q_candidates = q_candidates
         lengths = np.concatenate([lengths for lengths, _ in history]).astype(float)
@@ -226,8 +227,11 @@ class _FluidModel:
         return np.concatenate([np.zeros(clock.shape[:-1] + (1,)), clock], axis=-1)
 
     def _critical(self, n_groups: np.ndarray, replicas: int, active: np.ndarray) -> np.ndarray:
-        """Active responses on the replica that holds the longest group (round-robin): that group plus
-        ``ceil(groups / replicas) − 1`` average others. ``active`` rows hold all ``n_groups`` groups."""
+        """Active responses on the replica that holds the longest group. Per-sample routing spreads
+        every group, so that is the pool's share; group round-robin puts that group plus
+        ``ceil(groups / replicas) − 1`` average others there. ``active`` rows hold all ``n_groups`` groups."""
+        if self.per_sample:
+            return active / replicas
         top = self.tail_active[0]  # the longest group of a step (q' = 1 row, averaged over the history)
         others = np.maximum(active - top, 0.0) / np.maximum(n_groups - 1, 1)[:, None]
         return top + (np.ceil(n_groups[:, None] / replicas) - 1) * others
@@ -314,9 +318,12 @@ def _work_arrays(groups: Sequence[GroupRecord]) -> tuple[np.ndarray, np.ndarray]
 class HierarchicalController:
     """Chooses (q, m) for the next step from measurements of the last steps."""
 
-    def __init__(self, config: ControllerConfig, n_replicas: int, batch_size: int, perf: PerfModel):
+    def __init__(self, config: ControllerConfig, n_replicas: int, batch_size: int, perf: PerfModel,
+                 per_sample: bool = True):
+        """``per_sample``: the pools route samples by least in flight (else whole groups round-robin)."""
         config.validate(n_replicas, batch_size)
         self.config = config
+        self.per_sample = per_sample
         self.n_replicas = n_replicas
         self.batch_size = batch_size
         self.q_max = max_q(config, batch_size)
@@ -433,7 +440,7 @@ class HierarchicalController:
     def _outer(self, obs: StepObservation) -> Decision | None:
         s, cfg, R = self.state, self.config, self.n_replicas
         model = _FluidModel(s.history, self.batch_size, obs.prompt_len, self._table, self._q_candidates,
-                            cfg.candidate_factor)
+                            cfg.candidate_factor, self.per_sample)
         qc = self._q_candidates
         lo, hi = max(0, s.m - cfg.search_radius), min(R - 1, s.m + cfg.search_radius)
         splits = sorted(set(range(max(1, lo), hi + 1)) | ({obs.m} - {0}))

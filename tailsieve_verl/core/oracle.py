@@ -360,6 +360,13 @@ def solve_exact(groups: Sequence[Group], n_replicas: int, perf: PerfModel, max_n
     return OracleResult(best_assignment, float(best), float(min(lower, best)), exhausted, nodes, elapsed)
 
 
+def root_lower_bound(cost: SetCost, n_replicas: int) -> float:
+    """The root bound of the exact search (:func:`_root_bound`) for a bounded ``cost``."""
+    env_alone = np.array([cost.table.envelope_cost(cost.merged([i])) for i in range(len(cost.groups))])
+    extra = np.array([cost.table.min_extra(x) for x in cost.lengths])
+    return _root_bound(cost, env_alone, extra, n_replicas)
+
+
 def _root_bound(cost: SetCost, env_alone: np.ndarray, extra: np.ndarray, n_replicas: int) -> float:
     """Valid for every assignment: the largest group alone; two of the R+1 heaviest groups share a
     replica; among the j groups with the longest responses some replica holds ceil(j/R), hence at

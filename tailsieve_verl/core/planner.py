@@ -1,8 +1,8 @@
-"""Planner: from a logged uniform run, predict what TailSieve would gain and where to start it.
+"""Planner: from a logged run, predict what TailSieve would gain over stock verl and where to start it.
 
 The trace's prompts become a prompt pool (each regeneration resamples that prompt's observed
 lengths with replacement, so prompt difficulty persists as it did in the log). The closed-loop
-simulator then runs ``uniform`` and ``tailsieve`` side by side for several seeds; the predicted
+simulator then runs ``verl`` (stock per-sample routing) and ``tailsieve`` side by side for several seeds; the predicted
 speedup is the mean over seeds of the steady-state speedup (steps after the first third), the band
 its 10th–90th percentile across seeds, and the initial (q, m) the controller's median final choice.
 """
@@ -60,9 +60,9 @@ def plan_from_trace(trace: Trace, n_replicas: int, perf: PerfModel, *, batch_siz
     for seed in range(seeds):
         pool = PromptPool.from_trace(trace, seed=seed)
         cfg = SimConfig(steps=steps, n_replicas=n_replicas, batch_size=batch, n=group_size, seed=seed,
-                        policies=("uniform", "tailsieve"), controller=controller or ControllerConfig())
+                        policies=("verl", "tailsieve"), controller=controller or ControllerConfig())
         result = simulate(cfg, pool, perf, workload_name=trace.name)
-        speedups.append(result.speedup_vs_uniform(slice(steps // 3, None))["tailsieve"])
+        speedups.append(result.speedup_vs("verl", slice(steps // 3, None))["tailsieve"])
         last = result.policies["tailsieve"].records[-1]
         finals.append((last.next_q, last.next_m))
     speedups_arr = np.array(speedups)

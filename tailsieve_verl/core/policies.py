@@ -1,10 +1,14 @@
-"""Offline routing policies over atomic prompt groups with known lengths.
+"""Offline routing policies for one rollout step with known lengths, behind one registry.
 
-Every policy maps groups (trace order) to replicas and is scored by the one evaluator,
-:func:`core.replica.evaluate_assignment`. Pools: a tail pool of ``m`` replicas is replicas
-``0 .. m-1``, the bulk pool ``m .. R-1``.
+Every policy maps the step's samples to replicas and is scored by the one evaluator,
+:func:`core.replica.evaluate_samples`. Pools: a tail pool of ``m`` replicas is replicas
+``0 .. m-1``, the bulk pool ``m .. R-1``. :data:`POLICIES` (name → :class:`Policy`) serves
+``route``, ``simulate``, ``bench`` and ``study``.
 
-* ``uniform`` — group i → replica i mod R (what a count-balancing router does).
+* ``verl`` — stock verl 0.9.1: every *sample* to the least-in-flight replica in submission order,
+  which in a synchronous step is round-robin over samples (a group spreads over all replicas).
+  The baseline every speedup is measured against first.
+* ``uniform`` — group i → replica i mod R, all n samples together (the paper's baseline).
 * ``uniform-oracle`` — balance known work over all R replicas: groups by decreasing max length,
   each to the replica with the smallest estimated completion time after taking it
   (:class:`TimeEstimate`; token-count LPT, :func:`balanced_assignment`, when no model is given).
@@ -13,28 +17,29 @@ Every policy maps groups (trace order) to replicas and is scored by the one eval
 * ``topk-balanced`` — same tail pool; the bulk is balanced by known work as in ``uniform-oracle``
   (tail isolation with load balancing).
 * ``best-k`` — ``topk-balanced`` with the best k per instance (and the best m unless
-  ``tail_replicas`` is given; k = 0 is the balanced all-replica boundary, m = 0).
-* ``exact`` — the makespan optimum (branch and bound, :mod:`core.oracle`); when the time budget
-  runs out it returns the best assignment found with a proven lower bound
+  ``tail_replicas`` is given; k = 0 is the balanced all-replica boundary, m = 0): clairvoyant
+  *group* isolation.
+* ``clairvoyant-sample`` — ``best-k`` over single samples: clairvoyant *sample* isolation.
+* ``exact`` — the makespan optimum over group assignments (branch and bound, :mod:`core.oracle`);
+  when the time budget runs out it returns the best assignment found with a proven lower bound
   (``optimal=False``, ``lower_bound_s``).
 """
 
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass
-from typing import Sequence
+import math
+import time
+from dataclasses import dataclass, replace
+from typing import Callable, Sequence
 
 import numpy as np
 
 from .errors import TailSieveError
-from .oracle import SetCost, solve_exact
+from .oracle import SetCost, root_lower_bound, solve_exact
 from .perf import PerfModel, cached_per_model
-from .replica import Evaluation, evaluate_assignment
+from .replica import Evaluation, evaluate_samples, expand_to_samples
 from .trace import Group
-
-POLICIES = ("uniform", "uniform-oracle", "topk", "topk-balanced", "best-k", "exact")
-TAIL_POLICIES = ("topk", "topk-balanced")
 
 
 class RoutingError(TailSieveError):
@@ -43,25 +48,40 @@ class RoutingError(TailSieveError):
 
 @dataclass(frozen=True)
 class Routing:
-    """An assignment of groups (trace order) to replicas and its evaluation.
+    """A routing of one step and its evaluation.
 
+    ``assignment`` is the replica per group when the policy keeps groups whole (``group_atomic``),
+    else None; ``sample_assignment`` always gives the replica per sample (flat, group-major).
     ``k``/``tail_replicas`` are the tail size and tail-pool replicas (replicas ``0..m-1``) for
     tail policies, else None. ``optimal`` is True only for a finished exact search, then
     ``lower_bound_s`` equals the makespan; an unfinished search reports its proven lower bound.
+    ``complete`` is False when a time limit cut a search short (the best found is returned).
     """
 
     policy: str
-    assignment: np.ndarray
     evaluation: Evaluation
+    group_atomic: bool = False
     k: int | None = None
     tail_replicas: int | None = None
     optimal: bool = False
     lower_bound_s: float | None = None
     search_nodes: int | None = None
+    complete: bool = True
 
     @property
     def makespan_s(self) -> float:
         return self.evaluation.makespan_s
+
+    @property
+    def sample_assignment(self) -> np.ndarray:
+        return self.evaluation.sample_replica
+
+    @property
+    def assignment(self) -> np.ndarray | None:
+        if not self.group_atomic:
+            return None
+        starts = np.concatenate([[0], np.cumsum([len(x) for x in self.evaluation.response_finish_s])[:-1]])
+        return self.sample_assignment[starts.astype(np.int64)]
 
     @property
     def gap_to_bound(self) -> float | None:
@@ -130,7 +150,12 @@ _ESTIMATES: dict[tuple, tuple] = {}
 def time_balanced_assignment(groups: Sequence[Group], n_replicas: int, perf: PerfModel,
                              offset: int = 0) -> np.ndarray:
     """Balance estimated completion times (:class:`TimeEstimate`): groups by decreasing max length,
-    each to the replica whose estimated time after taking it is smallest (lowest index on ties)."""
+    each to the replica whose estimated time after taking it is smallest (lowest index on ties).
+
+    Groups arrive longest first, so a replica that already runs something never gets a longer
+    response: taking a group adds only its request part there, and an empty replica its own
+    replica part too. One heap over the busy replicas and the lowest-index empty one decide each
+    group in O(log R)."""
     out = np.zeros(len(groups), dtype=np.int64)
     if not groups:
         return out
@@ -139,16 +164,20 @@ def time_balanced_assignment(groups: Sequence[Group], n_replicas: int, perf: Per
                                    float(np.mean([g.prompt_len for g in groups])))
     works = estimate.request_times(groups).tolist()
     replica_part = estimate.replica_cum
-    longest = [0] * n_replicas
-    load = [0.0] * n_replicas  # estimated time: replica part of the longest response + request parts
+    busy: list[tuple[float, int]] = []  # (estimated time, replica)
+    next_empty = 0
     for i in tail_order(groups):
-        g_max, work = groups[i].max_len, works[i]
-        after = [(replica_part[max(longest[r], g_max)] - replica_part[longest[r]]) + load[r] + work
-                 for r in range(n_replicas)]
-        r = after.index(min(after))
+        work = works[i]
+        opened = replica_part[groups[i].max_len] + work if next_empty < n_replicas else float("inf")
+        joined = busy[0][0] + work if busy else float("inf")
+        if opened < joined or (opened == joined and next_empty < busy[0][1]):
+            r, load = next_empty, opened
+            next_empty += 1
+        else:
+            r, load = busy[0][1], joined
+            heapq.heappop(busy)
+        heapq.heappush(busy, (load, r))
         out[i] = offset + r
-        load[r] = after[r]
-        longest[r] = max(longest[r], g_max)
     return out
 
 
@@ -189,102 +218,294 @@ def _check_split(n_groups: int, n_replicas: int, k: int, tail_replicas: int) -> 
         raise RoutingError(f"--k must be between 0 and the number of groups ({n_groups}), got {k}")
 
 
+def least_inflight_assignment(n_samples: int, n_replicas: int, offset: int = 0,
+                              rng: np.random.Generator | None = None) -> np.ndarray:
+    """Stock verl's routing of one synchronous step: each request, in submission order (group-major),
+    to a replica with the fewest in-flight requests (``GlobalRequestLoadBalancer``, ties broken at
+    random). Every request of the step is submitted before any finishes, so each round of R requests
+    visits every replica once, in a random order (``rng``; without one, in index order): the samples
+    are spread evenly, and a group's n samples over the replicas."""
+    if rng is None:
+        base = np.arange(n_samples, dtype=np.int64) % n_replicas
+    else:
+        rounds = -(-n_samples // n_replicas)
+        base = np.argsort(rng.random((rounds, n_replicas)), axis=1).ravel()[:n_samples]
+    return offset + base
+
+
+def singletons(groups: Sequence[Group]) -> list[Group]:
+    """Every sample as a group of one (flat, group-major): per-sample policies are group policies on these."""
+    return [Group(f"{g.prompt_id}/{j}", (length,), g.prompt_len) for g in groups for j, length in enumerate(g.lengths)]
+
+
+# ---------------------------------------------------------------- the policy registry
+
+@dataclass(frozen=True)
+class RouteRequest:
+    """One routing problem and its options (validated by :func:`route`)."""
+
+    groups: list[Group]
+    n_replicas: int
+    perf: PerfModel
+    k: int | None = None
+    tail_replicas: int | None = None
+    max_num_seqs: int | None = None
+    time_limit_s: float | None = 10.0
+    node_limit: int | None = None
+    progress: Callable[[str], None] | None = None
+
+
+@dataclass(frozen=True)
+class Policy:
+    """A routing policy: ``assign`` returns the replica of every sample (flat, group-major)."""
+
+    name: str
+    summary: str
+    assign: Callable[[RouteRequest], "Routing"]
+    takes_k: bool = False  # needs --k (a fixed tail size)
+    searches_split: bool = False  # chooses k itself and m unless --tail-replicas is given
+
+
+POLICIES: dict[str, Policy] = {}
+
+
+def register_policy(name: str, summary: str, **flags):
+    def wrap(fn: Callable[[RouteRequest], "Routing"]):
+        POLICIES[name] = Policy(name, summary, fn, **flags)
+        return fn
+    return wrap
+
+
+def _evaluated(req: RouteRequest, policy: str, sample_replica: np.ndarray, **extra) -> Routing:
+    evaluation = evaluate_samples(req.groups, sample_replica, req.n_replicas, req.perf, req.max_num_seqs)
+    return Routing(policy, evaluation, **extra)
+
+
+def _grouped(req: RouteRequest, policy: str, assignment: np.ndarray, **extra) -> Routing:
+    return _evaluated(req, policy, expand_to_samples(req.groups, assignment), group_atomic=True, **extra)
+
+
+@register_policy("verl", "stock verl 0.9.1: each sample to the least-in-flight replica (the baseline)")
+def _verl(req: RouteRequest) -> Routing:
+    n_samples = sum(g.n for g in req.groups)
+    return _evaluated(req, "verl", least_inflight_assignment(n_samples, req.n_replicas, rng=np.random.default_rng(0)))
+
+
+@register_policy("uniform", "group round-robin: group i to replica i mod R (the paper's baseline)")
+def _uniform(req: RouteRequest) -> Routing:
+    return _grouped(req, "uniform", uniform_assignment(len(req.groups), req.n_replicas))
+
+
+@register_policy("uniform-oracle", "groups balanced by known work over all replicas, no isolation")
+def _uniform_oracle(req: RouteRequest) -> Routing:
+    return _grouped(req, "uniform-oracle", time_balanced_assignment(req.groups, req.n_replicas, req.perf))
+
+
+@register_policy("topk", "the k longest groups round-robin on m tail replicas, the rest round-robin", takes_k=True)
+def _topk(req: RouteRequest) -> Routing:
+    m = req.tail_replicas or 1
+    return _grouped(req, "topk", topk_assignment(req.groups, req.n_replicas, req.k, m, balanced=False),
+                    k=req.k, tail_replicas=m)
+
+
+@register_policy("topk-balanced", "the k longest groups on m tail replicas, the rest balanced by known work",
+                 takes_k=True)
+def _topk_balanced(req: RouteRequest) -> Routing:
+    m = req.tail_replicas or 1
+    return _grouped(req, "topk-balanced", topk_assignment(req.groups, req.n_replicas, req.k, m, balanced=True,
+                                                          perf=req.perf), k=req.k, tail_replicas=m)
+
+
+@register_policy("best-k", "clairvoyant group isolation: topk-balanced with the best (k, m)", searches_split=True)
+def _best_k(req: RouteRequest) -> Routing:
+    cost = SetCost(req.groups, req.perf, req.max_num_seqs)
+    found = best_k_search(req.groups, req.n_replicas, cost, req.tail_replicas, time_limit_s=req.time_limit_s,
+                          progress=req.progress)
+    return _grouped(req, "best-k", found.assignment, k=found.k, tail_replicas=found.m, complete=found.complete,
+                    lower_bound_s=makespan_lower_bound(req.groups, req.n_replicas, req.perf, cost))
+
+
+@register_policy("clairvoyant-sample", "clairvoyant sample isolation: best-k over single samples (lengths known)",
+                 searches_split=True)
+def _clairvoyant_sample(req: RouteRequest) -> Routing:
+    samples = singletons(req.groups)
+    cost = SetCost(samples, req.perf, req.max_num_seqs)
+    found = best_k_search(samples, req.n_replicas, cost, req.tail_replicas, time_limit_s=req.time_limit_s,
+                          progress=req.progress)
+    return _evaluated(req, "clairvoyant-sample", found.assignment, k=found.k, tail_replicas=found.m,
+                      complete=found.complete,
+                      lower_bound_s=makespan_lower_bound(samples, req.n_replicas, req.perf, cost))
+
+
+@register_policy("exact", "makespan optimum over group assignments (branch and bound; anytime)")
+def _exact(req: RouteRequest) -> Routing:
+    groups, R = req.groups, req.n_replicas
+    cost = SetCost(groups, req.perf, req.max_num_seqs)
+    seeds = [time_balanced_assignment(groups, R, req.perf), balanced_assignment([g.total_len for g in groups], R)]
+    if R >= 2:
+        seeds.append(best_k_search(groups, R, cost, None, time_limit_s=req.time_limit_s).assignment)
+    result = solve_exact(groups, R, req.perf, req.max_num_seqs, incumbents=seeds, time_limit_s=req.time_limit_s,
+                         node_limit=req.node_limit, set_cost=cost)
+    routing = _grouped(req, "exact", result.assignment, optimal=result.optimal, search_nodes=result.nodes)
+    lower = result.makespan_s if result.optimal else result.lower_bound_s
+    # The search scores sets with StepCostTable; report the evaluator's makespan and keep the
+    # bound consistent with it (they agree to float rounding).
+    return replace(routing, lower_bound_s=min(lower, routing.makespan_s), complete=True)
+
+
 # ---------------------------------------------------------------- the entry point
 
 def route(policy: str, groups: Sequence[Group], n_replicas: int, perf: PerfModel, *, k: int | None = None,
           tail_replicas: int | None = None, max_num_seqs: int | None = None, time_limit_s: float | None = 10.0,
-          node_limit: int | None = None) -> Routing:
-    """Route ``groups`` with ``policy`` (one of :data:`POLICIES`) and evaluate the result.
+          node_limit: int | None = None, progress: Callable[[str], None] | None = None) -> Routing:
+    """Route ``groups`` with ``policy`` (a name in :data:`POLICIES`) and evaluate the result.
 
     ``k``/``tail_replicas`` apply to ``topk``/``topk-balanced`` (k required, m defaults to 1);
-    ``best-k`` searches k itself and m too unless ``tail_replicas`` is given; ``time_limit_s`` and
-    ``node_limit`` bound the ``exact`` search.
+    ``best-k`` and ``clairvoyant-sample`` search k themselves and m too unless ``tail_replicas`` is
+    given; ``time_limit_s`` bounds every search (``exact``'s branch and bound, the (k, m) scans),
+    ``node_limit`` the exact one; ``progress`` gets a line now and then from long searches.
     """
-    groups = list(groups)
-    _check_common(policy, groups, n_replicas, k, tail_replicas, max_num_seqs)
-    if policy == "uniform":
-        return _routing(policy, groups, uniform_assignment(len(groups), n_replicas), n_replicas, perf, max_num_seqs)
-    if policy == "uniform-oracle":
-        assignment = time_balanced_assignment(groups, n_replicas, perf)
-        return _routing(policy, groups, assignment, n_replicas, perf, max_num_seqs)
-    if policy in TAIL_POLICIES:
-        m = 1 if tail_replicas is None else tail_replicas
-        assignment = topk_assignment(groups, n_replicas, k, m, balanced=policy == "topk-balanced", perf=perf)
-        return _routing(policy, groups, assignment, n_replicas, perf, max_num_seqs, k=k, tail_replicas=m)
-    cost = SetCost(groups, perf, max_num_seqs)
-    if policy == "best-k":
-        assignment, best_k, best_m = best_k_search(groups, n_replicas, cost, tail_replicas)
-        return _routing(policy, groups, assignment, n_replicas, perf, max_num_seqs, k=best_k, tail_replicas=best_m)
-    # exact
-    seeds = [time_balanced_assignment(groups, n_replicas, perf),
-             balanced_assignment([g.total_len for g in groups], n_replicas)]
-    if n_replicas >= 2:
-        seeds.append(best_k_search(groups, n_replicas, cost, None)[0])
-    result = solve_exact(groups, n_replicas, perf, max_num_seqs, incumbents=seeds, time_limit_s=time_limit_s,
-                         node_limit=node_limit, set_cost=cost)
-    routing = _routing(policy, groups, result.assignment, n_replicas, perf, max_num_seqs)
-    lower = result.makespan_s if result.optimal else result.lower_bound_s
-    # The search scores sets with StepCostTable; report the evaluator's makespan and keep the
-    # bound consistent with it (they agree to float rounding).
-    lower = min(lower, routing.makespan_s)
-    return Routing(policy, routing.assignment, routing.evaluation, optimal=result.optimal, lower_bound_s=lower,
-                   search_nodes=result.nodes)
+    req = RouteRequest(list(groups), n_replicas, perf, k, tail_replicas, max_num_seqs, time_limit_s, node_limit,
+                       progress)
+    _check_common(policy, req)
+    return POLICIES[policy].assign(req)
 
 
-def best_k_search(groups: Sequence[Group], n_replicas: int, cost: SetCost,
-                  tail_replicas: int | None) -> tuple[np.ndarray, int, int]:
+# ---------------------------------------------------------------- (k, m) search
+
+@dataclass(frozen=True)
+class SplitSearch:
+    assignment: np.ndarray
+    k: int
+    m: int
+    makespan_s: float
+    complete: bool  # every candidate of the search's grid was scored (False: the time limit cut it short)
+
+
+EXHAUSTIVE_CANDIDATES = 1024  # (k, m) pairs scanned one by one up to this; coarse-to-fine above
+
+
+def _k_grid(n: int, m: int) -> list[int]:
+    """Tail sizes worth a look at scale: every multiple of m up to 8 rounds, then geometric to n."""
+    small = [m * j for j in range(1, 9) if m * j <= n]
+    return sorted(set(small) | {int(x) for x in np.unique(np.round(np.geomspace(max(1, m), n, 24)))})
+
+
+def _m_grid(n_replicas: int) -> list[int]:
+    if n_replicas <= 17:
+        return list(range(1, n_replicas))
+    return sorted({int(x) for x in np.unique(np.round(np.geomspace(1, n_replicas - 1, 12)))})
+
+
+def best_k_search(groups: Sequence[Group], n_replicas: int, cost: SetCost, tail_replicas: int | None, *,
+                  time_limit_s: float | None = None, exhaustive: bool | None = None,
+                  progress: Callable[[str], None] | None = None) -> SplitSearch:
     """Smallest-makespan ``topk-balanced`` over k (and m unless given); ties → smaller k, m.
 
-    Exact over the family: candidates are scored until one replica exceeds the best so far, and
-    for a fixed m the scan over k stops once the tail pool alone is no better (raising k only adds
-    groups to tail replicas, which cannot shorten them under a monotone model).
+    Small instances are scanned exhaustively (exact over the family); large ones coarse-to-fine: a
+    grid of m, for each a grid of k, then every k and m between the best point's grid neighbours.
+    Candidates are scored until one replica exceeds the best so far, and for a fixed m the scan over
+    k stops once the tail pool alone is no better (raising k only adds groups to tail replicas, which
+    cannot shorten them under a monotone model). ``time_limit_s`` ends the search with the best so far.
     """
     n = len(groups)
     order = tail_order(groups)
+    deadline = None if time_limit_s is None else time.perf_counter() + time_limit_s
     balanced = time_balanced_assignment(groups, n_replicas, cost.perf)
-    best = (cost.makespan(balanced, n_replicas), balanced, 0, 0) if tail_replicas is None else None
-    for m in ([tail_replicas] if tail_replicas is not None else range(1, n_replicas)):
-        for k in range(0 if tail_replicas is not None else 1, n + 1):
-            if best is not None and cost.monotone:
-                tail = max(cost.cost(order[j:k:m]) for j in range(m))
-                if tail >= best[0]:
-                    break
+    best = SplitSearch(balanced, 0, 0, cost.makespan(balanced, n_replicas), True) if tail_replicas is None else None
+    scored: set[tuple[int, int]] = set()
+    complete = True
+
+    def scan(m: int, ks) -> None:
+        nonlocal best, complete
+        for k in ks:
+            if (k, m) in scored:
+                continue
+            if deadline is not None and time.perf_counter() > deadline and best is not None:
+                complete = False
+                return
+            scored.add((k, m))
+            if best is not None and cost.monotone and k > 0:
+                if max(cost.cost(order[j:k:m]) for j in range(m)) >= best.makespan_s:
+                    return
             assignment = topk_assignment(groups, n_replicas, k, m, balanced=True, perf=cost.perf)
-            value = cost.makespan(assignment, n_replicas, stop_above=best[0] if best else float("inf"))
-            if best is None or value < best[0]:
-                best = (value, assignment, k, m)
-    return best[1], best[2], best[3]
+            value = cost.makespan(assignment, n_replicas, stop_above=best.makespan_s if best else float("inf"))
+            if best is None or value < best.makespan_s:
+                best = SplitSearch(assignment, k, m, value, True)
+
+    ms = [tail_replicas] if tail_replicas is not None else list(range(1, n_replicas))
+    k0 = 0 if tail_replicas is not None else 1
+    if exhaustive is None:
+        exhaustive = len(ms) * (n + 1) <= EXHAUSTIVE_CANDIDATES
+    if exhaustive:
+        for m in ms:
+            scan(m, range(k0, n + 1))
+    else:
+        coarse_ms = ms if tail_replicas is not None else _m_grid(n_replicas)
+        for i, m in enumerate(coarse_ms):
+            scan(m, ([0] if k0 == 0 else []) + _k_grid(n, m))
+            if progress is not None:
+                progress(f"(k, m) search: m {m} scanned ({i + 1}/{len(coarse_ms)}), best {best.makespan_s:.3f} s "
+                         f"at k={best.k}, m={best.m}")
+        if best.m > 0:
+            near_ms = [m for m in ms if abs(m - best.m) <= max(1, best.m // 4)] or [best.m]
+            for m in near_ms:
+                grid = [0] + _k_grid(n, m)
+                below = max([x for x in grid if x < best.k], default=k0)
+                above = min([x for x in grid if x > best.k], default=n)
+                scan(m, range(max(k0, below), above + 1))
+    return replace(best, complete=complete)
 
 
-def _routing(policy: str, groups: list[Group], assignment: np.ndarray, n_replicas: int, perf: PerfModel,
-             max_num_seqs: int | None, **extra) -> Routing:
-    evaluation = evaluate_assignment(groups, assignment, n_replicas, perf, max_num_seqs)
-    return Routing(policy, np.asarray(assignment, dtype=np.int64), evaluation, **extra)
+def makespan_lower_bound(groups: Sequence[Group], n_replicas: int, perf: PerfModel, cost: SetCost) -> float:
+    """A lower bound on the makespan of every group assignment: the exact search's root bound where
+    its cost table fits and the model is monotone; else the larger of the longest response alone
+    (every decode step of it costs at least the model's least step time at that context) and the
+    throughput bound (tokens / R at the model's least per-token cost, taken at the shortest prompt:
+    per-token cost does not fall with context in any bundled table)."""
+    if cost.bounded and cost.monotone:
+        return root_lower_bound(cost, n_replicas)
+    most_active = max(2, sum(g.n for g in groups))
+    active = np.unique(np.concatenate([np.arange(1, min(most_active, 64) + 1),
+                                       np.geomspace(64, max(64, most_active), 32).round()]))
+    context = float(min(g.prompt_len for g in groups))
+    per_token = float(np.min(np.asarray(perf.step_time(active, np.full_like(active, context))) / active))
+    throughput = sum(g.total_len for g in groups) / n_replicas * per_token
+    longest = max(groups, key=lambda g: g.max_len)
+    steps = np.arange(longest.max_len, dtype=float) + longest.prompt_len
+    least = np.full(len(steps), np.inf)
+    for a in active[active <= 64]:
+        least = np.minimum(least, np.asarray(perf.step_time(np.full_like(steps, a), steps), dtype=float))
+    return max(throughput, float(least.sum()))
 
 
-def _check_common(policy: str, groups: list[Group], n_replicas: int, k: int | None, tail_replicas: int | None,
-                  max_num_seqs: int | None) -> None:
+def _check_common(policy: str, req: RouteRequest) -> None:
+    n_replicas, k, tail_replicas = req.n_replicas, req.k, req.tail_replicas
     if policy not in POLICIES:
         raise RoutingError(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}")
     if isinstance(n_replicas, bool) or not isinstance(n_replicas, (int, np.integer)) or n_replicas < 1:
         raise RoutingError(f"--replicas must be an integer >= 1, got {n_replicas!r}")
-    if not groups:
+    if not req.groups:
         raise RoutingError("no groups to route; the trace is empty")
-    if max_num_seqs is not None and max_num_seqs < 1:
-        raise RoutingError(f"--max-num-seqs must be >= 1, got {max_num_seqs}")
-    if policy in TAIL_POLICIES:
+    if req.max_num_seqs is not None and req.max_num_seqs < 1:
+        raise RoutingError(f"--max-num-seqs must be >= 1, got {req.max_num_seqs}")
+    if req.time_limit_s is not None and not (math.isfinite(req.time_limit_s) and req.time_limit_s > 0):
+        raise RoutingError(f"--time-limit must be a finite number of seconds > 0, got {req.time_limit_s}")
+    spec = POLICIES[policy]
+    if spec.takes_k:
         if k is None:
             raise RoutingError(f"policy {policy} needs --k (how many of the longest groups go to the tail pool)")
-        _check_split(len(groups), n_replicas, k, 1 if tail_replicas is None else tail_replicas)
+        _check_split(len(req.groups), n_replicas, k, 1 if tail_replicas is None else tail_replicas)
         return
     if k is not None:
-        hint = "best-k chooses k itself" if policy == "best-k" else f"policy {policy} has no tail pool"
+        hint = f"{policy} chooses k itself" if spec.searches_split else f"policy {policy} has no tail pool"
         raise RoutingError(f"--k does not apply here ({hint}); use --policy topk or topk-balanced to fix k")
-    if policy == "best-k":
+    if spec.searches_split:
         if n_replicas < 2:
-            raise RoutingError(f"best-k needs at least 2 replicas (1 tail + 1 bulk), got --replicas {n_replicas}")
+            raise RoutingError(f"{policy} needs at least 2 replicas (1 tail + 1 bulk), got --replicas {n_replicas}")
         if tail_replicas is not None and not 1 <= tail_replicas < n_replicas:
             raise RoutingError(f"--tail-replicas must be between 1 and replicas - 1 = {n_replicas - 1}, "
                                f"got {tail_replicas}")
     elif tail_replicas is not None:
-        raise RoutingError(f"--tail-replicas does not apply to policy {policy}; use topk, topk-balanced or best-k")
+        with_split = ", ".join(p.name for p in POLICIES.values() if p.takes_k or p.searches_split)
+        raise RoutingError(f"--tail-replicas does not apply to policy {policy}; use one of {with_split}")

@@ -78,37 +78,54 @@ def _admission_steps(lengths: np.ndarray, max_num_seqs: int | None) -> np.ndarra
 
 @dataclass(frozen=True)
 class Evaluation:
-    """Result of running an assignment of groups to replicas."""
+    """Result of running an assignment of samples (or whole groups) to replicas."""
 
     makespan_s: float
     replica_times_s: list[float]
     group_finish_s: np.ndarray  # per group, trace order: when its last sample finished
     response_finish_s: list[np.ndarray]  # per group, trace order: finish time of each sample
+    sample_replica: np.ndarray  # replica of every sample, flat in group-major trace order
+
+
+def expand_to_samples(groups: Sequence[Group], assignment: Sequence[int]) -> np.ndarray:
+    """A per-group assignment as the per-sample one it means (all n samples on the group's replica)."""
+    return np.repeat(np.asarray(assignment, dtype=np.int64), [g.n for g in groups])
 
 
 def evaluate_assignment(groups: Sequence[Group], assignment: Sequence[int], n_replicas: int, perf: PerfModel,
                         max_num_seqs: int | None = None) -> Evaluation:
     """Run every replica's groups (atomic, admitted in trace order) and report the makespan."""
-    assignment = np.asarray(assignment, dtype=np.int64)
     if len(assignment) != len(groups):
         raise ValueError(f"assignment has {len(assignment)} entries for {len(groups)} groups")
-    if len(assignment) and (assignment.min() < 0 or assignment.max() >= n_replicas):
+    return evaluate_samples(groups, expand_to_samples(groups, assignment), n_replicas, perf, max_num_seqs)
+
+
+def evaluate_samples(groups: Sequence[Group], sample_replica: Sequence[int], n_replicas: int, perf: PerfModel,
+                     max_num_seqs: int | None = None) -> Evaluation:
+    """Run each sample on its replica (flat, group-major trace order = admission order on a replica).
+
+    A group finishes with its last sample, wherever that ran: the unit of routing may be the sample
+    (stock verl, TailSieve's pools) while the group stays the unit of consumption."""
+    sample_replica = np.asarray(sample_replica, dtype=np.int64)
+    sizes = np.fromiter((g.n for g in groups), dtype=np.int64, count=len(groups))
+    if len(sample_replica) != int(sizes.sum()):
+        raise ValueError(f"sample assignment has {len(sample_replica)} entries for {int(sizes.sum())} samples")
+    if len(sample_replica) and (sample_replica.min() < 0 or sample_replica.max() >= n_replicas):
         raise ValueError(f"assignment uses replica indices outside 0..{n_replicas - 1}")
+    lengths = np.fromiter((x for g in groups for x in g.lengths), dtype=np.int64, count=len(sample_replica))
+    prompts = np.repeat(np.fromiter((g.prompt_len for g in groups), dtype=np.int64, count=len(groups)), sizes)
+    finish = np.zeros(len(sample_replica))
     replica_times = [0.0] * n_replicas
-    group_finish = np.zeros(len(groups))
-    response_finish: list[np.ndarray] = [np.zeros(0)] * len(groups)
     for r in range(n_replicas):
-        members = np.flatnonzero(assignment == r)
+        members = np.flatnonzero(sample_replica == r)
         if len(members) == 0:
             continue
-        lengths = [length for i in members for length in groups[i].lengths]
-        prompts = [groups[i].prompt_len for i in members for _ in groups[i].lengths]
-        run = simulate_replica(lengths, perf, prompts, max_num_seqs)
+        run = simulate_replica(lengths[members], perf, prompts[members], max_num_seqs)
         replica_times[r] = run.completion_s
-        pos = 0
-        for i in members:
-            k = groups[i].n
-            response_finish[i] = run.finish_s[pos:pos + k]
-            group_finish[i] = float(response_finish[i].max())
-            pos += k
-    return Evaluation(max(replica_times) if replica_times else 0.0, replica_times, group_finish, response_finish)
+        finish[members] = run.finish_s
+    starts = np.concatenate([[0], np.cumsum(sizes)])
+    response_finish = [finish[starts[i]:starts[i + 1]] for i in range(len(groups))]
+    group_finish = (np.maximum.reduceat(finish, starts[:-1]) if len(groups) and len(finish)
+                    else np.zeros(len(groups)))
+    return Evaluation(max(replica_times) if replica_times else 0.0, replica_times, group_finish, response_finish,
+                      sample_replica)

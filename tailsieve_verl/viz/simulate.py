@@ -8,7 +8,8 @@ from pathlib import Path
 
 from ..core.sim import TAIL, SimResult
 
-COLORS = {"uniform": "#7f7f7f", "tailsieve-fixed": "#1f77b4", "tailsieve": "#d62728", "oracle": "#2ca02c"}
+COLORS = {"verl": "#000000", "uniform": "#7f7f7f", "tailsieve-fixed": "#1f77b4", "tailsieve": "#d62728",
+          "clairvoyant-group": "#2ca02c", "clairvoyant-sample": "#98df8a", "best-static": "#9467bd"}
 
 
 def _plt():
@@ -65,7 +66,7 @@ def plot_trajectories(result: SimResult, path: str | os.PathLike) -> None:
 
 
 def plot_gantt(result: SimResult, path: str | os.PathLike, policies: tuple[str, ...] | None = None) -> None:
-    """Per-replica timeline of the kept step: one bar per group, ending when it finished or was aborted."""
+    """Per-replica timeline of the kept step: one bar per sample, ending when it finished or was aborted."""
     plt = _plt()
     names = [n for n in (policies or tuple(result.policies)) if n in result.policies]
     R = result.config.n_replicas

@@ -5,8 +5,10 @@ import pytest
 
 from tailsieve_verl.core.controller import ControllerConfig
 from tailsieve_verl.core.perf import LinearPerf, parse_perf_model
-from tailsieve_verl.core.sim import (Ledger, SimConfig, SimError, TailSieveRunner, _tokens_by, build_runners,
-                                     simulate)
+from tailsieve_verl.core.policies import evaluate_samples
+from tailsieve_verl.core.sim import (POLICIES, Ledger, SimConfig, SimError, TailSieveRunner, _tokens_at,
+                                     build_runners, simulate)
+from tailsieve_verl.core.trace import Group
 from tailsieve_verl.core.workload import PromptPool, get_preset
 
 
@@ -55,25 +57,45 @@ def test_tailsieve_step_semantics():
     assert len(second.consumed_lengths) == 16 * 4
     aborted = [s for s in second.spans if s.aborted]
     finished_bulk = [s for s in second.spans if s.route == "bulk" and not s.aborted]
-    assert len(aborted) == 6 and len(finished_bulk) == 16 - 3
+    assert len(aborted) == 6 * 4 and len(finished_bulk) == (16 - 3) * 4  # one span per sample
     assert max(s.finish_s for s in finished_bulk) == pytest.approx(second.bulk_s)
-    assert all(s.finish_s == pytest.approx(second.bulk_s) for s in aborted)
+    assert all(s.finish_s <= second.bulk_s + 1e-9 for s in aborted)
+    assert any(s.finish_s == pytest.approx(second.bulk_s) for s in aborted)
     assert 0 < second.wasted_tokens
     assert all(s.replica == 0 for s in second.spans if s.route == "tail")
+    # per-sample pools: the bulk groups' samples spread over the 3 bulk replicas
+    assert {s.replica for s in second.spans if s.route == "bulk"} == {1, 2, 3}
 
 
-def test_tokens_by_interpolates_each_replicas_clock():
-    lengths = [100, 200, 400]
-    finish = np.array([1.0, 2.0, 4.0])
-    assert _tokens_by(lengths, finish, 2.0).tolist() == [100, 200, 200]
-    assert _tokens_by(lengths, finish, 3.0).tolist() == [100, 200, 300]
+@pytest.mark.parametrize("group_atomic", [True, False])
+def test_pools_route_groups_whole_or_spread_samples(group_atomic):
+    perf = LinearPerf(0.01, 0.0001)
+    cfg = SimConfig(steps=3, n_replicas=4, batch_size=16, n=4, seed=3, group_atomic=group_atomic, gantt_step=2)
+    runner = TailSieveRunner(cfg, PromptPool("real", 256, seed=3), perf,
+                             ControllerConfig(fixed_tail_replicas=2, q_init=4, inner_loop=False), "tailsieve-fixed")
+    for t in range(3):
+        runner.step(t, keep=t == 2)
+    spans = runner.result.records[-1].spans
+    replicas_per_group = [len({s.replica for s in spans[4 * i:4 * i + 4]}) for i in range(len(spans) // 4)]
+    if group_atomic:
+        assert set(replicas_per_group) == {1}
+    else:
+        assert max(replicas_per_group) > 1
+    assert {s.replica for s in spans if s.route == "tail"} == {0, 1}
 
 
-def test_never_worse_than_uniform_on_weak_tails():
+def test_tokens_at_interpolates_each_replicas_clock():
+    groups = [Group("a", (100, 400)), Group("b", (200,))]
+    ev = evaluate_samples(groups, [0, 0, 0], 1, LinearPerf(0.01, 0.0))  # 1 step = 0.01 s
+    assert _tokens_at(groups, ev, 2.005).tolist() == [300, 200]  # 200 steps: a has 100 + 200, b 200
+    assert _tokens_at(groups, ev, 3.005).tolist() == [400, 200]
+
+
+def test_never_worse_than_stock_verl_on_weak_tails():
     perf = parse_perf_model("table:h200-dense")
     pool = PromptPool("weak", 1024, seed=0)
-    result = simulate(SimConfig(steps=16, batch_size=64, policies=("uniform", "tailsieve")), pool, perf)
-    assert result.speedup_vs_uniform()["tailsieve"] >= 0.99
+    result = simulate(SimConfig(steps=16, batch_size=64, policies=("verl", "tailsieve")), pool, perf)
+    assert result.speedup_vs("verl")["tailsieve"] >= 0.99
 
 
 def test_policies_share_the_prompt_stream_and_report_json():
@@ -81,8 +103,9 @@ def test_policies_share_the_prompt_stream_and_report_json():
     pool = PromptPool("real", 128, seed=2)
     result = simulate(SimConfig(steps=3, n_replicas=4, batch_size=8, n=2), pool, perf)
     report = result.to_json()
-    assert set(report["policies"]) == {"uniform", "tailsieve-fixed", "tailsieve", "oracle"}
-    assert report["speedup_vs_uniform"]["uniform"] == 1.0
+    assert set(report["policies"]) == set(POLICIES)
+    assert report["speedup_vs_verl"]["verl"] == 1.0 and report["speedup_vs_uniform"]["uniform"] == 1.0
+    assert set(report["speedup_vs_verl"]) == set(POLICIES)
     runners = build_runners(SimConfig(steps=1, n_replicas=4, batch_size=8, n=2), pool, perf)
     assert len({tuple(r.stream.take(8)) for r in runners}) == 1
 
