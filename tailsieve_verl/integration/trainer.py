@@ -15,8 +15,11 @@ with TailSieve's rollout step in place of "submit B prompts, wait for B groups":
    A group whose replica died is re-dispatched to a live replica of its pool.
 3. ``on_step_end``: verl's weight update, then the aborted bulk replicas resume generation.
 
-With ``tailsieve.enable=false`` / ``mode=uniform`` the same path runs with (q, m) = (0, 0): one pool
-of all replicas, B fresh groups round-robin, nothing aborted — uniform group routing.
+Inside each pool every sample goes to the pool's least-loaded replica, as stock verl routes
+(``tailsieve.group_atomic=true``: whole groups). With ``tailsieve.enable=false`` / ``mode=uniform`` the
+same path runs with (q, m) = (0, 0): one pool of all replicas, B fresh groups, nothing aborted —
+stock verl's routing on TailSieve's code path (uniform group routing with ``group_atomic``). The
+baseline to compare against is stock verl itself (``trainer.v1.trainer_mode=sync``).
 
 Carried prompt rows and the selector/controller state are saved next to verl's checkpoint
 (``global_step_N/tailsieve.pt``) and restored on resume.
@@ -50,6 +53,7 @@ from tailsieve_verl.integration.config import TRAINER_MODE, TailSieveConfig, rol
 from tailsieve_verl.integration.engine_config import has_pool_engine_settings, install_pool_specialised_vllm
 from tailsieve_verl.integration.metrics import StepMeasurement, step_metrics
 from tailsieve_verl.integration.router import BULK, TAIL
+from tailsieve_verl.integration.verl_compat import check_verl_internals
 
 logger = logging.getLogger(__name__)
 
@@ -123,6 +127,7 @@ class TailSieveTrainer(PPOTrainerSync):
     """verl's synchronous trainer with TailSieve's partial-rollout tail routing."""
 
     def __init__(self, config: DictConfig):
+        check_verl_internals()  # the private verl methods overridden/called here (integration.verl_compat)
         self.settings: TailSieveConfig = wire_verl_config(config)  # raises before anything launches
         if has_pool_engine_settings(self.settings) and config.actor_rollout_ref.rollout.name == "vllm":
             install_pool_specialised_vllm()
@@ -197,7 +202,7 @@ class TailSieveTrainer(PPOTrainerSync):
         addresses = list(self._replicas_by_address())
         m = min(self.decision.m, len(addresses) - 1) if plan.tail_ids else 0
         tail_addresses, bulk_addresses = addresses[:m], addresses[m:]
-        ray.get(self.router.set_pools.remote(tail_addresses))
+        ray.get(self.router.set_pools.remote(tail_addresses, self.settings.group_atomic))
 
         fresh = self._next_train_batch(plan.n_fresh) if plan.n_fresh else None
         fresh_ids = [str(uid) for uid in fresh["uid"]] if fresh is not None else []
@@ -287,7 +292,7 @@ class TailSieveTrainer(PPOTrainerSync):
         servers = ray.get(self.router.group_servers.remote(uids))
         replicas = self._replicas_by_address()
         dead = []
-        for address in set(servers.values()):
+        for address in {a for addresses in servers.values() for a in addresses}:
             replica = replicas.get(address)
             if replica is None:
                 continue
@@ -376,7 +381,7 @@ class TailSieveTrainer(PPOTrainerSync):
         if self.controller is not None:
             self.decision = self.controller.observe(observation)
         self.tailsieve_metrics = step_metrics(measurement, observation, self.decision, self.n_replicas,
-                                              self.settings.perf())
+                                              self.settings.perf(), self.settings.group_atomic)
         consumed_lengths = [g.lengths for g in measurement.tail + measurement.bulk if g.lengths]
         if self.bias_monitor is not None and consumed_lengths:
             self.bias_monitor.update(consumed_lengths)
