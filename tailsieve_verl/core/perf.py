@@ -17,6 +17,7 @@ Specs accepted by :func:`parse_perf_model` (the CLI's ``--perf-model``):
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass
 from importlib import resources
@@ -59,7 +60,7 @@ class LinearPerf(PerfModel):
     c: float
 
     def __post_init__(self) -> None:
-        if self.a < 0 or self.c < 0 or self.a + self.c <= 0:
+        if not (math.isfinite(self.a) and math.isfinite(self.c)) or self.a < 0 or self.c < 0 or self.a + self.c <= 0:
             raise PerfModelError(f"linear model needs a >= 0, c >= 0 and a + c > 0, got a={self.a}, c={self.c}")
         self.name = f"linear:a={self.a:g},c={self.c:g}"
 
@@ -85,24 +86,34 @@ class Calibration:
             text = resources.files("tailsieve_verl.data").joinpath(filename).read_text()
             model = model or default_model
         elif os.path.exists(name_or_path):
-            text = Path(name_or_path).read_text()
+            text = _read_calibration_text(Path(name_or_path))
         else:
             raise PerfModelError(
                 f"unknown calibration {name_or_path!r}: not a bundled table ({', '.join(BUNDLED_TABLES)}) "
                 "and no such file; measure one with `tailsieve calibrate` or pick a bundled table")
         try:
-            data = json.loads(text)
+            data = json.loads(text, parse_constant=_reject_constant)
         except json.JSONDecodeError as e:
             raise PerfModelError(f"{name_or_path}: calibration is not valid JSON ({e.msg})") from None
+        except (ValueError, RecursionError) as e:
+            raise PerfModelError(f"{name_or_path}: calibration is not usable JSON ({str(e).splitlines()[0]})") from None
         rows = data.get("rows") if isinstance(data, dict) else data
         if not isinstance(rows, list) or not rows:
             raise PerfModelError(f"{name_or_path}: calibration needs a non-empty 'rows' list of "
                                  "{model, batch, context, step_ms}")
+        seen: dict[tuple, int] = {}
         for i, r in enumerate(rows):
             if not isinstance(r, dict) or not {"batch", "context", "step_ms"} <= set(r):
-                raise PerfModelError(f"{name_or_path}: row {i} lacks batch/context/step_ms: {r!r}")
+                raise PerfModelError(f"{name_or_path}: row {i} lacks batch/context/step_ms: {r!r}"[:300])
+            if not all(_is_number(r[k]) for k in ("batch", "context", "step_ms")):
+                raise PerfModelError(f"{name_or_path}: row {i} has a non-numeric batch, context or step_ms: {r!r}"[:300])
             if r["batch"] < 1 or r["context"] < 0 or r["step_ms"] <= 0:
                 raise PerfModelError(f"{name_or_path}: row {i} has batch < 1, context < 0 or step_ms <= 0: {r!r}")
+            point = (str(r.get("model", "")), float(r["batch"]), float(r["context"]))
+            if point in seen:
+                raise PerfModelError(f"{name_or_path}: rows {seen[point]} and {i} both measure batch {r['batch']} at "
+                                     f"context {r['context']}; keep one measurement per point")
+            seen[point] = i
         models = sorted({str(r.get("model", "")) for r in rows})
         if model is None:
             if len(models) > 1:
@@ -117,6 +128,23 @@ class Calibration:
                    context=np.array([r["context"] for r in rows], dtype=float),
                    step_s=np.array([r["step_ms"] for r in rows], dtype=float) / 1000.0,
                    source=name_or_path)
+
+
+def _read_calibration_text(path: Path) -> str:
+    if not path.is_file():
+        raise PerfModelError(f"{path}: not a calibration file (a directory?); give the JSON `tailsieve calibrate` wrote")
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise PerfModelError(f"{path}: not UTF-8 text; a calibration is the JSON `tailsieve calibrate` wrote") from None
+
+
+def _reject_constant(name: str):
+    raise ValueError(f"{name} is not a measurement")
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 class TablePerf(PerfModel):
@@ -245,6 +273,8 @@ def parse_perf_model(spec: str | PerfModel) -> PerfModel:
                 params[key.strip()] = float(value)
             except ValueError:
                 raise PerfModelError(f"bad linear model {spec!r}; expected linear:a=A,c=C (seconds)") from None
+            if not math.isfinite(params[key.strip()]):
+                raise PerfModelError(f"bad linear model {spec!r}: {key.strip()} must be a finite number of seconds")
         if set(params) != {"a", "c"}:
             raise PerfModelError(f"bad linear model {spec!r}; expected exactly a and c, e.g. linear:a=0.01,c=0.0001")
         return LinearPerf(params["a"], params["c"])

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import re
 from collections import Counter, OrderedDict
@@ -34,9 +35,9 @@ from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
-from .trace import Group, Trace, TraceError, iter_records
+from .trace import MAX_TOKENS, Group, Trace, TraceError, iter_records
 
-_STEP_FILE = re.compile(r"^(\d+)\.jsonl$")
+STEP_FILE = re.compile(r"^(\d+)\.jsonl$")  # verl names a step's dump {step}.jsonl
 TokenCounter = Callable[[Sequence[str]], list[int]]
 
 
@@ -68,9 +69,12 @@ def dump_files(path: str | os.PathLike, step: int | None = None) -> list[tuple[i
     if not path.exists():
         raise TraceError(f"{path}: no such file or directory")
     if path.is_file():
-        match = _STEP_FILE.match(path.name)
+        match = STEP_FILE.match(path.name)
         return [(int(match.group(1)) if match else -1, path)]
-    files = sorted((int(m.group(1)), p) for p in path.iterdir() if (m := _STEP_FILE.match(p.name)))
+    if not path.is_dir():
+        raise TraceError(f"{path}: not a regular file or directory; give a verl rollout dump directory or one "
+                         "{step}.jsonl")
+    files = sorted((int(m.group(1)), p) for p in path.iterdir() if (m := STEP_FILE.match(p.name)))
     if step is not None:
         files = [(s, p) for s, p in files if s == step]
     if not files:
@@ -84,8 +88,11 @@ def _optional_int(record: dict, key: str, where: str) -> int | None:
     value = record.get(key)
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or int(value) != value:
+    if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0
+            or int(value) != value):
         raise TraceError(f"{where}: {key} = {value!r} is not a non-negative integer token count")
+    if value > MAX_TOKENS:
+        raise TraceError(f"{where}: {key} = {value:.0f} is above the {MAX_TOKENS:,}-token limit on a length")
     return int(value)
 
 

@@ -11,7 +11,8 @@ On-disk format (JSONL, one group per line)::
 
 ``prompt_len`` is optional (default 0). Parquet files with the same columns are read too, and so
 are the JSONL rollout dumps verl writes with ``trainer.rollout_data_dir`` (see
-:mod:`.rollout_dump`).
+:mod:`.rollout_dump`). A length (response or prompt) above :data:`MAX_TOKENS` is refused: no engine
+generates that many tokens, and the evaluators' memory grows with the longest response.
 """
 
 from __future__ import annotations
@@ -23,6 +24,11 @@ from pathlib import Path
 from typing import Iterable, Iterator, Sequence
 
 from .errors import TailSieveError
+
+
+# Upper bound on one response's (or prompt's) token count: far above any engine's context window,
+# low enough that a typo (a timestamp, a byte count) cannot make the evaluators allocate terabytes.
+MAX_TOKENS = 10_000_000
 
 
 class TraceError(TailSieveError):
@@ -122,11 +128,16 @@ def validate_group_record(record: object, where: str) -> Group:
             raise TraceError(f"{where}: lengths[{j}] = {v!r} is not an integer token count")
         if v < 0:
             raise TraceError(f"{where}: lengths[{j}] = {v} is negative; token counts are >= 0")
+        if v > MAX_TOKENS:
+            raise TraceError(f"{where}: lengths[{j}] = {v:.0f} is above the {MAX_TOKENS:,}-token limit on a response "
+                             "length; lengths are token counts per response (check the units)")
     prompt_len = record.get("prompt_len", 0)
     if prompt_len is None:
         prompt_len = 0
     if isinstance(prompt_len, bool) or not isinstance(prompt_len, int) or prompt_len < 0:
         raise TraceError(f"{where}: prompt_len must be a non-negative integer, got {prompt_len!r}")
+    if prompt_len > MAX_TOKENS:
+        raise TraceError(f"{where}: prompt_len = {prompt_len} is above the {MAX_TOKENS:,}-token limit")
     return Group(str(pid), tuple(int(v) for v in lengths), int(prompt_len))
 
 
@@ -140,23 +151,42 @@ def groups_to_trace(groups: Iterable[Group], name: str) -> Trace:
 def iter_records(path: str | os.PathLike,
                  error: type[TailSieveError] = TraceError) -> Iterator[tuple[str, object]]:
     """``(where, record)`` per non-blank JSONL line or Parquet row; ``where`` names the file and the
-    line (or row) for error messages, and bad JSON raises ``error`` saying so."""
+    line (or row) for error messages. Bad JSON, text that is not UTF-8 and a file that is not
+    Parquet raise ``error`` saying so."""
     path = Path(path)
     if path.suffix == ".parquet":
-        import pyarrow.parquet as pq
-
-        for row, record in enumerate(pq.read_table(path).to_pylist()):
-            yield f"{path}: row {row}", record
+        yield from _parquet_records(path, error)
         return
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, start=1):
+            where = f"{path}:{lineno}"
+            try:
+                line = raw.decode("utf-8-sig" if lineno == 1 else "utf-8")
+            except UnicodeDecodeError:
+                raise error(f"{where}: not UTF-8 text (a binary file?); expected JSONL, one JSON object per line, "
+                            "or a .parquet file") from None
             if not line.strip():
                 continue
-            where = f"{path}:{lineno}"
             try:
                 yield where, json.loads(line)
             except json.JSONDecodeError as e:
                 raise error(f"{where}: not valid JSON ({e.msg}); one JSON object per line") from None
+            except (ValueError, RecursionError) as e:  # a number too long to convert, nesting too deep
+                raise error(f"{where}: not usable JSON ({str(e).splitlines()[0]}); one JSON object per line") from None
+
+
+def _parquet_records(path: Path, error: type[TailSieveError]) -> Iterator[tuple[str, object]]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        rows = pq.read_table(path).to_pylist()
+    except (pa.ArrowException, OSError) as e:
+        reason = str(e).splitlines()[0] if str(e).strip() else type(e).__name__
+        raise error(f"{path}: not a readable Parquet file ({reason}); give a Parquet file with prompt_id and "
+                    "lengths columns, or a JSONL trace (any other suffix)") from None
+    for row, record in enumerate(rows):
+        yield f"{path}: row {row}", record
 
 
 def read_trace_file(path: str | os.PathLike) -> Trace:
@@ -180,13 +210,15 @@ def read_trace(path: str | os.PathLike) -> Trace:
         raise TraceError(f"{path}: no such file or directory")
     if path.is_dir():
         return _read_rollout_dump(path)
+    if not path.is_file():
+        raise TraceError(f"{path}: not a regular file; give a JSONL/Parquet trace or a rollout-dump directory")
     if path.suffix == ".parquet":
         return read_trace_file(path)
-    with open(path, encoding="utf-8") as f:
-        first = next((line for line in f if line.strip()), "")
     try:
+        with open(path, encoding="utf-8") as f:
+            first = next((line for line in f if line.strip()), "")
         head = json.loads(first) if first else {}
-    except json.JSONDecodeError:
+    except (UnicodeDecodeError, ValueError, RecursionError):  # read_trace_file names the line and the fault
         head = {}
     if isinstance(head, dict) and "lengths" not in head and ("output" in head or "response_length" in head):
         return _read_rollout_dump(path)
