@@ -1,4 +1,4 @@
-"""`tailsieve bench`: run the uniform, TailSieve and oracle assignments of one rollout step for real
+"""`tailsieve bench`: run the stock-verl, uniform-group, TailSieve and oracle assignments of one rollout step for real
 on vLLM OpenAI servers (forced response lengths) and print measured makespans and speedups next to
 the simulator's prediction with a calibration measured on the same server."""
 
@@ -6,18 +6,18 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 
 from ..core.errors import TailSieveError
 from ..core.perf import Calibration, TablePerf
-from ..core.trace import read_trace
+from ..core.trace import MAX_TOKENS, read_trace
 from ..core.workload import generate_trace
 from .calibrate import int_list, progress_bar
+from .checks import output_file
 
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
-        "bench", help="measure uniform vs TailSieve vs oracle routing on real vLLM servers",
+        "bench", help="measure stock verl vs TailSieve (and group routing, oracle) on real vLLM servers",
         description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("--trace", help="one rollout step: JSONL/Parquet groups or a verl rollout dump")
@@ -31,8 +31,12 @@ def register(subparsers) -> None:
                         "servers run their replicas one after another")
     p.add_argument("--model", help="served model name (default: the server's only model)")
     p.add_argument("--calibration", help="calibration JSON measured on the same server (default: measure one "
-                                         "now, covering the concurrency the step needs, and save it next to --out)")
-    p.add_argument("--policies", default="uniform,tailsieve,oracle", help="comma list from uniform,tailsieve,oracle")
+                                         "now, covering the concurrency the step needs, and save it next to --out "
+                                         "as OUT.calibration.json)")
+    p.add_argument("--policies", default="verl,uniform,tailsieve,oracle",
+                   help="comma list from verl,uniform,tailsieve,oracle; verl (stock verl) is the baseline and required")
+    p.add_argument("--group-atomic", action="store_true",
+                   help="TailSieve's pools route whole groups round-robin instead of per sample")
     p.add_argument("--repeats", type=int, default=3, help="interleaved repeats of every policy")
     p.add_argument("--q", type=int, help="TailSieve carried groups (with --m; default: the simulator's best split)")
     p.add_argument("--m", type=int, help="TailSieve tail replicas (with --q)")
@@ -42,7 +46,7 @@ def register(subparsers) -> None:
     p.add_argument("--oracle-time-limit", type=float, default=10.0, help="seconds for the exact oracle search")
     p.add_argument("--calibration-prompt-lens", type=int_list, default=(16, 448),
                    help="prompt lengths of a calibration measured here")
-    p.add_argument("--out", default="bench.json", help="report JSON to write")
+    p.add_argument("--out", default="bench.json", help="report JSON file to write")
     p.add_argument("--json", action="store_true", help="print the report as JSON instead of a table")
     p.set_defaults(func=run)
 
@@ -68,17 +72,25 @@ def run(args: argparse.Namespace) -> int:
     if (args.q is None) != (args.m is None):
         raise TailSieveError("give --q and --m together (or neither, to let the simulator pick the split)")
     policies = tuple(p.strip() for p in args.policies.split(",") if p.strip())
+    inputs = [("--trace", args.trace), ("--calibration", args.calibration)]
+    out = output_file(args.out, "--out", inputs=inputs)
+    if not args.calibration:
+        output_file(out.with_name(out.stem + ".calibration.json"), "--out (its calibration)", inputs=inputs)
     if args.trace:
         trace = read_trace(args.trace)
     else:
         trace = generate_trace(args.preset, args.groups, args.group_size, seed=args.seed)
+    longest = max(g.max_len for g in trace.groups) * args.length_scale
+    if longest > MAX_TOKENS and (args.max_len is None or args.max_len > MAX_TOKENS):
+        raise TailSieveError(f"--length-scale {args.length_scale:g} makes the longest response {longest:.0f} tokens, "
+                             f"above the {MAX_TOKENS:,}-token limit; lower it or set --max-len")
     groups = scale_groups(trace.groups, args.length_scale, args.max_len)
+    given_cal = Calibration.load(args.calibration) if args.calibration else None  # before any server is contacted
     servers = [OpenAIServer(url, args.model) for url in args.url]
     for server in servers:
         check_lengths(groups, server.max_model_len)
-    out = Path(args.out)
-    if args.calibration:
-        cal = Calibration.load(args.calibration)
+    if given_cal is not None:
+        cal = given_cal
     else:
         plan = SweepPlan(batches=_calibration_batches(groups, args.max_num_seqs),
                          prompt_lens=tuple(args.calibration_prompt_lens))
@@ -91,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
     with progress_bar("bench", runs, quiet=args.json) as advance:
         report = bench(groups, servers, args.replicas, perf, policies=policies, repeats=args.repeats,
                        split=None if args.q is None else (args.q, args.m), max_num_seqs=args.max_num_seqs,
-                       oracle_time_limit_s=args.oracle_time_limit,
+                       oracle_time_limit_s=args.oracle_time_limit, group_atomic=args.group_atomic,
                        on_run=lambda d, t, name, s: advance(f"{name}: {s:.2f}s"))
     report["trace"] = str(args.trace) if args.trace else f"preset:{args.preset}:B={args.groups}:n={args.group_size}:seed={args.seed}"
     report["max_len"] = args.max_len
@@ -116,7 +128,7 @@ def print_report(report: dict) -> None:
         print(f"tailsieve: q={sel['q']} carried groups on m={sel['m']} tail replicas (selected by a real "
               f"partial-rollout cutoff)")
     head = f"{'policy':<10} {'predicted s':>11} {'measured s':>11} {'range s':>15} {'pred err':>9} " \
-           f"{'pred speedup':>12} {'meas speedup':>12} {'meas/pred':>9}"
+           f"{'pred speedup':>12} {'meas speedup':>12} {'meas/pred':>9}   (speedups vs stock verl)"
     print(head)
     for row in report["policies"]:
         lo, hi = row["measured_makespan_range_s"]

@@ -10,15 +10,21 @@ import sys
 from typing import Callable, Iterator
 
 from ..core.perf import TablePerf
+from ..core.trace import MAX_TOKENS
+from .checks import output_file
 
 
 def int_list(text: str) -> tuple[int, ...]:
+    """Comma-separated integers in 1..MAX_TOKENS (batch sizes, prompt lengths)."""
     try:
-        values = tuple(int(x) for x in text.split(",") if x.strip())
+        values = tuple(int(x, 10) for x in text.split(",") if x.strip())
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
     if not values:
         raise argparse.ArgumentTypeError("expected at least one integer")
+    bad = [v for v in values if not 1 <= v <= MAX_TOKENS]
+    if bad:
+        raise argparse.ArgumentTypeError(f"expected integers in 1..{MAX_TOKENS:,}, got {bad[0]}")
     return values
 
 
@@ -44,7 +50,7 @@ def register(subparsers) -> None:
         description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--url", required=True, help="vLLM OpenAI-compatible server, e.g. http://127.0.0.1:8000")
     p.add_argument("--model", help="served model name (default: the server's only model)")
-    p.add_argument("--out", default="calibration.json", help="calibration JSON to write")
+    p.add_argument("--out", default="calibration.json", help="calibration JSON file to write")
     p.add_argument("--batches", type=int_list, default=(1, 2, 4, 8, 16, 32),
                    help="concurrent requests per point (comma list)")
     p.add_argument("--prompt-lens", type=int_list, default=(16, 448),
@@ -62,6 +68,7 @@ def run(args: argparse.Namespace) -> int:
     from ..tools.calibrate import SweepPlan, calibrate, write_calibration
     from ..tools.openai_client import OpenAIServer
 
+    output_file(args.out, "--out")
     plan = SweepPlan(batches=tuple(args.batches), prompt_lens=tuple(args.prompt_lens),
                      decode_short=args.decode_short, decode_long=args.decode_long, repeats=args.repeats)
     server = OpenAIServer(args.url, args.model, timeout_s=args.timeout)

@@ -3,15 +3,20 @@
 Each RUN is what verl's trackers wrote for one run: the `file` logger's JSONL
 (VERL_FILE_LOGGER_ROOT/<project>/<experiment>.jsonl), a tensorboard directory
 (tensorboard_log/<project>/<experiment>/), a saved console log, or a directory holding one of them.
-The first run is the baseline (or --baseline NAME). Means are over the steps every run logged."""
+The baseline is the first stock-verl run (one without tailsieve/* metrics), else the first run,
+or --baseline NAME; it is listed first. Means are over the steps every run logged.
+A step logged twice (a run resumed from a checkpoint repeats the steps after it) keeps its last
+record, in file order; a warning line on stderr names the run and the steps."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import math
+import sys
 
-from ..tools.compare import CompareError, compare_runs, parse_step_range, read_run
+from ..tools.compare import CompareError, RunLog, compare_runs, default_baseline, parse_step_range, read_run
+from .checks import IMAGE_SUFFIXES, output_file
 
 
 def register(subparsers) -> None:
@@ -20,12 +25,13 @@ def register(subparsers) -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("runs", nargs="+", metavar="RUN", help="run log: file-logger JSONL, tensorboard dir, console log")
     p.add_argument("--names", help="comma-separated display names, one per run (default: file or directory name)")
-    p.add_argument("--baseline", default=None, help="name of the baseline run (default: the first)")
+    p.add_argument("--baseline", default=None, help="name of the baseline run (default: the first stock-verl run, else the first)")
     p.add_argument("--skip-steps", type=int, default=0, help="drop each run's first K logged steps (warm-up)")
     p.add_argument("--steps", default=None, help="inclusive step window A:B (A: or :B open-ended)")
     p.add_argument("--metric", action="append", default=[], metavar="KEY",
                    help="also average this logged metric (repeatable), e.g. tailsieve/q")
-    p.add_argument("--plot", default=None, metavar="PNG", help="write per-step curves to this image")
+    p.add_argument("--plot", default=None, metavar="PNG",
+                   help="write per-step curves to this image (" + ", ".join("." + s for s in IMAGE_SUFFIXES) + ")")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     p.set_defaults(func=run)
 
@@ -36,8 +42,10 @@ def run(args: argparse.Namespace) -> int:
         raise CompareError(f"--names has {len(names)} names for {len(args.runs)} runs")
     if args.skip_steps < 0:
         raise CompareError("--skip-steps must be >= 0")
+    if args.plot:
+        output_file(args.plot, "--plot", inputs=[("run log", path) for path in args.runs], suffixes=IMAGE_SUFFIXES)
     runs = [read_run(path, name) for path, name in zip(args.runs, names)]
-    baseline = 0
+    baseline = default_baseline(runs)
     if args.baseline is not None:
         matches = [i for i, r in enumerate(runs) if r.name == args.baseline]
         if len(matches) != 1:
@@ -45,6 +53,8 @@ def run(args: argparse.Namespace) -> int:
                                f"{', '.join(r.name for r in runs)}")
         baseline = matches[0]
     steps, summaries = compare_runs(runs, baseline, args.skip_steps, parse_step_range(args.steps), args.metric)
+    for run in runs:  # after every check, so that a bad input still reads as one error line
+        warn_repeated_steps(run)
     plot = None
     if args.plot:
         from ..viz.compare import plot_compare
@@ -61,6 +71,16 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def warn_repeated_steps(run: RunLog) -> None:
+    """One stderr line when a run logged some steps twice (a resumed run): the last record is kept."""
+    if not run.repeated_steps:
+        return
+    steps = sorted(run.repeated_steps)
+    shown = ", ".join(map(str, steps[:8])) + (f", ... ({len(steps)} steps)" if len(steps) > 8 else "")
+    print(f"tailsieve compare: warning: {run.source} logs step(s) {shown} more than once (a resumed run?); "
+          "keeping the last record of each", file=sys.stderr)
+
+
 def _fmt(value: float, digits: int = 2) -> str:
     return "n/a" if math.isnan(value) else f"{value:.{digits}f}"
 
@@ -73,7 +93,7 @@ def _print_table(summaries, baseline: int, steps: list[int], extra: list[str]) -
     for column in ("run", "log", "gen time (s)", "step time (s)", "gen speedup", "step speedup", "reward",
                    "resp. length", *extra):
         table.add_column(column, justify="left" if column in ("run", "log") else "right")
-    for s in summaries:
+    for s in [summaries[baseline]] + [x for i, x in enumerate(summaries) if i != baseline]:  # baseline first
         table.add_row(s.name, s.fmt, _fmt(s.gen_s), _fmt(s.step_s), f"{_fmt(s.gen_speedup, 3)}x",
                       f"{_fmt(s.step_speedup, 3)}x", _fmt(s.reward, 4), _fmt(s.response_length, 1),
                       *(_fmt(s.extra[k], 3) for k in extra))

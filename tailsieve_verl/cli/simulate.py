@@ -12,6 +12,7 @@ from ..core.perf import DEFAULT_PERF_MODEL, parse_perf_model
 from ..core.sim import POLICIES, SimConfig, SimResult, simulate
 from ..core.trace import read_trace
 from ..core.workload import PRESETS, PromptPool
+from .checks import output_dir, perf_model_file
 
 DEFAULTS = SimConfig()
 
@@ -47,6 +48,9 @@ def run(args: argparse.Namespace) -> int:
                        policies=tuple(p.strip() for p in args.policies.split(",") if p.strip()),
                        fixed_tail_replicas=args.fixed_tail_replicas)
     config.validate()
+    output_dir(args.out, "--out", ("simulate.json", "makespan_per_step.png", "controller_trajectories.png",
+                                   "gantt_step.png"),
+               inputs=[("--prompts file", args.prompts), ("--perf-model file", perf_model_file(args.perf_model))])
     if args.prompts:
         trace = read_trace(args.prompts)
         pool, workload = PromptPool.from_trace(trace, seed=args.seed), f"prompts:{args.prompts}"

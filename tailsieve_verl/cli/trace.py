@@ -14,8 +14,9 @@ import os
 from pathlib import Path
 from typing import Sequence
 
-from ..core.rollout_dump import TokenCounter, build_trace, summarize
+from ..core.rollout_dump import STEP_FILE, TokenCounter, build_trace, summarize
 from ..core.trace import TraceError, write_trace
+from .checks import CLIError, is_inside, output_file
 
 
 def tokenizer_counter(path: str | os.PathLike) -> TokenCounter:
@@ -44,17 +45,36 @@ def register(subparsers) -> None:
         "trace", help="convert verl rollout dumps into a trace / prompt pool",
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("rollout_dir", metavar="ROLLOUT_DIR", help="trainer.rollout_data_dir of a verl run, or one {step}.jsonl")
-    p.add_argument("-o", "--output", required=True, help="trace file to write (.jsonl, or .parquet)")
+    p.add_argument("-o", "--output", required=True,
+                   help="trace file to write (.jsonl, or .parquet); never the dump itself nor a path inside the dump "
+                        "directory")
     p.add_argument("--tokenizer", default=None, metavar="PATH", help="local HF tokenizer directory for token counts")
     p.add_argument("--step", type=int, default=None, help="only this step, one group per prompt group")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.set_defaults(func=run)
 
 
+def check_output(rollout_dir: str | os.PathLike, output: str | os.PathLike) -> Path:
+    """``-o`` must be a new file outside the dump: writing into the dump directory would overwrite a
+    step file or add one that later `trace`/`route` calls read as a step."""
+    out = output_file(output, "-o", inputs=[("rollout dump", rollout_dir)])
+    source = Path(rollout_dir)
+    if source.is_dir() and is_inside(out, source):
+        poisons = True
+    else:  # one {step}.jsonl: its directory is a dump too, and another {step}.jsonl there would join it
+        poisons = bool(STEP_FILE.match(source.name) and STEP_FILE.match(out.name) and is_inside(out, source.parent))
+    if poisons:
+        raise CLIError(f"-o {out} is inside the rollout-dump directory {source if source.is_dir() else source.parent} "
+                       "that this command reads; write the trace outside it (e.g. next to it)")
+    return out
+
+
 def run(args: argparse.Namespace) -> int:
+    out = check_output(args.rollout_dir, args.output)
     count = tokenizer_counter(args.tokenizer) if args.tokenizer is not None else None
     build = build_trace(args.rollout_dir, count=count, step=args.step)
-    write_trace(build.trace, args.output)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    write_trace(build.trace, out)
     summary = summarize(build) | {"output": args.output, "kind": "step trace" if args.step is not None else "prompt pool"}
     if args.json:
         print(json.dumps(summary))

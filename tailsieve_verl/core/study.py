@@ -1,13 +1,16 @@
-"""Offline routing study (seed §2.2 / appendix): how close do simple policies get to the optimum?
+"""Offline routing study (§2.2 and the appendix of the paper "TailSieve: Partial-Rollout-Guided
+Tail Routing for LLM Rollouts"): how close do simple policies get to the optimum?
 
-An *instance* is one rollout group in the seed's sense: ``trajectories`` responses (default 100)
+An *instance* is one rollout group in the paper's sense: ``trajectories`` responses (default 100)
 routed across ``replicas`` replicas, in atomic prompt groups of ``group_size`` responses
-(default 1: every trajectory is routed on its own, the seed's "per-group best-k" over 100
+(default 1: every trajectory is routed on its own, the paper's "per-group best-k" over 100
 trajectories). Each instance draws ``trajectories / group_size`` prompts (from a workload preset or
 an observed trace) at its own checkpoint step, and is routed by
 
 * ``best-k`` — topk-balanced with the best k and m for the instance,
 * ``fixed-10%`` — topk-balanced isolating 10 % of the groups on one tail replica,
+* ``verl`` — stock verl 0.9.1: every sample to the least-loaded replica (with ``group_size`` > 1
+  it splits groups, so it can beat the group-level optimum),
 * ``random-uniform`` — equal group counts per replica in a random order,
 * ``uniform-oracle`` — balanced known work, no isolation,
 
@@ -34,8 +37,8 @@ from .replica import evaluate_assignment
 from .trace import Group, read_trace
 from .workload import PRESETS, PromptPool
 
-STUDY_POLICIES = ("best-k", "fixed-10%", "random-uniform", "uniform-oracle")
-SEED_RESULT = {"best-k worst gap": 0.04, "best-k share within 1%": 0.72}
+STUDY_POLICIES = ("best-k", "fixed-10%", "verl", "random-uniform", "uniform-oracle")
+PAPER_RESULT = {"best-k worst gap": 0.04, "best-k share within 1%": 0.72}  # the paper's §2.2 figures
 
 
 class StudyError(TailSieveError):
@@ -118,7 +121,7 @@ class StudyResult:
             "best_k_choices": {"k_median": float(np.median([r.best_k for r in self.instances])),
                                "m_counts": {str(m): int(sum(r.best_m == m for r in self.instances))
                                             for m in sorted({r.best_m for r in self.instances})}},
-            "seed_reference": SEED_RESULT,
+            "paper_reference": PAPER_RESULT,
             "elapsed_s": self.elapsed_s,
         }
 
@@ -167,7 +170,8 @@ def run_instance(index: int, groups: list[Group], config: StudyConfig, perf: Per
     random_uniform = evaluate_assignment(groups, random_assignment, R, perf).makespan_s
     balanced = route("uniform-oracle", groups, R, perf).makespan_s
     exact = route("exact", groups, R, perf, time_limit_s=config.time_limit_s)
-    makespans = {"best-k": best_k.makespan_s, "fixed-10%": fixed.makespan_s, "random-uniform": random_uniform,
+    makespans = {"best-k": best_k.makespan_s, "fixed-10%": fixed.makespan_s,
+                 "verl": route("verl", groups, R, perf).makespan_s, "random-uniform": random_uniform,
                  "uniform-oracle": balanced}
     optimum = min([exact.makespan_s] + list(makespans.values()))
     return InstanceResult(index, optimum, min(exact.lower_bound_s, optimum), exact.optimal, makespans,

@@ -52,15 +52,23 @@ class CompareError(TailSieveError):
 
 @dataclass
 class RunLog:
-    """All scalar metrics of one run: ``series[key][step] = value`` (a later write of the same step wins)."""
+    """All scalar metrics of one run: ``series[key][step] = value``.
+
+    A metric written again for a step it already has (a run resumed from a checkpoint logs the
+    steps after the checkpoint a second time) keeps the **last** write, in file order (tensorboard:
+    the newest event file); those steps are listed in ``repeated_steps`` so the caller can say so."""
 
     name: str
     source: str
     fmt: str
     series: dict[str, dict[int, float]] = field(default_factory=dict)
+    repeated_steps: set[int] = field(default_factory=set)
 
     def add(self, step: int, key: str, value: float) -> None:
-        self.series.setdefault(key, {})[int(step)] = float(value)
+        values = self.series.setdefault(key, {})
+        if int(step) in values:
+            self.repeated_steps.add(int(step))
+        values[int(step)] = float(value)
 
     @property
     def steps(self) -> list[int]:
@@ -85,8 +93,13 @@ def _number(value: object) -> float | None:
 
 def read_file_logger(path: Path) -> RunLog:
     run = RunLog(path.stem, str(path), "file")
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                raise CompareError(f"{path}:{lineno}: not UTF-8 text (a binary file?); expected verl's file logger "
+                                   '(one {"step": N, "data": {...}} per line)') from None
             if not line.strip():
                 continue
             try:
@@ -94,13 +107,18 @@ def read_file_logger(path: Path) -> RunLog:
             except json.JSONDecodeError as e:
                 raise CompareError(f"{path}:{lineno}: not valid JSON ({e.msg}); expected verl's file logger "
                                    '(one {"step": N, "data": {...}} per line)') from None
+            except (ValueError, RecursionError) as e:
+                raise CompareError(f"{path}:{lineno}: not usable JSON ({str(e).splitlines()[0]})") from None
             if not isinstance(record, dict) or "step" not in record or not isinstance(record.get("data"), dict):
                 raise CompareError(f"{path}:{lineno}: not a verl file-logger line; expected "
                                    '{"step": N, "data": {...}}')
+            step = record["step"]
+            if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+                raise CompareError(f"{path}:{lineno}: step = {step!r} is not a non-negative integer")
             for key, value in record["data"].items():
                 number = _number(value)
                 if number is not None:
-                    run.add(record["step"], key, number)
+                    run.add(step, key, number)
     return run
 
 
@@ -144,17 +162,21 @@ def read_tensorboard(directory: Path) -> RunLog:
     run = RunLog(directory.name, str(directory), "tensorboard")
     files = sorted(directory.rglob("events.out.tfevents.*"), key=lambda p: p.stat().st_mtime)
     for file in files:
-        for event in EventFileLoader(str(file)).Load():
-            if not event.HasField("summary"):
-                continue
-            for value in event.summary.value:
-                kind = value.WhichOneof("value")
-                if kind == "simple_value":
-                    run.add(event.step, value.tag, value.simple_value)
-                elif kind == "tensor":
-                    array = tensor_util.make_ndarray(value.tensor)
-                    if array.size == 1 and np.issubdtype(array.dtype, np.number):
-                        run.add(event.step, value.tag, float(array.reshape(-1)[0]))
+        try:
+            for event in EventFileLoader(str(file)).Load():
+                if not event.HasField("summary"):
+                    continue
+                for value in event.summary.value:
+                    kind = value.WhichOneof("value")
+                    if kind == "simple_value":
+                        run.add(event.step, value.tag, value.simple_value)
+                    elif kind == "tensor":
+                        array = tensor_util.make_ndarray(value.tensor)
+                        if array.size == 1 and np.issubdtype(array.dtype, np.number):
+                            run.add(event.step, value.tag, float(array.reshape(-1)[0]))
+        except Exception as e:  # tensorboard raises its own DataLossError, protobuf DecodeError, ...
+            reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise CompareError(f"{file}: not a readable tensorboard event file ({reason})") from None
     return run
 
 
@@ -163,7 +185,7 @@ def _looks_like_file_logger(path: Path) -> bool:
         first = next((line for line in f if line.strip()), "")
     try:
         record = json.loads(first)
-    except json.JSONDecodeError:
+    except (ValueError, RecursionError):  # JSONDecodeError is a ValueError
         return False
     return isinstance(record, dict) and "step" in record and isinstance(record.get("data"), dict)
 
@@ -174,6 +196,8 @@ def read_run(path: str | os.PathLike, name: str | None = None) -> RunLog:
     path = Path(path)
     if not path.exists():
         raise CompareError(f"{path}: no such file or directory")
+    if not path.is_file() and not path.is_dir():
+        raise CompareError(f"{path}: not a regular file or directory; give a verl log file or log directory")
     if path.is_file():
         if "tfevents" in path.name:
             run = read_tensorboard(path.parent)
@@ -253,6 +277,16 @@ def common_steps(runs: Sequence[RunLog], skip: int = 0, step_range: tuple[int | 
 def _mean(values: np.ndarray) -> float:
     finite = values[np.isfinite(values)]
     return float(finite.mean()) if finite.size else math.nan
+
+
+def is_stock_verl(run: RunLog) -> bool:
+    """A run without any ``tailsieve/*`` metric: verl's own trainer and router (the baseline)."""
+    return not any(key.startswith("tailsieve/") for key in run.series)
+
+
+def default_baseline(runs: Sequence[RunLog]) -> int:
+    """The first stock-verl run, else the first run: speedups are measured against stock verl."""
+    return next((i for i, run in enumerate(runs) if is_stock_verl(run)), 0)
 
 
 def compare_runs(runs: Sequence[RunLog], baseline: int = 0, skip: int = 0,

@@ -1,4 +1,4 @@
-"""CDF of optimality gaps from an offline routing study (seed's Figure: best-k vs baselines)."""
+"""CDF of optimality gaps from an offline routing study (the paper's §2.2 figure: best-k vs baselines)."""
 
 from __future__ import annotations
 

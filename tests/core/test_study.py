@@ -56,28 +56,29 @@ def test_study_is_reproducible():
 def _args(tmp_path, *extra: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     study_cli.register(parser.add_subparsers())
-    return parser.parse_args(["study", "--out", str(tmp_path / "s.json"), "--plot", str(tmp_path / "s.png"), *extra])
+    return parser.parse_args(["study", "--out", str(tmp_path), *extra])
 
 
 def test_cli_writes_json_and_cdf_png(tmp_path, capsys):
     args = _args(tmp_path, "-N", "3", "-T", "30", "--group-size", "3", "-R", "3", "--time-limit", "0.2")
     assert args.func(args) == 0
-    report = json.loads((tmp_path / "s.json").read_text())
+    report = json.loads((tmp_path / "study.json").read_text())
     assert len(report["instances"]) == 3 and report["config"]["group_size"] == 3
-    assert (tmp_path / "s.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (tmp_path / "study_cdf.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     out = capsys.readouterr().out
-    assert "best-k" in out and "random-uniform" in out and "seed best-k" in out
+    assert "best-k" in out and "random-uniform" in out and "paper best-k" in out
+    assert "table:h200-dense (qwen3-1.7b rows)" in out
 
 
 def test_cli_json_summary_and_trace_workload(tmp_path, capsys):
     trace_path = tmp_path / "obs.jsonl"
     write_trace(generate_trace("real", 40, 4, seed=1), trace_path)
     args = _args(tmp_path, "-N", "2", "-T", "20", "--group-size", "2", "-R", "2", "--workload", str(trace_path),
-                 "--time-limit", "0.2", "--json", "--plot", "")
+                 "--time-limit", "0.2", "--json", "--no-plots")
     assert args.func(args) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["oracle"]["instances"] == 2
-    assert not (tmp_path / "s.png").exists()
+    assert (tmp_path / "study.json").exists() and not (tmp_path / "study_cdf.png").exists()
 
 
 @pytest.mark.parametrize("config, needle", [
