@@ -299,6 +299,12 @@ def validate_verl_config(config: Any) -> TailSieveConfig:
                 f"tailsieve.tail_replicas={cfg.tail_replicas} must be in [1, {replicas - 1}]: the tail and bulk "
                 f"pools each need at least one of the {replicas} rollout replicas"
             )
+        if max(cfg.q0, 1) < cfg.tail_replicas:  # q0=0 starts the controller at q=1
+            raise TailSieveConfigError(
+                f"tailsieve.q0={cfg.q0} is below tailsieve.tail_replicas={cfg.tail_replicas}: each tail replica needs "
+                f"at least one carried group per step (q >= m), or it idles; set tailsieve.q0>={cfg.tail_replicas} "
+                f"or tailsieve.tail_replicas<={max(cfg.q0, 1)}"
+            )
         try:
             cfg.controller_config().validate(replicas, batch)
         except (TypeError, TailSieveError) as exc:

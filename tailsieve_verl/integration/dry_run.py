@@ -5,6 +5,8 @@ The dry run composes them against the installed verl's own Hydra configs (the sa
 ``ppo_trainer`` primary config, or the ``--config-path/--config-name`` the recipe names), then
 validates the result the way a real launch would before any worker starts:
 
+0. TailSieve's own settings (:func:`tailsieve_verl.integration.config.validate_verl_config`), first,
+   as a launch checks them before verl's (see :mod:`tailsieve_verl.integration.plugin`);
 1. verl's ``validate_config`` (batch divisibility, actor config classes, micro-batch rules);
 2. verl's config dataclasses for the sections the launch instantiates: ``algorithm``
    (``AlgoConfig``), ``actor_rollout_ref.rollout`` (``RolloutConfig``, as the agent loop builds it),
@@ -172,7 +174,7 @@ def dry_run(argv: Sequence[str]) -> tuple[Any, Any, list[PoolPlan]]:
     composed DictConfig, the TailSieveConfig and the per-replica engine plan."""
     from omegaconf import OmegaConf
 
-    from tailsieve_verl.integration.config import wire_verl_config
+    from tailsieve_verl.integration.config import validate_verl_config, wire_verl_config
 
     config_path, config_name, overrides = parse_hydra_args(argv)
     config = compose(config_path, config_name, overrides)
@@ -180,6 +182,7 @@ def dry_run(argv: Sequence[str]) -> tuple[Any, Any, list[PoolPlan]]:
         OmegaConf.resolve(config)
     except Exception as e:
         raise DryRunError(f"the config does not resolve: {str(e).splitlines()[0]}") from None
+    validate_verl_config(config)  # TailSieve's settings first, as a launch checks them (see integration.plugin)
     validate_with_verl(config)
     check_trainer_mode(config)
     check_reward_function(config)

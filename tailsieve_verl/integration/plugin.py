@@ -5,14 +5,76 @@ plugin errors at DEBUG level; this module logs them at ERROR first, so a broken 
 "tailsieve-verl plugin failed to load: ..." instead of a later "Unknown trainer 'tailsieve'".
 
 Registers: the ``tailsieve`` V1 trainer mode, the ``tailsieve_sim`` rollout replica type and the
-``tailsieve_agent`` agent loop.
+``tailsieve_agent`` agent loop. Two start-up checks run in the launching process, before verl's own:
+
+* a ``tailsieve.*`` command-line override that Hydra cannot parse (an unquoted spec such as
+  ``tailsieve.perf_model=linear:a=0.1,c=0.2``) stops with one line naming it and its quoting,
+  instead of Hydra's parse error that names neither;
+* ``verl.utils.config.validate_config`` (which ``verl.trainer.main_ppo`` calls in the driver
+  before Ray starts) checks the TailSieve settings first, so a bad one stops with its one line
+  before verl prints "All configuration checks passed successfully!".
 """
 
 from __future__ import annotations
 
+import functools
 import logging
+import re
+import sys
+from typing import Sequence
 
 logger = logging.getLogger("tailsieve_verl")
+
+_TAILSIEVE_OVERRIDE = re.compile(r"^[+~]{0,2}tailsieve\.[\w.]+=")
+
+
+def bad_tailsieve_override(argv: Sequence[str]) -> str | None:
+    """The error line for the first ``tailsieve.*`` override in ``argv`` that Hydra cannot parse."""
+    candidates = [arg for arg in argv if _TAILSIEVE_OVERRIDE.match(arg)]
+    if not candidates:
+        return None
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser = OverridesParser.create()
+    for arg in candidates:
+        try:
+            parser.parse_override(arg)
+        except Exception as exc:  # hydra's OverrideParseException (and whatever its grammar raises)
+            key, _, value = arg.partition("=")
+            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            return (f"tailsieve: error: Hydra cannot parse the override {arg!r} ({reason}); quote the value for Hydra "
+                    f"inside the shell quotes: \"{key}='{value}'\"")
+    return None
+
+
+def _validate_tailsieve_first() -> None:
+    """Wrap verl's ``validate_config`` so that the TailSieve settings are checked before verl's."""
+    import verl.utils.config as verl_config
+
+    original = verl_config.validate_config
+    if getattr(original, "tailsieve_first", False):
+        return
+
+    @functools.wraps(original)
+    def validate_config(config, *args, **kwargs):
+        from omegaconf import OmegaConf
+
+        from tailsieve_verl.core.errors import TailSieveError
+        from tailsieve_verl.integration.config import TRAINER_MODE, validate_verl_config
+
+        if OmegaConf.select(config, "trainer.v1.trainer_mode", default=None) == TRAINER_MODE:
+            try:
+                validate_verl_config(config)
+            except TailSieveError as exc:
+                print(f"tailsieve: error: {exc}", file=sys.stderr, flush=True)
+                raise SystemExit(2) from None
+        return original(config, *args, **kwargs)
+
+    validate_config.tailsieve_first = True
+    verl_config.validate_config = validate_config
+    main_ppo = sys.modules.get("verl.trainer.main_ppo")  # imported before the plugin: patch its name too
+    if main_ppo is not None and getattr(main_ppo, "validate_config", None) is original:
+        main_ppo.validate_config = validate_config
 
 
 def _load_sim_replica():
@@ -29,7 +91,13 @@ def register() -> None:
     from tailsieve_verl.integration.config import SIM_ROLLOUT_NAME
 
     RolloutReplicaRegistry.register(SIM_ROLLOUT_NAME, _load_sim_replica)
+    _validate_tailsieve_first()
 
+
+_message = bad_tailsieve_override(sys.argv[1:])
+if _message:  # Hydra would stop on it right after, without naming it
+    print(_message, file=sys.stderr, flush=True)
+    raise SystemExit(2)
 
 try:
     register()

@@ -53,6 +53,7 @@ def test_uniform_mode_is_the_zero_boundary():
 @pytest.mark.parametrize("overrides, message", [
     (["tailsieve.tail_replicas=4"], "tail_replicas=4 must be in [1, 3]"),
     (["tailsieve.q0=40"], "must be < data.train_batch_size=32"),
+    (["tailsieve.q0=1", "tailsieve.tail_replicas=2"], "tailsieve.q0=1 is below tailsieve.tail_replicas=2"),
     (["tailsieve.perf_model=nope"], "unknown performance model"),
     (["actor_rollout_ref.rollout.name=trtllm"], "cannot abort in-flight requests"),
     (["trainer.use_v1=false"], "legacy RayPPOTrainer"),
