@@ -94,10 +94,8 @@ ARGS=(
   actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=True
   "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=$(( 2 * (MAX_PROMPT_LENGTH + MAX_RESPONSE_LENGTH) ))"
 
-  # trainer: verl's V1 trainer in TailSieve's mode (the uniform baselines turn TailSieve off on the
-  # same code path, so every A/B pair differs only in routing)
+  # trainer: verl's V1 trainer; each variant below picks its mode (stock `sync`, or `tailsieve`)
   trainer.use_v1=True
-  trainer.v1.trainer_mode=tailsieve
   # the workload's stop strings on every request, baselines included (verl has no rollout option)
   "+tailsieve.stop=${STOP}"
   "trainer.logger=${LOGGER}"
@@ -145,14 +143,33 @@ offload_actor() {
 
 # --- variants -----------------------------------------------------------------------------------
 
-# Uniform group routing: TailSieve off, (q, m) = (0, 0) on the same trainer.
+# Stock verl (the baseline that matters): verl's own sync trainer and router, every sample to the
+# least-loaded replica. Only the workload's stop strings come from the plugin's agent-loop wrapper
+# (verl 0.9.1 has no rollout option for them), so sampling matches every TailSieve variant.
+stock_verl() {
+  ARGS+=(trainer.v1.trainer_mode=sync)
+  if [[ "${STOP}" != "[]" ]]; then
+    ARGS+=(actor_rollout_ref.rollout.agent.default_agent_loop=tailsieve_agent)
+  fi
+}
+
+# All-MTP stock verl: MTP at the bulk depth on every replica, stock routing.
+stock_verl_mtp() {
+  stock_verl
+  mtp_everywhere
+}
+
+# Uniform routing on TailSieve's code path: TailSieve off, (q, m) = (0, 0); with per-sample pools
+# this is stock verl's routing through the plugin (a same-path A/B), with +tailsieve.group_atomic=true
+# the paper's uniform group routing.
 uniform() {
-  ARGS+=(+tailsieve.enable=false)
+  ARGS+=(trainer.v1.trainer_mode=tailsieve +tailsieve.enable=false)
 }
 
 # TailSieve on, in mode $1 (adaptive | fixed) starting from $2 tail replicas.
 tailsieve_on() {
   ARGS+=(
+    trainer.v1.trainer_mode=tailsieve
     +tailsieve.enable=true
     "+tailsieve.mode=$1"
     "+tailsieve.q0=${TAILSIEVE_Q0:-$(( TRAIN_BATCH_SIZE / 8 ))}"

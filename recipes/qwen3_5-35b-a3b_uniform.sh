@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Qwen3.5-35B-A3B (MoE, native MTP head): uniform group routing (baseline).
+# Qwen3.5-35B-A3B (MoE, native MTP head): uniform routing on TailSieve's code path (second baseline; +tailsieve.group_atomic=true for group routing).
 # Layout on one 8-GPU node: 4 vLLM replicas of TP2. Dr. GRPO, n = 8; see recipes/README.md.
 #   bash recipes/qwen3_5-35b-a3b_uniform.sh [extra Hydra overrides]
 #   TAILSIEVE_DRY_RUN=1 bash recipes/qwen3_5-35b-a3b_uniform.sh      # compose + validate only, no GPU

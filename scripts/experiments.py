@@ -3,11 +3,12 @@
 Sections (``--only`` picks some; all print Markdown tables and write ``OUT/experiments.json`` and
 plots under ``OUT``):
 
-* ``tails`` — weak / real / strong tails × policies on the dense H200 calibration (8 replicas) and
-  the MoE one (4 replicas): the closing-note table, next to the seed's 1.21–1.67× routing-only range.
+* ``tails`` — weak / real / strong tails × step sizes (``--scales``) × every simulator policy on the
+  dense H200 calibration (8 replicas) and the MoE one (4 replicas); speedups vs stock verl first,
+  then vs uniform group routing (the paper's baseline, 1.21–1.67× routing-only there).
 * ``convergence`` — controller trajectories from the minimum and maximum q (fixed split) and from
   uniform and tail-heavy m (full controller), on the same prompt stream.
-* ``ablation`` — the full controller against versions with one component removed.
+* ``ablation`` — the full controller against versions with one component removed (vs stock verl).
 * ``bias`` — length bias in steady state (pooled KS vs its noise) and the composition transition
   after q is raised / lowered (mean consumed-length shift per step, averaged over seeds).
 * ``plan`` — the planner's prediction from a logged uniform run vs the simulated outcome.
@@ -44,40 +45,63 @@ def _table(header: list[str], rows: list[list]) -> str:
     return "\n".join(lines)
 
 
+def _tails_run(job: tuple) -> tuple:
+    setup, workload, (batch, n), seed, args = job
+    spec, replicas = SETUPS[setup]
+    cfg = SimConfig(steps=args.steps, n_replicas=replicas, batch_size=batch, n=n, seed=seed,
+                    oracle_time_limit_s=args.oracle_time_limit)
+    pool = PromptPool(workload, max(args.pool, 4 * batch), seed=seed)
+    result = simulate(cfg, pool, parse_perf_model(spec), workload)
+    window = slice(args.steps // 4, None)  # after the controller's first moves
+    return job[:4], {name: {"vs_verl": result.speedup_vs("verl", window)[name],
+                            "vs_uniform": result.speedup_vs("uniform", window)[name],
+                            "makespan_s": float(r.makespans[window].mean()),
+                            "final_qm": (r.records[-1].next_q, r.records[-1].next_m),
+                            "wasted_fraction": r.wasted_fraction}
+                     for name, r in result.policies.items()}
+
+
 def tails(args) -> dict:
+    """Setups × tails × scales × every simulator policy; speedups vs stock verl first."""
+    from multiprocessing import Pool
+
+    scales = [tuple(int(x) for x in s.split("x")) for s in args.scales.split(",")]
+    # seed-major, so a run stopped early still has every cell at a similar number of seeds
+    jobs = [(setup, workload, scale, seed, args) for scale in scales for seed in range(args.seeds)
+            for setup in SETUPS for workload in ("weak", "real", "strong")]
+    runs = {}
+    if args.from_runs:  # re-tabulate a saved run log (also a partial one)
+        for line in Path(args.from_runs).read_text(encoding="utf-8").splitlines():
+            record = json.loads(line)
+            setup, workload, scale, seed = record["key"]
+            runs[(setup, workload, tuple(scale), seed)] = record["policies"]
+    else:
+        with Pool(args.workers) as workers, open(Path(args.out) / "tails_runs.jsonl", "w", encoding="utf-8") as log:
+            for key, run in workers.imap_unordered(_tails_run, jobs):  # each run logged as it lands
+                runs[key] = run
+                log.write(json.dumps({"key": list(key), "policies": run}, default=float) + "\n")
+                log.flush()
     out, rows = {}, []
-    for setup, (spec, replicas) in SETUPS.items():
-        perf = parse_perf_model(spec)
-        for workload in ("weak", "real", "strong"):
-            speed, spans, finals, waste = {}, {}, {}, {}
-            for seed in range(args.seeds):
-                cfg = SimConfig(steps=args.steps, n_replicas=replicas, batch_size=args.batch, n=args.n, seed=seed)
-                result = simulate(cfg, PromptPool(workload, args.pool, seed=seed), perf, workload)
-                window = slice(args.steps // 4, None)  # after the controller's first moves
-                for name, s in result.speedup_vs_uniform(window).items():
-                    speed.setdefault(name, []).append(s)
-                for name, r in result.policies.items():
-                    spans.setdefault(name, []).append(float(r.makespans[window].mean()))
-                    finals.setdefault(name, []).append((r.records[-1].next_q, r.records[-1].next_m))
-                    waste.setdefault(name, []).append(r.wasted_fraction)
-            key = f"{setup}/{workload}"
-            out[key] = {name: {"speedup": float(np.mean(v)), "speedup_per_seed": v,
-                               "mean_makespan_s": float(np.mean(spans[name])), "final_qm": finals[name],
-                               "wasted_fraction": float(np.mean(waste[name]))} for name, v in speed.items()}
-            oracle_gain = out[key]["oracle"]["speedup"] - 1.0
-            for name, v in out[key].items():
-                share = (v["speedup"] - 1.0) / oracle_gain if name != "oracle" and oracle_gain > 0 else None
-                rows.append([setup, workload, name, f"{v['mean_makespan_s']:.1f}", f"{v['speedup']:.3f}",
-                             f"{min(speedup_per for speedup_per in v['speedup_per_seed']):.3f}",
-                             "" if share is None else f"{100 * share:.0f} %",
-                             f"{v['speedup'] / out[key]['oracle']['speedup']:.3f}",
-                             " ".join(f"({q},{m})" for q, m in v["final_qm"]) if name.startswith("tailsieve") else "",
-                             f"{100 * v['wasted_fraction']:.1f} %"])
-    print(f"\n### Tails × policies (B={args.batch}×{args.n}, {args.steps} steps, {args.seeds} seeds, "
-          f"mean over steps ≥ {args.steps // 4})\n")
-    print(_table(["setup", "workload", "policy", "makespan s", "speedup", "worst seed", "of oracle gain",
-                  "÷ oracle speedup", "final (q,m) per seed", "wasted tokens"], rows))
-    print(f"\nseed (paper) routing-only TailSieve: {SEED_ROUTING_ONLY[0]}–{SEED_ROUTING_ONLY[1]}× over uniform")
+    for setup in SETUPS:
+        for batch, n in scales:
+            for workload in ("weak", "real", "strong"):
+                per_seed = [runs[k] for k in sorted(runs) if k[:3] == (setup, workload, (batch, n))]
+                if not per_seed:
+                    continue
+                key = f"{setup}/{batch}x{n}/{workload}"
+                out[key] = {name: {field: [run[name][field] for run in per_seed]
+                                   for field in per_seed[0][name]} for name in per_seed[0]}
+                for name, v in out[key].items():
+                    rows.append([setup, f"{batch}×{n}", workload, len(per_seed), name, f"{np.mean(v['makespan_s']):.1f}",
+                                 f"{np.mean(v['vs_verl']):.3f}", f"{min(v['vs_verl']):.3f}",
+                                 f"{np.mean(v['vs_uniform']):.3f}",
+                                 " ".join(f"({q},{m})" for q, m in v["final_qm"]) if name.startswith("tailsieve") else "",
+                                 f"{100 * np.mean(v['wasted_fraction']):.1f} %"])
+    print(f"\n### Tails × policies ({args.steps} steps, mean over steps ≥ {args.steps // 4}; "
+          "speedups vs stock verl, worst seed, and vs uniform group routing)\n")
+    print(_table(["setup", "B×n", "workload", "seeds", "policy", "makespan s", "vs stock verl", "worst seed", "vs group RR",
+                  "final (q,m) per seed", "wasted tokens"], rows))
+    print(f"\npaper routing-only TailSieve: {SEED_ROUTING_ONLY[0]}–{SEED_ROUTING_ONLY[1]}× over uniform group routing")
     return out
 
 
@@ -150,9 +174,9 @@ def ablation(args) -> dict:
             speed, moves = [], []
             for seed in range(args.seeds):
                 cfg = SimConfig(steps=args.steps, n_replicas=replicas, batch_size=args.batch, n=args.n, seed=seed,
-                                policies=("uniform", "tailsieve"), controller=ctl)
+                                policies=("verl", "tailsieve"), controller=ctl)
                 result = simulate(cfg, PromptPool("real", args.pool, seed=seed), perf, "real")
-                speed.append(result.speedup_vs_uniform(slice(args.steps // 4, None))["tailsieve"])
+                speed.append(result.speedup_vs("verl", slice(args.steps // 4, None))["tailsieve"])
                 ms = [x.m for x in result.policies["tailsieve"].records]
                 moves.append(sum(a != b for a, b in zip(ms, ms[1:])))
             out[f"{setup}/{label}"] = {"speedup": float(np.mean(speed)), "per_seed": speed, "replica_moves": moves}
@@ -213,9 +237,9 @@ def plan(args) -> dict:
     actual = []
     for seed in range(args.seeds):
         cfg = SimConfig(steps=args.steps, n_replicas=8, batch_size=args.batch, n=args.n, seed=100 + seed,
-                        policies=("uniform", "tailsieve"))
-        actual.append(simulate(cfg, PromptPool("strong", args.pool, seed=100 + seed), perf).speedup_vs_uniform(
-            slice(args.steps // 3, None))["tailsieve"])
+                        policies=("verl", "tailsieve"))
+        actual.append(simulate(cfg, PromptPool("strong", args.pool, seed=100 + seed), perf).speedup_vs(
+            "verl", slice(args.steps // 3, None))["tailsieve"])
     print("\n### Planner (strong tails, dense, 8 replicas)\n")
     print(_table(["predicted speedup", "band (10–90 %)", "start (q, m)", "simulated on unseen prompts", "plan time s"],
                  [[f"{p.speedup:.3f}", f"{p.band[0]:.3f}–{p.band[1]:.3f}", f"({p.initial_q}, {p.initial_m})",
@@ -232,6 +256,10 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--n", type=int, default=8)
     ap.add_argument("--pool", type=int, default=2048, help="prompts per generated dataset")
+    ap.add_argument("--scales", default="64x8,256x16", help="tails: comma-separated BxN step sizes")
+    ap.add_argument("--oracle-time-limit", type=float, default=1.0, help="tails: seconds per clairvoyant search")
+    ap.add_argument("--workers", type=int, default=2, help="tails: processes running seeds side by side")
+    ap.add_argument("--from-runs", help="tails: tabulate this tails_runs.jsonl instead of simulating")
     args = ap.parse_args()
     Path(args.out).mkdir(parents=True, exist_ok=True)
     report = {"args": vars(args)}

@@ -13,7 +13,7 @@ from ..core.trace import read_trace
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
-        "plan", help="predict TailSieve's speedup and starting (q, m) from a logged uniform run",
+        "plan", help="predict TailSieve's speedup over stock verl and its starting (q, m) from a logged run",
         description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--trace", required=True, help="JSONL/Parquet trace or verl rollout-dump directory")
     p.add_argument("--replicas", "-R", type=int, default=8)
@@ -36,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
     lo, hi = plan.band
     print(f"trace {trace.name}: {plan.prompts} prompt groups; simulated {len(plan.per_seed)} "
           f"× {plan.steps} steps of B={plan.batch_size}×{plan.n} on {plan.n_replicas} replicas")
-    print(f"predicted TailSieve speedup over uniform: {plan.speedup:.3f}× (10–90 % band {lo:.3f}–{hi:.3f}×)")
+    print(f"predicted TailSieve speedup over stock verl: {plan.speedup:.3f}× (10–90 % band {lo:.3f}–{hi:.3f}×)")
     print(f"start the controller at q={plan.initial_q}, m={plan.initial_m} "
           f"(tailsieve.q0 / tailsieve.tail_replicas in the verl config)")
     return 0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 import numpy as np
 
@@ -19,12 +20,15 @@ def register(subparsers) -> None:
     p.add_argument("--trace", required=True, help="JSONL/Parquet trace or a verl rollout dump")
     p.add_argument("--replicas", "-R", type=int, required=True, help="number of replicas R")
     p.add_argument("--perf-model", default=DEFAULT_PERF_MODEL, help="linear:a=A,c=C | table:NAME[:MODEL] | fitted:...")
-    p.add_argument("--policy", choices=POLICIES, default="best-k", help="routing policy")
+    p.add_argument("--policy", choices=list(POLICIES), default="best-k", metavar="POLICY",
+                   help="routing policy: " + "; ".join(f"{p.name} = {p.summary}" for p in POLICIES.values()))
     p.add_argument("--k", type=int, help="topk/topk-balanced: groups with the largest max length sent to the tail pool")
     p.add_argument("--tail-replicas", type=int,
                    help="tail-pool replicas m (topk default 1; best-k searches m when unset)")
     p.add_argument("--max-num-seqs", type=int, help="per-replica concurrency cap (default: none)")
-    p.add_argument("--time-limit", type=float, default=10.0, help="exact: search budget in seconds")
+    p.add_argument("--time-limit", type=float, default=10.0,
+                   help="budget in seconds of every search (exact, best-k, clairvoyant-sample); the best found is "
+                        "reported when it runs out")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     p.set_defaults(func=run)
 
@@ -34,21 +38,33 @@ def routing_json(routing: Routing, group_ids: list[str]) -> dict:
     return {
         "policy": routing.policy,
         "makespan_s": routing.makespan_s,
-        "assignment": [int(r) for r in routing.assignment],
+        # replica per group when groups stay whole, else per group the replica of each sample
+        "assignment": ([int(r) for r in routing.assignment] if routing.group_atomic else
+                       [[int(r) for r in routing.sample_assignment[start:start + len(finish)]]
+                        for start, finish in zip(_group_starts(routing), routing.evaluation.response_finish_s)]),
+        "group_atomic": routing.group_atomic,
         "replica_times_s": [float(t) for t in routing.evaluation.replica_times_s],
         "group_finish_s": {pid: float(t) for pid, t in zip(group_ids, routing.evaluation.group_finish_s)},
         "k": routing.k,
         "tail_replicas": routing.tail_replicas,
         "optimal": routing.optimal,
+        "complete": routing.complete,
         "lower_bound_s": routing.lower_bound_s,
+        "gap_to_bound": routing.gap_to_bound,
     }
+
+
+def _group_starts(routing: Routing) -> list[int]:
+    sizes = [len(x) for x in routing.evaluation.response_finish_s]
+    return [int(x) for x in np.concatenate([[0], np.cumsum(sizes)[:-1]])]
 
 
 def run(args: argparse.Namespace) -> int:
     trace = read_trace(args.trace)
     perf = parse_perf_model(args.perf_model)
+    progress = None if args.json else (lambda line: print(line, file=sys.stderr, flush=True))
     routing = route(args.policy, trace.groups, args.replicas, perf, k=args.k, tail_replicas=args.tail_replicas,
-                    max_num_seqs=args.max_num_seqs, time_limit_s=args.time_limit)
+                    max_num_seqs=args.max_num_seqs, time_limit_s=args.time_limit, progress=progress)
     if args.json:
         print(json.dumps(routing_json(routing, [g.prompt_id for g in trace])))
         return 0
@@ -65,18 +81,24 @@ def _print_table(routing: Routing, trace, args: argparse.Namespace, perf_name: s
     for column in ("replica", "pool", "groups", "responses", "tokens", "max len", "completion s"):
         table.add_column(column, justify="right")
     times = routing.evaluation.replica_times_s
+    flat = np.fromiter((v for g in trace for v in g.lengths), dtype=np.int64)
+    group_of_sample = np.repeat(np.arange(len(trace)), [g.n for g in trace])
     for r in range(args.replicas):
-        members = np.flatnonzero(routing.assignment == r)
-        lengths = [v for i in members for v in trace[i].lengths]
+        on_r = routing.sample_assignment == r
+        lengths = flat[on_r].tolist()
         pool = "tail" if r < m else ("bulk" if m else "-")
         style = "bold" if times[r] == routing.makespan_s else None
-        table.add_row(str(r), pool, str(len(members)), str(len(lengths)), str(sum(lengths)),
+        table.add_row(str(r), pool, str(len(np.unique(group_of_sample[on_r]))), str(len(lengths)), str(sum(lengths)),
                       str(max(lengths, default=0)), f"{times[r]:.3f}", style=style)
     console = Console()
     console.print(table)
     line = f"makespan {routing.makespan_s:.3f} s"
     if routing.k is not None:
         line += f"  (k={routing.k}, tail replicas m={routing.tail_replicas})"
+    if not routing.complete:
+        line += "  (search cut short by --time-limit: best found)"
+    if routing.gap_to_bound is not None and routing.policy != "exact":
+        line += f"  lower bound {routing.lower_bound_s:.3f} s (gap {100 * routing.gap_to_bound:.2f} %)"
     if routing.policy == "exact":
         line += ("  optimal (search finished)" if routing.optimal else
                  f"  best found; proven lower bound {routing.lower_bound_s:.3f} s "

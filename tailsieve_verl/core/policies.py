@@ -233,6 +233,17 @@ def least_inflight_assignment(n_samples: int, n_replicas: int, offset: int = 0,
     return offset + base
 
 
+def pool_assignment(groups: Sequence[Group], replicas: int, offset: int = 0, group_atomic: bool = False,
+                    rng: np.random.Generator | None = None) -> np.ndarray:
+    """Replica of every sample of one pool's groups (replicas ``offset .. offset + replicas − 1``):
+    each sample by least in flight (stock verl's routing), or whole groups round-robin."""
+    if not groups:
+        return np.zeros(0, dtype=np.int64)
+    if group_atomic:
+        return expand_to_samples(groups, uniform_assignment(len(groups), replicas, offset))
+    return least_inflight_assignment(sum(g.n for g in groups), replicas, offset, rng)
+
+
 def singletons(groups: Sequence[Group]) -> list[Group]:
     """Every sample as a group of one (flat, group-major): per-sample policies are group policies on these."""
     return [Group(f"{g.prompt_id}/{j}", (length,), g.prompt_len) for g in groups for j, length in enumerate(g.lengths)]

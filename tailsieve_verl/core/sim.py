@@ -13,6 +13,11 @@ Policies:
 * ``tailsieve-fixed`` — TailSieve with the tail pool pinned (``fixed_tail_replicas``, default R/2)
   and only the inner q loop.
 * ``tailsieve`` — TailSieve with both loops, starting from one shared pool (0, 0).
+* ``best-static`` — hindsight reference for the controller: the TailSieve mechanism with every fixed
+  (q, m) of :func:`static_grid` (inner loop off, (0, 0) = one shared pool included) on the same
+  prompt stream; reports the one with the lowest mean makespan. What a perfect static controller
+  reaches. Opt-in: one TailSieve run per grid point; ``best_static_screen`` stops all but the best
+  few after the first steps (a screened grid: a lower bound on the full grid's best).
 * ``clairvoyant-group`` / ``clairvoyant-sample`` — know this step's lengths: the B fresh groups
   (or their single samples) routed ``topk-balanced`` (:mod:`core.policies`) with the best (k, m),
   searched coarse-to-fine within ``oracle_time_limit_s`` per step. References, not policies one
@@ -41,13 +46,15 @@ from .controller import ControllerConfig, Decision, GroupRecord, HierarchicalCon
 from .errors import TailSieveError
 from .perf import PerfModel
 from .oracle import SetCost
-from .policies import best_k_search, expand_to_samples, least_inflight_assignment, route, singletons
+from .policies import best_k_search, expand_to_samples, least_inflight_assignment, pool_assignment, route, singletons
 from .replica import Evaluation, evaluate_samples
 from .selector import BULK, TAIL, TailSelector
 from .trace import Group
 from .workload import PromptPool
 
 POLICIES = ("verl", "uniform", "tailsieve-fixed", "tailsieve", "clairvoyant-group", "clairvoyant-sample")
+# opt-in (``--policies ...,best-static``): one TailSieve run per grid point, ~50 runs at R = 8
+ALL_POLICIES = POLICIES + ("best-static",)
 BASELINE = "verl"  # every speedup is measured against stock verl first
 
 
@@ -68,15 +75,17 @@ class SimConfig:
     gantt_step: int | None = None  # step whose per-group timeline is kept (None = the last)
     group_atomic: bool = False  # TailSieve pools keep a group's samples on one replica (the paper's setting)
     oracle_time_limit_s: float = 2.0  # per step, for each clairvoyant (k, m) search
+    best_static_screen: tuple[int, int] = (8, 6)  # best-static: after this many steps keep this many best
+    #   grid points (and (0, 0)) running; (0, 0) = run the whole grid every step
 
     def validate(self) -> None:
         if self.steps < 1 or self.batch_size < 2 or self.n < 1:
             raise SimError(f"need --steps >= 1, --batch >= 2 and --n >= 1, got {self.steps}, {self.batch_size}, {self.n}")
         if self.n_replicas < 2:
             raise SimError(f"TailSieve needs at least 2 replicas (a tail and a bulk pool), got --replicas {self.n_replicas}")
-        unknown = [p for p in self.policies if p not in POLICIES]
+        unknown = [p for p in self.policies if p not in ALL_POLICIES]
         if unknown or not self.policies:
-            raise SimError(f"unknown policy {unknown[0] if unknown else '(none)'}; choose from {', '.join(POLICIES)}")
+            raise SimError(f"unknown policy {unknown[0] if unknown else '(none)'}; choose from {', '.join(ALL_POLICIES)}")
         if not 1 <= self.fixed_m < self.n_replicas:
             raise SimError(f"fixed tail replicas must be in 1..{self.n_replicas - 1}, got {self.fixed_m}")
 
@@ -216,16 +225,6 @@ class Ledger:
 
 # ---------------------------------------------------------------------------- one step per policy
 
-def _pool_assignment(groups: Sequence[Group], replicas: int, offset: int, group_atomic: bool,
-                     rng: np.random.Generator) -> np.ndarray:
-    """Replica of every sample of a pool's groups: group round-robin, or per sample by least in flight."""
-    if not groups:
-        return np.zeros(0, dtype=np.int64)
-    if group_atomic:
-        return expand_to_samples(groups, offset + np.arange(len(groups), dtype=np.int64) % replicas)
-    return least_inflight_assignment(sum(g.n for g in groups), replicas, offset, rng)
-
-
 def _tokens_at(groups: Sequence[Group], ev: Evaluation, t: float) -> np.ndarray:
     """Response tokens each group had generated at time t (every replica's samples admitted at 0)."""
     lengths = np.fromiter((x for g in groups for x in g.lengths), dtype=np.int64, count=len(ev.sample_replica))
@@ -347,8 +346,8 @@ class TailSieveRunner(_Runner):
         self.generated.update(dict.fromkeys(list(plan.tail_ids) + bulk_ids, t))
         m = self.decision.m if tail else 0  # an idle tail pool lends its replicas to the bulk pool
         groups = tail + bulk
-        samples = np.concatenate([_pool_assignment(tail, m, 0, cfg.group_atomic, self.routing_rng),
-                                  _pool_assignment(bulk, R - m, m, cfg.group_atomic, self.routing_rng)])
+        samples = np.concatenate([pool_assignment(tail, m, 0, cfg.group_atomic, self.routing_rng),
+                                  pool_assignment(bulk, R - m, m, cfg.group_atomic, self.routing_rng)])
         ev = evaluate_samples(groups, samples, R, self.perf)
         tail_finish = ev.group_finish_s[:len(tail)]
         bulk_finish = ev.group_finish_s[len(tail):]
@@ -385,11 +384,55 @@ class TailSieveRunner(_Runner):
             tuple(busy), self.decision.q, self.decision.m, spans))
 
 
+def static_grid(n_replicas: int, batch_size: int, max_q_fraction: float = 0.5) -> list[tuple[int, int]]:
+    """The (q, m) points ``best-static`` tries: (0, 0), and for every m in 1..R−1 the q of a
+    geometric-ish grid of batch fractions with m <= q <= the controller's q bound."""
+    q_max = max(1, min(batch_size - 1, int(max_q_fraction * batch_size)))
+    fractions = (1 / 64, 1 / 32, 1 / 16, 3 / 32, 1 / 8, 3 / 16, 1 / 4, 3 / 8, 1 / 2)
+    points = [(0, 0)]
+    for m in range(1, n_replicas):
+        qs = sorted({m, q_max} | {int(round(f * batch_size)) for f in fractions})
+        points += [(q, m) for q in qs if m <= q <= q_max]
+    return points
+
+
+class BestStaticRunner:
+    """``best-static``: one TailSieve run per fixed (q, m) of :func:`static_grid` on the same stream
+    (same prompt order, length draws and routing tie-breaks as ``tailsieve``); the best in hindsight."""
+
+    def __init__(self, cfg: SimConfig, pool: PromptPool, perf: PerfModel, name: str = "best-static"):
+        self.name = name
+        self.runners: dict[tuple[int, int], TailSieveRunner] = {}
+        for q, m in static_grid(cfg.n_replicas, cfg.batch_size, cfg.controller.max_q_fraction):
+            pinned = (replace(cfg.controller, fixed_tail_replicas=m, q_init=q, inner_loop=False) if m else
+                      replace(cfg.controller, fixed_tail_replicas=None, m_init=0, q_init=0, inner_loop=False,
+                              settle_steps=10 ** 9))  # (0, 0): the outer loop never decides
+            self.runners[q, m] = TailSieveRunner(cfg, pool, perf, pinned, name)
+        self.screen = cfg.best_static_screen
+
+    def step(self, t: int, keep: bool) -> None:
+        screen_steps, survivors = self.screen
+        if screen_steps and t == screen_steps:
+            ranked = sorted(self.runners, key=lambda split: self.runners[split].result.mean_makespan_s)
+            kept = set(ranked[:survivors]) | {(0, 0)}
+            self.runners = {split: r for split, r in self.runners.items() if split in kept}
+        for runner in self.runners.values():
+            runner.step(t, keep)
+
+    def finish(self) -> PolicyResult:
+        results = {split: runner.finish() for split, runner in self.runners.items()}
+        self.split = min(results, key=lambda split: results[split].mean_makespan_s)
+        self.grid = {split: r.mean_makespan_s for split, r in results.items()}
+        return results[self.split]
+
+
 def build_runners(cfg: SimConfig, pool: PromptPool, perf: PerfModel) -> list[_Runner]:
     runners: list[_Runner] = []
     for name in cfg.policies:
         if name in StaticRunner.ROUTES:
             runners.append(StaticRunner(cfg, pool, perf, name))
+        elif name == "best-static":
+            runners.append(BestStaticRunner(cfg, pool, perf, name))
         elif name == "tailsieve":
             runners.append(TailSieveRunner(cfg, pool, perf, replace(cfg.controller, fixed_tail_replicas=None), name))
         else:

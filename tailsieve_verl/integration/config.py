@@ -85,6 +85,9 @@ class TailSieveConfig:
     drain_timeout_s: float = 600.0  # abort → all aborted groups settled; longer is an error
     poll_interval_s: float = 0.05  # TransferQueue status polling while waiting for groups
     log_bias: bool = True  # length-bias monitor metrics
+    # Pools route whole groups (all n samples on one replica, the paper's setting; for prefix-cache-heavy
+    # prompts) instead of each sample to the pool's least-loaded replica, as stock verl routes.
+    group_atomic: bool = False
     # Stop strings added to every rollout request (verl 0.9.1 has no rollout option for them and
     # vLLM ignores engine defaults when a request brings its own sampling params), e.g. ['<END>'].
     stop: tuple[str, ...] = ()
@@ -253,6 +256,15 @@ def validate_verl_config(config: Any) -> TailSieveConfig:
             "TailSieve runs on verl's V1 trainer only; the legacy RayPPOTrainer (trainer.use_v1=false) "
             "is unsupported: set trainer.use_v1=true"
         )
+    if mode != TRAINER_MODE and set(section or {}) <= {"stop"}:
+        # Stock verl with only stop strings: the tailsieve_agent wrapper adds them (nothing else runs).
+        cfg = dataclasses.replace(parse_tailsieve_section(section), enable=False)
+        agent = _select(config, "actor_rollout_ref.rollout.agent.default_agent_loop")
+        if cfg.stop and agent != "tailsieve_agent":
+            raise TailSieveConfigError(
+                f"tailsieve.stop needs the tailsieve_agent wrapper outside the TailSieve trainer: set "
+                f"actor_rollout_ref.rollout.agent.default_agent_loop=tailsieve_agent (it wraps {agent!r})")
+        return cfg
     if mode != TRAINER_MODE:
         raise TailSieveConfigError(
             f"trainer.v1.trainer_mode is {mode!r}, but the tailsieve settings only take effect in the "

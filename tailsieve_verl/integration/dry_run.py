@@ -235,7 +235,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(render(config, plans), end="")
     for item in missing_data_files(config):
         print(f"# note: {item} does not exist yet; a real run needs it (scripts/prepare_data.py)")
-    state = "active" if tailsieve.active else "off: uniform group routing, (q, m) = (0, 0)"
+    if tailsieve.active:
+        state = "active"
+    elif config.trainer.v1.trainer_mode != "tailsieve":
+        state = "off: stock verl (its own trainer and per-sample router)"
+    else:
+        state = ("off: (q, m) = (0, 0) on TailSieve's code path, "
+                 + ("uniform group routing" if tailsieve.group_atomic else "stock verl's per-sample routing"))
     print(f"# dry run ok: trainer_mode={config.trainer.v1.trainer_mode}, tailsieve {state}")
     return 0
 

@@ -15,10 +15,12 @@ verl's V1 trainer aggregates ``_step_once`` metrics by key name and hands them t
 ``tailsieve/bulk_makespan_s``  the bulk cutoff: the (B − T)-th finished bulk group
 ``tailsieve/makespan_s``       max of the two
 ``tailsieve/cutoff_wall_s``    when the trainer saw the cutoff and aborted (its clock, incl. polling)
-``tailsieve/pred_uniform_makespan_s``  the perf model's makespan of this step's B consumed groups
-                               under uniform group routing over all replicas
+``tailsieve/pred_verl_makespan_s``  the perf model's makespan of this step's B consumed groups
+                               under stock verl's routing (each sample to the least-loaded replica)
+``tailsieve/pred_uniform_makespan_s``  the same under uniform group routing over all replicas
 ``tailsieve/pred_makespan_s``  the same model for this step's actual split (tail groups on m
-                               replicas, bulk groups on R − m; aborted work not included)
+                               replicas, bulk groups on R − m, routed as the pools route;
+                               aborted work not included)
 ``tailsieve/redispatched_groups``, ``tailsieve/live_replicas``  replica-failure handling
 ``tailsieve/bias/*``           the core's length-bias monitor (``core.bias``): KS distance of this
                                step's consumed lengths to the earlier consumed steps, its noise
@@ -34,8 +36,8 @@ import numpy as np
 
 from tailsieve_verl.core.controller import Decision, GroupRecord, StepObservation
 from tailsieve_verl.core.perf import PerfModel
-from tailsieve_verl.core.policies import uniform_assignment
-from tailsieve_verl.core.replica import evaluate_assignment
+from tailsieve_verl.core.policies import pool_assignment
+from tailsieve_verl.core.replica import evaluate_samples
 from tailsieve_verl.core.trace import Group
 
 
@@ -59,22 +61,27 @@ def _groups(records: list[GroupRecord], prefix: str, prompt_len: float) -> list[
 
 
 def predicted_makespans(tail: list[GroupRecord], bulk: list[GroupRecord], m: int, n_replicas: int,
-                        perf: PerfModel, prompt_len: float = 0.0) -> tuple[float, float]:
-    """(uniform, split) makespans of the consumed groups under the perf model."""
+                        perf: PerfModel, prompt_len: float = 0.0, group_atomic: bool = False
+                        ) -> tuple[float, float, float]:
+    """(stock verl, uniform group, this split) makespans of the consumed groups under the perf model."""
     groups = _groups(tail, "t", prompt_len) + _groups(bulk, "b", prompt_len)
     if not groups:
-        return 0.0, 0.0
-    uniform = evaluate_assignment(groups, uniform_assignment(len(groups), n_replicas), n_replicas, perf).makespan_s
+        return 0.0, 0.0, 0.0
+    verl = evaluate_samples(groups, pool_assignment(groups, n_replicas), n_replicas, perf).makespan_s
+    uniform = evaluate_samples(groups, pool_assignment(groups, n_replicas, group_atomic=True), n_replicas,
+                               perf).makespan_s
     if m == 0 or not tail:
-        return uniform, uniform
-    split = np.concatenate([uniform_assignment(len(tail), m), uniform_assignment(len(bulk), n_replicas - m, offset=m)])
-    return uniform, evaluate_assignment(groups, split, n_replicas, perf).makespan_s
+        split = pool_assignment(groups, n_replicas, group_atomic=group_atomic)
+    else:
+        split = np.concatenate([pool_assignment(groups[:len(tail)], m, 0, group_atomic),
+                                pool_assignment(groups[len(tail):], n_replicas - m, m, group_atomic)])
+    return verl, uniform, evaluate_samples(groups, split, n_replicas, perf).makespan_s
 
 
 def step_metrics(measurement: StepMeasurement, observation: StepObservation, decision: Decision, n_replicas: int,
-                 perf: PerfModel) -> dict[str, float]:
-    uniform, split = predicted_makespans(measurement.tail, measurement.bulk, measurement.m, n_replicas, perf,
-                                         observation.prompt_len)
+                 perf: PerfModel, group_atomic: bool = False) -> dict[str, float]:
+    verl, uniform, split = predicted_makespans(measurement.tail, measurement.bulk, measurement.m, n_replicas, perf,
+                                               observation.prompt_len, group_atomic)
     return {
         "tailsieve/q": float(measurement.q),
         "tailsieve/m": float(measurement.m),
@@ -88,6 +95,7 @@ def step_metrics(measurement: StepMeasurement, observation: StepObservation, dec
         "tailsieve/bulk_makespan_s": float(observation.bulk_cutoff_s),
         "tailsieve/makespan_s": float(observation.makespan_s),
         "tailsieve/cutoff_wall_s": float(measurement.cutoff_s),
+        "tailsieve/pred_verl_makespan_s": float(verl),
         "tailsieve/pred_uniform_makespan_s": float(uniform),
         "tailsieve/pred_makespan_s": float(split),
         "tailsieve/redispatched_groups": float(measurement.redispatched),

@@ -1,14 +1,18 @@
 """Pool router: verl's router plugin (``router_config_path`` → ``router_class``) for TailSieve.
 
 Replicas are split into a tail pool and a bulk pool **by server address** (the trainer sends the
-split each step, so pools can be re-assigned when the controller moves m). A prompt group is
-atomic: the first request of a group picks the next replica of its pool round-robin, every later
-request of the group (all n samples, every turn) goes to that same replica. Nothing here assumes a
-shared host — addresses and Ray actor handles work across the nodes of a Ray cluster.
+split each step, so pools can be re-assigned when the controller moves m). Inside each pool the
+routing is verl's own: one ``GlobalRequestLoadBalancer`` per pool (sticky by key, else the
+least-in-flight server, ties at random), so a TailSieve pool routes exactly like stock verl routes
+the whole cluster — every sample to the least-loaded replica of its pool, a group's samples spread
+over the pool. With ``group_atomic`` (the paper's setting, or prefix-cache-heavy prompts) the
+sticky key is the group instead of the request, so all n samples of a group (and every turn)
+share the replica its first request got. Nothing here assumes a shared host — addresses and Ray
+actor handles work across the nodes of a Ray cluster.
 
 Requests carry their group in the request id (``ts:<group uid>:<nonce>``, written by
 :class:`tailsieve_verl.integration.agent_loop.GroupTaggedClient`); requests without it (e.g.
-validation) fall back to least-in-flight over every replica, like verl's default router.
+validation) go to the least-loaded server of either pool, like verl's default router.
 
 The router also keeps the step's ledger of per-sample measurements reported by the agent loops
 (durations measured on the worker's own clock, so no cross-host clock is compared).
@@ -20,12 +24,14 @@ import logging
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from verl.workers.rollout.router import GlobalRequestLoadBalancer
+
 logger = logging.getLogger(__name__)
 
 REQUEST_PREFIX = "ts"
 TAIL = "tail"
 BULK = "bulk"
-ANY = "any"  # validation and untagged groups: round-robin over every live replica
+ANY = "any"  # validation and untagged groups: the least-loaded server of either pool
 
 
 def tag_request_id(group_uid: str, nonce: str) -> str:
@@ -57,46 +63,56 @@ class GroupReport:
 
 
 class PoolRouter:
-    """Group-atomic, pool-aware router (a plain class; verl wraps it with ``ray.remote``)."""
+    """Pool-aware router over one verl balancer per pool (a plain class; verl wraps it with ``ray.remote``)."""
 
     def __init__(self, servers: dict[str, Any], yaml_config: dict | None = None):
         self._servers: dict[str, Any] = dict(servers)
-        self._inflight: dict[str, int] = {address: 0 for address in servers}
         self._pool_of: dict[str, str] = {address: BULK for address in servers}
+        self._balancers = {TAIL: GlobalRequestLoadBalancer({}),
+                           BULK: GlobalRequestLoadBalancer(dict(servers))}
+        self.group_atomic = False
         self._group_pool: dict[str, str] = {}
-        self._group_server: dict[str, str] = {}
-        self._cursor: dict[str, int] = {TAIL: 0, BULK: 0, ANY: 0}
+        self._group_servers: dict[str, set[str]] = {}
         self._samples: dict[str, dict[int, dict]] = {}
 
     # ---- trainer-side control ------------------------------------------------------------------
-    def set_pools(self, tail_addresses: list[str]) -> dict[str, list[str]]:
-        """Make ``tail_addresses`` the tail pool and every other live replica the bulk pool."""
+    def set_pools(self, tail_addresses: list[str], group_atomic: bool | None = None) -> dict[str, list[str]]:
+        """Make ``tail_addresses`` the tail pool and every other live replica the bulk pool (between
+        steps: a server moved to the other pool starts there with no request in flight)."""
         unknown = set(tail_addresses) - set(self._servers)
         if unknown:
             raise ValueError(f"unknown replica addresses {sorted(unknown)}; live: {sorted(self._servers)}")
+        if group_atomic is not None:
+            self.group_atomic = bool(group_atomic)
         tail = set(tail_addresses)
-        self._pool_of = {address: TAIL if address in tail else BULK for address in self._servers}
+        for address in self._servers:
+            pool = TAIL if address in tail else BULK
+            if self._pool_of.get(address) != pool:
+                self._balancers[self._pool_of[address]].remove_servers([address])
+                self._balancers[pool].add_servers({address: self._servers[address]})
+                self._pool_of[address] = pool
         return self.pools()
 
     def pools(self) -> dict[str, list[str]]:
         return {pool: [a for a in self._servers if self._pool_of.get(a) == pool] for pool in (TAIL, BULK)}
 
     def assign_groups(self, group_pools: dict[str, str]) -> None:
-        """Declare the pool of each group of the coming dispatch (its replica is chosen at first use)."""
+        """Declare the pool of each group of the coming dispatch."""
         for uid, pool in group_pools.items():
             if pool not in (TAIL, BULK, ANY):
                 raise ValueError(f"unknown pool {pool!r} for group {uid}")
             self._group_pool[uid] = pool
-            self._group_server.pop(uid, None)
+            self._group_servers.pop(uid, None)
 
     def forget_groups(self, uids: list[str]) -> None:
         for uid in uids:
             self._group_pool.pop(uid, None)
-            self._group_server.pop(uid, None)
+            self._group_servers.pop(uid, None)
             self._samples.pop(uid, None)
 
-    def group_servers(self, uids: list[str]) -> dict[str, str]:
-        return {uid: self._group_server[uid] for uid in uids if uid in self._group_server}
+    def group_servers(self, uids: list[str]) -> dict[str, list[str]]:
+        """Every server that ran a request of each group (several when samples are spread)."""
+        return {uid: sorted(self._group_servers[uid]) for uid in uids if uid in self._group_servers}
 
     def report_sample(self, sample: dict) -> None:
         self._samples.setdefault(str(sample["uid"]), {})[int(sample["session_id"])] = dict(sample)
@@ -111,27 +127,25 @@ class PoolRouter:
         if not self._servers:
             raise RuntimeError("No available servers in load balancer")
         uid = group_of_request(request_id)
-        if uid is None:
-            address = min(self._servers, key=lambda a: self._inflight[a])
-        else:
-            address = self._group_server.get(uid)
-            if address not in self._servers:  # first request of the group, or its replica was removed
-                address = self._next_in_pool(self._group_pool.get(uid, ANY))
-                self._group_server[uid] = address
-        self._inflight[address] += 1
-        return address, self._servers[address]
+        pool = self._group_pool.get(uid, ANY) if uid is not None else ANY
+        balancer = self._balancer_for(pool)
+        key = uid if uid is not None and self.group_atomic else str(request_id)
+        address, handle = balancer.acquire_server(key)
+        if uid is not None:
+            self._group_servers.setdefault(uid, set()).add(address)
+        return address, handle
 
-    def _next_in_pool(self, pool: str) -> str:
-        members = [a for a in self._servers if pool == ANY or self._pool_of.get(a) == pool]
-        if not members:  # a pool lost its last replica: its groups go to the survivors
-            members = list(self._servers)
-        address = members[self._cursor[pool] % len(members)]
-        self._cursor[pool] += 1
-        return address
+    def _balancer_for(self, pool: str) -> GlobalRequestLoadBalancer:
+        """The pool's balancer; ANY (and a pool that lost its last replica) takes the less loaded one."""
+        live = {p: b for p, b in self._balancers.items() if b.get_all_servers()}
+        if pool in live:
+            return live[pool]
+        return min(live.values(), key=lambda b: min(b.get_inflight_count(a) for a in b.get_all_servers()))
 
     def release_server(self, server_id: str, request_id: str | None = None) -> None:
-        if self._inflight.get(server_id, 0) > 0:
-            self._inflight[server_id] -= 1
+        pool = self._pool_of.get(server_id)
+        if pool is not None:
+            self._balancers[pool].release_server(server_id, request_id)
 
     def require_acquire_fields(self) -> list[str]:
         return []
@@ -142,30 +156,33 @@ class PoolRouter:
     def add_servers(self, servers: dict[str, Any]) -> None:
         for address, handle in servers.items():
             self._servers[address] = handle
-            self._inflight.setdefault(address, 0)
-            self._pool_of.setdefault(address, BULK)
+            if address not in self._pool_of:
+                self._pool_of[address] = BULK
+                self._balancers[BULK].add_servers({address: handle})
 
     def remove_servers(self, server_ids: list[str]) -> None:
         for address in server_ids:
             self._servers.pop(address, None)
-            self._inflight.pop(address, None)
-            self._pool_of.pop(address, None)
+            pool = self._pool_of.pop(address, None)
+            if pool is not None:
+                self._balancers[pool].remove_servers([address])
         logger.warning("[PoolRouter] removed replicas %s", server_ids)
 
     def get_all_servers(self) -> list[str]:
         return list(self._servers)
 
     def get_inflight_count(self, server_id: str) -> int:
-        return self._inflight.get(server_id, 0)
+        pool = self._pool_of.get(server_id)
+        return self._balancers[pool].get_inflight_count(server_id) if pool is not None else 0
 
     def get_status(self) -> dict:
-        return {"servers": dict(self._inflight), "total_inflight": sum(self._inflight.values()),
-                "active_servers": len(self._servers), "pools": self.pools()}
+        loads = {address: self.get_inflight_count(address) for address in self._servers}
+        return {"servers": loads, "total_inflight": sum(loads.values()), "active_servers": len(self._servers),
+                "pools": self.pools(), "group_atomic": self.group_atomic}
 
     def clear_sticky_cache(self) -> dict:
-        """Group placement is per-step state owned by the trainer (assign_groups / forget_groups); it
-        is kept so a group never splits across replicas."""
-        return {"cleared_entries": 0, "server_loads": dict(self._inflight)}
+        """Stickiness keys are fresh per dispatch attempt (request ids, group uids), so nothing to clear."""
+        return {"cleared_entries": 0, "server_loads": {a: self.get_inflight_count(a) for a in self._servers}}
 
     def get_total_inflight(self) -> int:
-        return sum(self._inflight.values())
+        return sum(self.get_inflight_count(a) for a in self._servers)

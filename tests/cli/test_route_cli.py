@@ -35,7 +35,11 @@ def test_json_contract(trace_path, capsys, policy):
                 *extra) == 0
     out = json.loads(capsys.readouterr().out)
     assert isinstance(out["makespan_s"], float)
-    assert len(out["assignment"]) == 10 and all(0 <= r < 3 for r in out["assignment"])
+    assert len(out["assignment"]) == 10
+    if out["group_atomic"]:
+        assert all(0 <= r < 3 for r in out["assignment"])
+    else:  # per group, the replica of each of its 4 samples
+        assert all(len(rs) == 4 and all(0 <= r < 3 for r in rs) for rs in out["assignment"])
     assert len(out["replica_times_s"]) == 3 and out["makespan_s"] == max(out["replica_times_s"])
     assert out["policy"] == policy
     if policy == "exact":
@@ -63,7 +67,8 @@ def test_readable_table(trace_path, capsys):
     (["-R", "3", "--policy", "topk", "--k", "2", "--tail-replicas", "3"], "--tail-replicas must be between 1"),
     (["-R", "0"], "--replicas must be an integer >= 1"),
     (["-R", "2", "--perf-model", "table:nope"], "unknown calibration"),
-    (["-R", "2", "--policy", "exact", "--time-limit", "0"], "time limit must be > 0"),
+    (["-R", "2", "--policy", "exact", "--time-limit", "0"], "--time-limit must be a finite number of seconds > 0"),
+    (["-R", "2", "--policy", "best-k", "--time-limit", "nan"], "--time-limit must be a finite number of seconds > 0"),
 ])
 def test_errors_are_tailsieve_errors(trace_path, argv, needle):
     with pytest.raises(TailSieveError) as err:

@@ -25,7 +25,9 @@ def test_simulate_json_and_plots(tmp_path, capsys):
     args = _parse(simulate_cli, ["simulate", *SMALL, "--workload", "strong", "--out", str(tmp_path), "--json"])
     assert simulate_cli.run(args) == 0
     report = json.loads(capsys.readouterr().out)
-    assert set(report["policies"]) == {"uniform", "tailsieve-fixed", "tailsieve", "oracle"}
+    assert set(report["policies"]) == {"verl", "uniform", "tailsieve-fixed", "tailsieve", "clairvoyant-group",
+                                       "clairvoyant-sample"}
+    assert set(report["speedup_vs_verl"]) == set(report["policies"]) and report["speedup_vs_verl"]["verl"] == 1.0
     assert all(isinstance(p["mean_makespan_s"], float) for p in report["policies"].values())
     assert report["speedup_vs_uniform"]["uniform"] == 1.0
     assert json.loads((tmp_path / "simulate.json").read_text()) == report
@@ -36,11 +38,11 @@ def test_simulate_json_and_plots(tmp_path, capsys):
 def test_simulate_table_from_observed_prompts(tmp_path, capsys):
     prompts = tmp_path / "prompts.jsonl"
     write_trace([Group(f"q{i}", (100 + 40 * i, 80, 3000 if i % 7 == 0 else 90)) for i in range(40)], prompts)
-    args = _parse(simulate_cli, ["simulate", *SMALL, "--prompts", str(prompts), "--policies", "uniform,tailsieve",
+    args = _parse(simulate_cli, ["simulate", *SMALL, "--prompts", str(prompts), "--policies", "verl,uniform,tailsieve",
                                  "--out", str(tmp_path / "out"), "--no-plots"])
     assert simulate_cli.run(args) == 0
     out = capsys.readouterr().out
-    assert "tailsieve" in out and "uniform" in out and "speedup" in out
+    assert "tailsieve" in out and "uniform" in out and "vs stock verl" in out
     assert not list((tmp_path / "out").glob("*.png"))
 
 

@@ -7,6 +7,8 @@ import threading
 import time
 from collections import Counter
 
+import pytest
+
 import ray
 
 B, N, R = 8, 2, 4
@@ -21,20 +23,26 @@ def _check_whole_batch(result: dict) -> Counter:
     return counts
 
 
-def test_uniform_mode_is_uniform_group_routing(harness_factory, tmp_path):
-    h = harness_factory(["+tailsieve.enable=false", f"trainer.default_local_dir={tmp_path}"])
+@pytest.mark.parametrize("group_atomic", [False, True])
+def test_uniform_mode_routes_like_stock_verl_or_whole_groups(harness_factory, tmp_path, group_atomic):
+    h = harness_factory(["+tailsieve.enable=false", f"+tailsieve.group_atomic={group_atomic}",
+                         f"trainer.default_local_dir={tmp_path}"])
     seen: list[str] = []
     for _ in range(2):
         result = h.step()
         m = result["metrics"]
         assert (m["tailsieve/q"], m["tailsieve/m"], m["tailsieve/aborted_groups"]) == (0, 0, 0)
-        assert m["tailsieve/pred_makespan_s"] == m["tailsieve/pred_uniform_makespan_s"]
+        expected = m["tailsieve/pred_uniform_makespan_s"] if group_atomic else m["tailsieve/pred_verl_makespan_s"]
+        assert m["tailsieve/pred_makespan_s"] == expected
         seen += list(_check_whole_batch(result))
     assert len(set(seen)) == len(seen)  # every prompt consumed exactly once
     stats = h.server_stats()
-    # whole groups round-robin over the 4 replicas: 2 steps x 8 groups x 2 samples / 4 replicas each
-    assert [s["completed"] for s in stats] == [2 * B * N // R] * R
-    assert sum(s["aborted"] for s in stats) == 0
+    completed = [s["completed"] for s in stats]
+    assert sum(completed) == 2 * B * N and sum(s["aborted"] for s in stats) == 0
+    if group_atomic:  # whole groups by least in flight over the 4 replicas: 2 steps x 8 groups x 2 samples / 4
+        assert completed == [2 * B * N // R] * R
+    else:  # every sample by least in flight: every replica serves the step
+        assert min(completed) > 0
 
 
 def test_carried_groups_are_regenerated_and_survive_checkpoint_resume(harness_factory, tmp_path):

@@ -12,25 +12,44 @@ SERVERS = {f"10.0.{node}.1:8000": f"handle-{node}" for node in range(4)}  # one 
 ADDRS = list(SERVERS)
 
 
-def acquire(router: PoolRouter, group: str, nonce: str) -> str:
+def acquire(router: PoolRouter, group: str, nonce: str, release: bool = True) -> str:
     address, handle = router.acquire_server(tag_request_id(group, nonce))
     assert handle == SERVERS[address]
-    router.release_server(address)
+    if release:
+        router.release_server(address)
     return address
 
 
-def test_groups_are_atomic_and_round_robin_within_their_pool():
+def burst(router: PoolRouter, groups: dict[str, str], n: int) -> dict[str, list[str]]:
+    """A synchronous step: every sample submitted before any finishes (nothing released)."""
+    router.assign_groups(groups)
+    return {g: [acquire(router, g, f"s{k}", release=False) for k in range(n)] for g in groups}
+
+
+def test_samples_spread_by_least_inflight_within_their_pool_like_stock_verl():
     router = PoolRouter(dict(SERVERS), {"router_class": "x"})
     router.set_pools([ADDRS[0]])
     groups = {f"t{i}": TAIL for i in range(2)} | {f"b{i}": BULK for i in range(6)}
-    router.assign_groups(groups)
-    placed = {}
-    for sample in range(4):  # n = 4 samples per group, interleaved like concurrent agent loops
+    placed = burst(router, groups, n=3)
+    assert {a for g in groups if groups[g] == TAIL for a in placed[g]} == {ADDRS[0]}
+    bulk = Counter(a for g in groups if groups[g] == BULK for a in placed[g])
+    assert set(bulk) == set(ADDRS[1:]) and set(bulk.values()) == {6}  # 18 samples, 6 per bulk replica
+    assert all(len(set(placed[g])) == 3 for g in groups if groups[g] == BULK)  # each group spread
+    assert router.group_servers(["b0"]) == {"b0": sorted(placed["b0"])}
+    for address in [a for addrs in placed.values() for a in addrs]:
+        router.release_server(address)
+    assert router.get_total_inflight() == 0
+
+
+def test_group_atomic_keeps_a_group_on_one_replica_and_balances_groups():
+    router = PoolRouter(dict(SERVERS))
+    router.set_pools([ADDRS[0]], group_atomic=True)
+    groups = {f"t{i}": TAIL for i in range(2)} | {f"b{i}": BULK for i in range(6)}
+    placed = burst(router, {g: p for g, p in groups.items()}, n=1)
+    for sample in range(1, 4):  # later samples (and turns) of each group follow its first request
         for group in groups:
-            address = acquire(router, group, f"s{sample}")
-            assert placed.setdefault(group, address) == address  # all samples on one replica
-    assert {placed[g] for g in groups if groups[g] == TAIL} == {ADDRS[0]}
-    bulk = Counter(placed[g] for g in groups if groups[g] == BULK)
+            assert acquire(router, group, f"s{sample}") == placed[group][0]
+    bulk = Counter(placed[g][0] for g in groups if groups[g] == BULK)
     assert set(bulk) == set(ADDRS[1:]) and set(bulk.values()) == {2}
 
 
@@ -39,10 +58,11 @@ def test_pools_move_between_steps_and_untagged_requests_use_every_replica():
     router.set_pools(ADDRS[:2])
     assert router.pools() == {TAIL: ADDRS[:2], BULK: ADDRS[2:]}
     router.set_pools([])  # uniform boundary: m = 0
-    router.assign_groups({f"g{i}": BULK for i in range(8)})
-    assert Counter(acquire(router, f"g{i}", "a") for i in range(8)) == Counter({a: 2 for a in ADDRS})
+    placed = burst(router, {f"g{i}": BULK for i in range(8)}, n=1)
+    assert Counter(a for addrs in placed.values() for a in addrs) == Counter({a: 2 for a in ADDRS})
+    router.set_pools(ADDRS[:1])
     router.assign_groups({f"v{i}": ANY for i in range(4)})
-    assert {acquire(router, f"v{i}", "a") for i in range(4)} == set(ADDRS)
+    assert {acquire(router, f"v{i}", "a", release=False) for i in range(4)} <= set(ADDRS)
     address, _ = router.acquire_server("plain-uuid")  # a request with no group tag
     assert address in SERVERS
     with pytest.raises(ValueError, match="unknown replica addresses"):

@@ -40,10 +40,10 @@ def recipe_args(recipe: Path, **env: str) -> list[str]:
 def test_recipe_set_covers_the_issue():
     names = {p.stem for p in RECIPES}
     for model in ("qwen3_5-2b", "qwen3-4b", "qwen3-8b", "qwen3-30b-a3b", "qwen3_5-35b-a3b"):
-        for v in ("uniform", "tailsieve", "tailsieve_fixed"):
+        for v in ("verl", "uniform", "tailsieve", "tailsieve_fixed"):
             assert f"{model}_{v}" in names
     for model in ("qwen3_5-2b", "qwen3_5-35b-a3b"):
-        assert {f"{model}_uniform_mtp", f"{model}_tailsieve_mtp"} <= names
+        assert {f"{model}_verl_mtp", f"{model}_uniform_mtp", f"{model}_tailsieve_mtp"} <= names
     for model in ("qwen3-4b", "qwen3-8b", "qwen3-30b-a3b"):
         assert f"{model}_tailsieve_dflash" in names
 
@@ -80,11 +80,13 @@ def test_every_recipe_dry_runs(recipe, dry_run):
     tp = 2 if "a3b" in recipe.stem else 1
     assert rollout.tensor_model_parallel_size == tp and len(plans) == 8 // tp
     assert actor.fsdp_config.param_offload == actor.fsdp_config.optimizer_offload == (tp == 2)
-    assert config.trainer.v1.trainer_mode == "tailsieve"
-
     kind = recipe.stem.split("_", 1)[1] if not recipe.stem.startswith("qwen3_5") else recipe.stem.split("_", 2)[2]
+    # stock verl: verl's own sync trainer and router; only the stop-string agent wrapper is the plugin's
+    assert config.trainer.v1.trainer_mode == ("sync" if kind.startswith("verl") else "tailsieve")
+    if kind.startswith("verl"):
+        assert rollout.agent.default_agent_loop == "tailsieve_agent" and not tailsieve.active
     bulk_depth = 1
-    if kind.startswith("uniform"):
+    if kind.startswith("uniform") or kind.startswith("verl"):
         assert not tailsieve.active
         assert {p.pool for p in plans} == {"uniform"}
     else:
@@ -94,9 +96,9 @@ def test_every_recipe_dry_runs(recipe, dry_run):
         assert tailsieve.mode == "adaptive"
     if kind == "tailsieve_fixed":
         assert tailsieve.mode == "fixed" and tailsieve.tail_replicas == len(plans) // 2
-    if kind in ("uniform", "tailsieve", "tailsieve_fixed"):
+    if kind in ("verl", "uniform", "tailsieve", "tailsieve_fixed"):
         assert all(p[1:] == (False, None, None) for p in plan_summary(plans))
-    if kind == "uniform_mtp":
+    if kind in ("uniform_mtp", "verl_mtp"):
         assert all(p[1:] == (True, bulk_depth, None) for p in plan_summary(plans))
     if kind == "tailsieve_mtp":
         for pool, mtp, depth, spec in plan_summary(plans):
@@ -140,15 +142,17 @@ def run_recipe(name: str, *overrides: str, **env: str) -> subprocess.CompletedPr
                           env=recipe_env(TAILSIEVE_DRY_RUN="1", **env), capture_output=True, text=True, timeout=300)
 
 
-@pytest.mark.parametrize("name", ["qwen3_5-2b_tailsieve_mtp", "qwen3-30b-a3b_uniform"])
-def test_dry_run_end_to_end_through_bash(name):
+@pytest.mark.parametrize("name, ending", [("qwen3_5-2b_tailsieve_mtp", "tailsieve active"),
+                                          ("qwen3-30b-a3b_uniform", "stock verl's per-sample routing"),
+                                          ("qwen3-8b_verl", "stock verl (its own trainer and per-sample router)")])
+def test_dry_run_end_to_end_through_bash(name, ending):
     proc = run_recipe(name)
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = proc.stdout
     for header in ("# algorithm", "# actor_rollout_ref.rollout", "# tailsieve", "# rollout replicas (engine settings at launch)"):
         assert f"\n{header}\n" in "\n" + out
     assert "norm_adv_by_std_in_grpo: false" in out
-    assert out.rstrip().endswith("tailsieve active" if "tailsieve" in name else "(q, m) = (0, 0)")
+    assert out.rstrip().endswith(ending)
 
 
 def test_dry_run_rejects_an_impossible_split():

@@ -14,7 +14,7 @@ from fake_openai_server import FakeOpenAIServer
 
 from tailsieve_verl.cli import bench as cli_bench
 from tailsieve_verl.core.perf import LinearPerf
-from tailsieve_verl.core.replica import evaluate_assignment
+from tailsieve_verl.core.replica import evaluate_assignment, evaluate_samples, expand_to_samples
 from tailsieve_verl.core.trace import Group, write_trace
 from tailsieve_verl.tools.bench import (BenchError, bench, best_tailsieve_split, carried_at_cutoff, check_lengths,
                                         pooled_assignment, run_assignment, scale_groups)
@@ -36,11 +36,16 @@ def test_carried_are_the_groups_still_running_at_the_cutoff():
     assert carried_at_cutoff(finish, 0) == []
 
 
-def test_pooled_assignment_keeps_pools_apart_round_robin():
-    assignment = pooled_assignment([1, 4, 5], n_groups=7, n_replicas=4, tail_replicas=2)
-    assert list(assignment) == [2, 0, 3, 2, 1, 0, 3]
+def test_pooled_assignment_keeps_pools_apart():
+    groups = [Group(f"p{i}", (10, 20)) for i in range(7)]
+    whole = pooled_assignment(groups, [1, 4, 5], n_replicas=4, tail_replicas=2, group_atomic=True)
+    assert list(whole) == [2, 2, 0, 0, 3, 3, 2, 2, 1, 1, 0, 0, 3, 3]  # group round-robin per pool
+    spread = pooled_assignment(groups, [1, 4, 5], n_replicas=4, tail_replicas=2)
+    is_tail = np.repeat([i in (1, 4, 5) for i in range(7)], 2)
+    assert set(spread[is_tail]) == {0, 1} and set(spread[~is_tail]) == {2, 3}
+    assert sorted(np.bincount(spread[is_tail])) == [3, 3] and sorted(np.bincount(spread[~is_tail])[2:]) == [4, 4]
     with pytest.raises(BenchError, match="tail replicas"):
-        pooled_assignment([0], 3, 2, 2)
+        pooled_assignment(groups[:3], [0], 2, 2)
 
 
 def test_split_search_isolates_a_dominant_tail_and_beats_uniform():
@@ -73,7 +78,7 @@ def test_replicas_sharing_a_server_run_one_after_another_with_every_response():
     groups = [Group(f"p{i}", (3 + i, 2)) for i in range(5)]
     assignment = np.array([0, 1, 2, 0, 1])
     with FakeOpenAIServer(seconds_per_token=0.001) as fake:
-        run = run_assignment([OpenAIServer(fake.url)], groups, assignment, 3)
+        run = run_assignment([OpenAIServer(fake.url)], groups, expand_to_samples(groups, assignment), 3)
     assert len(run.replica_times_s) == 3 and all(t > 0 for t in run.replica_times_s)
     assert run.makespan_s == max(run.replica_times_s)
     sent = Counter(b["max_tokens"] for b in fake.bodies)
@@ -96,16 +101,20 @@ def test_bench_report_has_every_policy_with_prediction_and_measurement():
         report = bench(groups, servers, 2, PERF, repeats=2, oracle_time_limit_s=2.0,
                        on_run=lambda done, total, name, s: calls.append((done, total, name)))
     names = [row["policy"] for row in report["policies"]]
-    assert names == ["uniform", "tailsieve", "oracle"]
-    assert calls[-1][0] == calls[-1][1] == 1 + 2 * 3
-    assert [c[2] for c in calls[1:4]] == ["uniform", "tailsieve", "oracle"]
-    assert [c[2] for c in calls[4:7]] == ["oracle", "tailsieve", "uniform"]  # interleaved ABC, CBA
+    assert names == ["verl", "uniform", "tailsieve", "oracle"]
+    assert calls[-1][0] == calls[-1][1] == 1 + 2 * 4
+    assert [c[2] for c in calls[1:5]] == ["verl", "uniform", "tailsieve", "oracle"]
+    assert [c[2] for c in calls[5:9]] == ["oracle", "tailsieve", "uniform", "verl"]  # interleaved ABCD, DCBA
     by = {row["policy"]: row for row in report["policies"]}
-    assert by["uniform"]["predicted_speedup"] == 1.0
+    assert by["verl"]["predicted_speedup"] == 1.0  # speedups are vs stock verl
+    # stock verl spreads a group's samples over the replicas; uniform keeps each group on one
+    spread = np.array(by["verl"]["assignment"]).reshape(len(groups), 4)
+    assert all(len(set(row)) == 2 for row in spread)
+    assert all(len(set(row)) == 1 for row in np.array(by["uniform"]["assignment"]).reshape(len(groups), 4))
     for row in report["policies"]:
         assert len(row["measured_runs_s"]) == 2 and row["measured_makespan_s"] > 0
         assert row["predicted_makespan_s"] == pytest.approx(
-            evaluate_assignment(groups, row["assignment"], 2, PERF).makespan_s)
+            evaluate_samples(groups, row["assignment"], 2, PERF).makespan_s)
     sel = report["tailsieve_selection"]
     assert sel["m"] in (0, 1) and report["replicas_per_server_run"] == "concurrent"
     assert report["oracle"]["policy"] == "exact"
@@ -113,7 +122,7 @@ def test_bench_report_has_every_policy_with_prediction_and_measurement():
 
 @pytest.mark.parametrize("kwargs, match", [
     ({"n_replicas": 1}, "at least 2 replicas"),
-    ({"policies": ("tailsieve",)}, "must include uniform"),
+    ({"policies": ("uniform", "tailsieve")}, "must include verl"),
     ({"repeats": 0}, "repeats"),
 ])
 def test_bench_refuses_impossible_requests(kwargs, match):
@@ -135,13 +144,13 @@ def test_cli_bench_with_a_given_calibration_prints_json(tmp_path, capsys):
     out = tmp_path / "bench.json"
     with FakeOpenAIServer(seconds_per_token=0.0002) as fake:
         args = parser.parse_args(["bench", "--trace", str(trace), "-R", "2", "--url", fake.url,
-                                  "--calibration", str(cal), "--repeats", "1", "--policies", "uniform,tailsieve",
+                                  "--calibration", str(cal), "--repeats", "1", "--policies", "verl,tailsieve",
                                   "--q", "1", "--m", "1", "--out", str(out), "--json"])
         assert args.func(args) == 0
     report = json.loads(capsys.readouterr().out)
     assert report == json.loads(out.read_text())
     assert report["tailsieve_selection"]["q"] == 1 and report["replicas_per_server_run"] == "sequential per server"
-    assert [r["policy"] for r in report["policies"]] == ["uniform", "tailsieve"]
+    assert [r["policy"] for r in report["policies"]] == ["verl", "tailsieve"]
 
 
 def test_cli_bench_needs_q_and_m_together(tmp_path):
@@ -162,12 +171,12 @@ def test_cli_bench_prints_a_table_measured_next_to_predicted(tmp_path, capsys):
     cli_bench.register(parser.add_subparsers())
     with FakeOpenAIServer(seconds_per_token=0.0002) as fake:
         args = parser.parse_args(["bench", "--trace", str(trace), "-R", "3", "--url", fake.url, "--calibration",
-                                  str(cal), "--repeats", "1", "--policies", "uniform,oracle",
+                                  str(cal), "--repeats", "1", "--policies", "verl,oracle",
                                   "--out", str(tmp_path / "b.json")])
         assert args.func(args) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[1].split()[:3] == ["policy", "predicted", "s"]
-    assert [line.split()[0] for line in lines[2:4]] == ["uniform", "oracle"]
+    assert [line.split()[0] for line in lines[2:4]] == ["verl", "oracle"]
     assert lines[-1] == f"wrote {tmp_path / 'b.json'}"
 
 
@@ -178,7 +187,7 @@ def test_cli_bench_measures_a_calibration_on_the_server_when_none_is_given(tmp_p
     cli_bench.register(parser.add_subparsers())
     with FakeOpenAIServer(seconds_per_token=0.005) as fake:
         args = parser.parse_args(["bench", "--trace", str(trace), "-R", "2", "--url", fake.url, "--repeats", "1",
-                                  "--policies", "uniform", "--calibration-prompt-lens", "4",
+                                  "--policies", "verl", "--calibration-prompt-lens", "4",
                                   "--out", str(tmp_path / "b.json"), "--json"])
         assert args.func(args) == 0
     report = json.loads(capsys.readouterr().out)

@@ -175,3 +175,24 @@ def test_console_parser_reads_numpy_reprs_and_nan(tmp_path):
     assert run.series[GEN_TIME] == {1: 12.5, 2: 10.0}
     assert math.isnan(run.series[REWARD][1]) and run.series[REWARD][2] == 0.25
     assert run.series[RESPONSE_LENGTH] == {1: 300.0, 2: 500.0}
+
+
+def test_stock_verl_run_is_the_default_baseline_and_listed_first(capsys):
+    from tailsieve_verl.cli.compare import _print_table
+    from tailsieve_verl.tools.compare import RunLog, default_baseline
+
+    tailsieve, stock = RunLog("ts", "a", "file"), RunLog("verl", "b", "file")
+    for step in (1, 2, 3):
+        tailsieve.add(step, GEN_TIME, 8.0)
+        tailsieve.add(step, STEP_TIME, 10.0)
+        tailsieve.add(step, "tailsieve/q", 2.0)
+        stock.add(step, GEN_TIME, 10.0)
+        stock.add(step, STEP_TIME, 12.0)
+    runs = [tailsieve, stock]
+    assert default_baseline(runs) == 1
+    assert default_baseline([tailsieve]) == 0
+    steps, summaries = compare_runs(runs, default_baseline(runs))
+    assert summaries[0].gen_speedup == pytest.approx(10.0 / 8.0)
+    _print_table(summaries, 1, steps, [])
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("│")]
+    assert rows[0].split("│")[1].strip() == "verl"
