@@ -262,12 +262,31 @@ class TailSieveTrainer(PPOTrainerSync):
             if state.cutoff_s is not None and not tail_done and self.paused_addresses:
                 self._resume_paused()  # a tail group re-dispatched onto a bulk replica must not stay parked
             self._check_agent_loop_workers()
+            self._check_agent_loop_workers()
             if time.monotonic() > deadline:
                 raise RolloutStepError(
                     f"step {self.global_steps}: groups still running after tailsieve.drain_timeout_s="
                     f"{self.settings.drain_timeout_s}s: {sum(1 for s in statuses.values() if s not in ('finished', 'failure'))}")
             time.sleep(self.settings.poll_interval_s)
         return self._close_step(buffer, state)
+
+    def _check_agent_loop_workers(self, every_s: float = 5.0) -> None:
+        """Watchdog: a dead agent-loop worker never reports its groups' status, so the step would wait
+        for drain_timeout_s; stop at once instead, naming the worker."""
+        now = time.monotonic()
+        if now - getattr(self, "_workers_checked_at", 0.0) < every_s:
+            return
+        self._workers_checked_at = now
+        for index, worker in enumerate(getattr(self.agent_loop_manager, "agent_loop_workers", None) or ()):
+            try:
+                ray.get(worker.__ray_ready__.remote(), timeout=30)
+            except ray.exceptions.GetTimeoutError:
+                continue  # alive but busy: the drain timeout still bounds the step
+            except ray.exceptions.RayActorError as exc:
+                raise RolloutStepError(
+                    f"step {self.global_steps}: agent-loop worker {index} of "
+                    f"{len(self.agent_loop_manager.agent_loop_workers)} died ({type(exc).__name__}); its prompt "
+                    f"groups can never finish: restart the run (trainer.resume_mode=auto)") from None
 
     def _check_agent_loop_workers(self, every_s: float = 5.0) -> None:
         """Watchdog: a dead agent-loop worker never reports its groups' status, so the step would wait
@@ -322,6 +341,17 @@ class TailSieveTrainer(PPOTrainerSync):
         if not dead:
             return
         addresses = [r.server_address for r in dead]
+        hybrid = [r for r in dead if getattr(getattr(r, "rollout_mode", None), "value", None) == "hybrid"]
+        if hybrid:
+            # verl's hybrid layout (the sync trainer): the actor rank that shares the replica's GPU updates
+            # its weights after every step, and verl cannot rebuild that pairing with a replica fewer —
+            # re-dispatching would only move the failure into the weight update. Stop now, naming it.
+            names = ", ".join(f"rank {r.replica_rank} at {r.server_address}" for r in hybrid)
+            raise RolloutStepError(
+                f"step {self.global_steps}: rollout replica {names} is down (its requests failed and its server "
+                f"actor does not answer); in verl's hybrid layout an actor rank syncs weights into every replica, "
+                f"so training cannot go on without it: restart the run (trainer.resume_mode=auto resumes from the "
+                f"last checkpoint, carried groups included)")
         hybrid = [r for r in dead if getattr(getattr(r, "rollout_mode", None), "value", None) == "hybrid"]
         if hybrid:
             # verl's hybrid layout (the sync trainer): the actor rank that shares the replica's GPU updates
