@@ -1,29 +1,36 @@
-"""Hierarchical controller on (q, m): q = groups isolated (aborted and carried each step), m =
-replicas of the tail pool. Uniform routing is the boundary (0, 0).
+"""Hierarchical controller on (q, m): q = groups isolated per step (aborted, carried and regenerated
+in the tail pool), m = replicas of the tail pool. One shared pool, (0, 0), is stock verl's routing
+and the controller's safe fallback.
 
-* **Inner loop** (every step, m fixed): move q toward equal tail- and bulk-pool makespans. The tail
-  pool's smoothed rate (seconds per regenerated group) predicts its time for q' groups; the bulk
-  pool's smoothed finish-time curve (time of its k-th finished group) predicts its cutoff for
-  q' (the (B − q')-th finish). The move is damped (``q_gain``) and bounded (``max_q_step``); q
-  stays >= m, since round-robin would leave a tail replica with fewer groups idle.
-* **Outer loop** (after ``settle_steps`` quiet steps): with the response-work history of the last
-  ``history_steps`` consumed batches and the concurrency–throughput model, a fluid model predicts
-  each nearby split's best makespan; a replica moves only when the smoothed predicted gain beats
-  ``switch_threshold`` and the switch is feasible (the enlarged pool absorbs at least as many groups
-  by the current deadline as the reduced pool releases). Model bias is corrected by the ratio of
-  measured to predicted pool times at the current split.
+The controller sees only what the rollout layer measures — pool times, the finished groups'
+response lengths and finish times, abort counts — never future lengths.
 
-The controller sees only what the rollout layer can measure (pool times, finished groups' token
-counts and finish times, abort counts) — never future lengths.
+* **Inner loop** (every step, m fixed): move q toward equal tail-pool time and bulk cutoff. The
+  measured gap decides the direction; a rate model (smoothed seconds per tail group against the
+  smoothed bulk finish curve) sizes the step, damped (``q_gain``) and bounded (``max_q_step``),
+  keeping ``q >= m`` so that no tail replica idles.
+* **Outer loop** (after ``settle_steps`` steps at a split): chooses m from a *measured surface*.
+  Every step's makespan is divided by the **yardstick** — the perf model's predicted stock-verl
+  time of that step's own consumed batch — which removes most step-to-step workload noise; the
+  **relative makespan** is smoothed per m. A split not measured yet is estimated by the perf
+  model's fluid prediction (the *prior*, :class:`_FluidModel` on the recent consumed batches),
+  scaled by the learned measured/prior ratio; measurements outweigh the prior as they accumulate
+  (``prior_weight``). Unmeasured neighbours get an exploration bonus that shrinks with visits.
+  A replica moves (``max_replica_step``) only when a feasible neighbour's score beats the current
+  split by ``switch_threshold``; (0, 0) is always a candidate, reached in one move, so a run that
+  finds no split better than one shared pool returns to stock verl's routing.
+
+Why measured and not modelled: the fluid model assumes perfect tail precision and a noiseless step;
+the rollout layer's tail signal is a low-precision filter and steps are noisy, so the prior ranks
+splits but misjudges their gains (``scripts/bench_controller.py --ablation`` measures both).
 
 How the verl layer calls it, once per step after the selector's ``finish_step``::
 
     decision = controller.observe(StepObservation(...))   # measured quantities of this step
     plan = selector.plan_step(decision.q)                  # next step: abort q, tail pool = decision.m
 
-``Decision.m`` replicas serve the tail pool next step; when nothing is carried the rollout layer
-lends them to the bulk pool (a tail pool with no work is uniform routing). ``state_dict()`` /
-``load_state_dict()`` are JSON-serialisable for verl checkpoints.
+When nothing is carried the rollout layer lends the tail replicas to the bulk pool. ``state_dict()``
+/ ``load_state_dict()`` are JSON-serialisable for verl checkpoints.
 """
 
 from __future__ import annotations
@@ -47,23 +54,45 @@ class ControllerError(TailSieveError):
 class ControllerConfig:
     """Every knob of the controller; the defaults are the ones the simulations use."""
 
-    q_init: int = 0  # start: groups isolated per step (0 with m_init 0 = uniform routing)
-    m_init: int = 0  # start: tail-pool replicas
-    fixed_tail_replicas: int | None = None  # pin m (fixed-allocation variant, e.g. 2 for 2:2); None = outer loop on
-    max_q_fraction: float = 0.5  # q never exceeds this fraction of the batch
-    balance_tolerance: float = 0.05  # pools within this relative gap count as balanced: hold q
-    q_gain: float = 0.5  # damping: fraction of the gap to the balancing q moved per step
-    max_q_step: int = 0  # bound on |Δq| per step; 0 = max(1, batch_size // 16)
-    rate_smoothing: float = 0.5  # weight of the newest measurement in the rate EMAs (1 = no smoothing)
-    switch_threshold: float = 0.06  # smoothed predicted relative makespan gain needed to move replicas
-    gain_smoothing: float = 0.3  # weight of the newest predicted gain (damping of the outer loop)
-    search_radius: int = 2  # the outer loop evaluates splits m ± this (objective need not be unimodal)
-    max_replica_step: int = 1  # bound on |Δm| per decision (a move toward a farther best split is clipped)
-    settle_steps: int = 2  # quiet steps after any change before the outer loop decides again
-    history_steps: int = 1  # consumed batches kept as response-work history
-    check_feasibility: bool = True  # outer loop requires deadline feasibility of a switch
-    inner_loop: bool = True  # ablation switch: False freezes q (except when m moves)
-    candidate_factor: float = 2.0  # bulk groups aborted (tail candidates) per isolated group; see core.selector
+    q_init: int = 0
+    """Groups isolated per step at the start (0 with ``m_init`` 0 = one shared pool)."""
+    m_init: int = 0
+    """Tail-pool replicas at the start."""
+    fixed_tail_replicas: int | None = None
+    """Pin m (the fixed-allocation variant, e.g. 2 for 2:2) and run only the inner loop; None = outer loop on."""
+    max_q_fraction: float = 0.5
+    """q never exceeds this fraction of the batch."""
+    balance_tolerance: float = 0.05
+    """Inner loop: tail time and bulk cutoff within this relative gap count as balanced (q holds)."""
+    q_gain: float = 0.5
+    """Inner loop damping: the fraction of the gap to the rate model's balancing q moved per step."""
+    max_q_step: int = 0
+    """Inner loop bound on |Δq| per step; 0 = max(1, batch_size // 16)."""
+    smoothing: float = 0.5
+    """Weight of the newest measurement in every smoothed quantity (1 = no smoothing)."""
+    switch_threshold: float = 0.05
+    """Outer loop: a neighbour's score must beat the current split's relative makespan by this fraction."""
+    exploration_bonus: float = 0.02
+    """Outer loop optimism: an unmeasured split's score is lowered by this relative amount, / sqrt(1 + visits)."""
+    prior_weight: float = 1.0
+    """How many measured steps the perf-model prior is worth in a split's estimate."""
+    search_radius: int = 1
+    """The outer loop's neighbours: splits m ± this (and always m = 0, the shared pool)."""
+    max_replica_step: int = 1
+    """Bound on |Δm| per decision (except the move back to one shared pool)."""
+    settle_steps: int = 2
+    """Steps at a split (and after any q change by the outer loop) before the outer loop decides again."""
+    history_steps: int = 2
+    """Consumed batches kept as the prior's response-work history."""
+    check_feasibility: bool = True
+    """Outer loop requires deadline feasibility of a replica move (the enlarged pool absorbs, by the
+    current makespan, at least the groups the reduced pool releases)."""
+    inner_loop: bool = True
+    """Ablation switch: False freezes q (except when m moves)."""
+    measured_surface: bool = True
+    """Ablation switch: False ranks splits by the bias-corrected prior alone (controller v1's outer loop)."""
+    candidate_factor: float = 2.0
+    """Bulk groups aborted (tail candidates) per isolated group; see :mod:`core.selector`."""
 
     def validate(self, n_replicas: int, batch_size: int) -> None:
         if n_replicas < 1 or batch_size < 2:
@@ -76,13 +105,15 @@ class ControllerConfig:
             raise ControllerError("fixed_tail_replicas must be >= 1 (0 is uniform routing: use the uniform policy)")
         if not 0 <= self.q_init <= q_max:
             raise ControllerError(f"q_init must be in 0..{q_max} (max_q_fraction · batch_size), got {self.q_init}")
-        for name in ("q_gain", "rate_smoothing", "gain_smoothing"):
+        for name in ("q_gain", "smoothing"):
             if not 0 < getattr(self, name) <= 1:
                 raise ControllerError(f"{name} must be in (0, 1], got {getattr(self, name)}")
         if not self.candidate_factor >= 1:
             raise ControllerError(f"candidate_factor must be >= 1, got {self.candidate_factor}")
         if not 0 < self.max_q_fraction < 1 or self.balance_tolerance < 0 or self.switch_threshold < 0:
             raise ControllerError("max_q_fraction must be in (0, 1); balance_tolerance and switch_threshold >= 0")
+        if self.exploration_bonus < 0 or self.prior_weight < 0:
+            raise ControllerError("exploration_bonus and prior_weight must be >= 0")
         if (self.max_replica_step < 1 or self.search_radius < self.max_replica_step or self.settle_steps < 0
                 or self.history_steps < 1 or self.max_q_step < 0):
             raise ControllerError("need max_replica_step >= 1, search_radius >= max_replica_step, settle_steps >= 0, "
@@ -105,13 +136,12 @@ class GroupRecord:
 class StepObservation:
     """Measurable outcome of one step."""
 
-    q: int  # groups aborted at the cutoff (carried to the next step)
     m: int  # tail-pool replicas actually used (0 when the tail groups ran in the shared pool)
     tail_makespan_s: float  # when the last regenerated tail group finished (0 without tail groups)
     bulk_cutoff_s: float  # when the bulk pool reached its quota (the abort moment)
     tail_groups: tuple[GroupRecord, ...]  # regenerated carried groups
     bulk_groups: tuple[GroupRecord, ...]  # bulk groups finished before the cutoff
-    n_aborted: int = 0
+    n_aborted: int = 0  # bulk groups aborted at the cutoff (carried to the next step as candidates)
     prompt_len: float = 0.0  # mean prompt tokens (context of the decode steps)
 
     @property
@@ -277,35 +307,61 @@ class _FluidModel:
 
 @dataclass
 class _Smoothed:
-    """Exponential moving average that starts at its first sample."""
+    """Exponential moving average that starts at its first sample: the controller's one smoother.
+
+    Works on scalars and on arrays, where NaN marks an entry not measured (yet): a new NaN keeps
+    the old value, an old NaN takes the new one."""
 
     weight: float
-    value: float | None = None
+    value: float | np.ndarray | None = None
 
-    def update(self, x: float) -> float:
-        self.value = x if self.value is None else (1 - self.weight) * self.value + self.weight * x
+    def update(self, x):
+        if self.value is None:
+            self.value = x
+        elif np.ndim(x):
+            old = np.asarray(self.value, dtype=float)
+            x = np.asarray(x, dtype=float)
+            if len(old) < len(x):
+                old = np.concatenate([old, np.full(len(x) - len(old), np.nan)])
+            head = old[: len(x)]
+            mixed = np.where(np.isnan(head), x, np.where(np.isnan(x), head, (1 - self.weight) * head + self.weight * x))
+            self.value = np.concatenate([mixed, old[len(x):]])
+        else:
+            self.value = (1 - self.weight) * self.value + self.weight * x
         return self.value
+
+    def to_json(self):
+        if self.value is None or not np.ndim(self.value):
+            return self.value
+        return [None if np.isnan(v) else float(v) for v in self.value]
+
+    @classmethod
+    def from_json(cls, weight: float, value) -> "_Smoothed":
+        if isinstance(value, list):
+            value = np.array([np.nan if v is None else v for v in value], dtype=float)
+        return cls(weight, value)
+
+
+@dataclass
+class _SplitRecord:
+    """What the outer loop has measured at one tail-pool size m."""
+
+    relative_makespan: _Smoothed  # makespan / yardstick, smoothed over the steps run at this m
+    visits: int = 0
 
 
 @dataclass
 class _State:
     q: int
     m: int
-    quiet_steps: int = 0
     steps: int = 0
-    sec_per_tail_group: float | None = None
-    pool_times: list = field(default_factory=list)  # smoothed [tail, bulk] seconds at the current split
-    # smoothed time of the k-th bulk finish (NaN = unseen)
-    bulk_curve: np.ndarray = field(default_factory=lambda: np.zeros(0))
-    tail_bias: dict = field(default_factory=dict)  # split m -> measured / predicted tail-pool time
-    cutoff_bias: dict = field(default_factory=dict)  # split m -> measured / predicted bulk cutoff
-    full_bias: float | None = None  # measured / predicted end of a shared pool (uniform routing)
-    gains: dict = field(default_factory=dict)  # candidate m -> smoothed predicted gain
+    steps_at_split: int = 0  # steps since the outer loop last changed (q, m)
+    tail_s_per_group: _Smoothed | None = None  # inner loop: tail-pool seconds per regenerated group
+    pool_times: _Smoothed | None = None  # inner loop: [tail, bulk] seconds at the current split
+    bulk_finish_curve: _Smoothed | None = None  # inner loop: time of the k-th bulk finish (NaN = unseen)
+    splits: dict = field(default_factory=dict)  # m -> _SplitRecord
+    prior_bias: _Smoothed | None = None  # measured / prior relative makespan, over the splits run
     history: list = field(default_factory=list)  # last consumed batches: (flat lengths, group sizes)
-
-
-def _mean(biases: dict, default: float) -> float:
-    return sum(biases.values()) / len(biases) if biases else default
 
 
 def _work_arrays(groups: Sequence[GroupRecord]) -> tuple[np.ndarray, np.ndarray]:
@@ -329,8 +385,8 @@ class HierarchicalController:
         self.q_max = max_q(config, batch_size)
         self.max_q_step = config.max_q_step or max(1, batch_size // 16)
         m0 = config.m_init if config.fixed_tail_replicas is None else config.fixed_tail_replicas
-        q0 = max(1, config.q_init) if m0 > 0 else 0  # a tail pool needs carried groups to measure
-        self.state = _State(q=q0, m=m0)
+        q0 = max(m0, config.q_init) if m0 > 0 else 0  # a tail pool needs carried groups, one per replica
+        self.state = _State(q=min(q0, self.q_max), m=m0)
         self._table = _StepTable(perf, batch_size * 16)
         step = max(1, self.q_max // 32)
         self._q_candidates = np.unique(np.concatenate([np.arange(1, self.q_max + 1, step), [self.q_max]]))
@@ -339,29 +395,38 @@ class HierarchicalController:
     def decision(self) -> Decision:
         return Decision(self.state.q, self.state.m, "current")
 
+    def _smoothed(self) -> _Smoothed:
+        return _Smoothed(self.config.smoothing)
+
     # ------------------------------------------------------------------ public
     def observe(self, obs: StepObservation) -> Decision:
         """Fold one step's measurements in and decide (q, m) for the next step."""
         self._check(obs)
         s, cfg = self.state, self.config
         s.steps += 1
-        s.quiet_steps += 1
-        s.history = (s.history + [_work_arrays(obs.tail_groups + obs.bulk_groups)])[-cfg.history_steps:]
-        self._update_rates(obs)
-        if cfg.fixed_tail_replicas is None and s.quiet_steps > cfg.settle_steps:
-            moved = self._outer(obs)
-            if moved is not None:
-                return moved
+        s.steps_at_split += 1
+        consumed = _work_arrays(obs.tail_groups + obs.bulk_groups)
+        s.history = (s.history + [consumed])[-cfg.history_steps:]
+        self._measure_pools(obs)
+        if cfg.fixed_tail_replicas is None:
+            self._measure_split(obs, consumed)
+            if s.steps_at_split >= max(1, cfg.settle_steps):
+                moved = self._outer(obs)
+                if moved is not None:
+                    return moved
         if s.m > 0 and cfg.inner_loop:
             return self._inner(obs)
         return Decision(s.q, s.m, "hold")
 
     def state_dict(self) -> dict:
-        state = asdict(self.state)
-        for key in ("gains", "tail_bias", "cutoff_bias"):
-            state[key] = {str(k): float(v) for k, v in state[key].items() if v is not None}
-        state["history"] = [[lengths.tolist(), sizes.tolist()] for lengths, sizes in self.state.history]
-        state["bulk_curve"] = [None if np.isnan(t) else float(t) for t in self.state.bulk_curve]
+        s = self.state
+        smoothed = {key: getattr(s, key).to_json() if getattr(s, key) is not None else None
+                    for key in ("tail_s_per_group", "pool_times", "bulk_finish_curve", "prior_bias")}
+        if isinstance(smoothed["pool_times"], np.ndarray):
+            smoothed["pool_times"] = smoothed["pool_times"].tolist()
+        state = {"q": s.q, "m": s.m, "steps": s.steps, "steps_at_split": s.steps_at_split, **smoothed,
+                 "splits": {str(m): [r.relative_makespan.value, r.visits] for m, r in s.splits.items()},
+                 "history": [[lengths.tolist(), sizes.tolist()] for lengths, sizes in s.history]}
         return {"config": asdict(self.config), "n_replicas": self.n_replicas, "batch_size": self.batch_size,
                 "state": state}
 
@@ -370,13 +435,23 @@ class HierarchicalController:
             raise ControllerError(f"checkpoint controller ran {sd.get('n_replicas')} replicas × batch "
                                   f"{sd.get('batch_size')}, this run {self.n_replicas} × {self.batch_size}; "
                                   "resume with the same rollout size or start the controller fresh")
-        state = dict(sd["state"])
-        for key in ("gains", "tail_bias", "cutoff_bias"):
-            state[key] = {int(k): float(v) for k, v in state[key].items()}
-        state["history"] = [(np.asarray(lengths, dtype=np.int64), np.asarray(sizes, dtype=np.int64))
-                            for lengths, sizes in state["history"]]
-        state["bulk_curve"] = np.array([np.nan if t is None else t for t in state["bulk_curve"]], dtype=float)
-        self.state = _State(**state)
+        st, w = sd["state"], self.config.smoothing
+
+        def smoothed(key: str) -> _Smoothed | None:
+            value = st.get(key)
+            if value is None:
+                return None
+            if key == "pool_times":
+                return _Smoothed(w, np.asarray(value, dtype=float))
+            return _Smoothed.from_json(w, value)
+
+        self.state = _State(
+            q=int(st["q"]), m=int(st["m"]), steps=int(st["steps"]), steps_at_split=int(st["steps_at_split"]),
+            tail_s_per_group=smoothed("tail_s_per_group"), pool_times=smoothed("pool_times"),
+            bulk_finish_curve=smoothed("bulk_finish_curve"), prior_bias=smoothed("prior_bias"),
+            splits={int(m): _SplitRecord(_Smoothed(w, value), int(visits)) for m, (value, visits) in st["splits"].items()},
+            history=[(np.asarray(lengths, dtype=np.int64), np.asarray(sizes, dtype=np.int64))
+                     for lengths, sizes in st["history"]])
 
     # ------------------------------------------------------------------ measurements
     def _check(self, obs: StepObservation) -> None:
@@ -387,20 +462,37 @@ class HierarchicalController:
         if not 0 <= obs.m < self.n_replicas:
             raise ControllerError(f"observation used m = {obs.m} tail replicas of {self.n_replicas}")
 
-    def _update_rates(self, obs: StepObservation) -> None:
-        s, w = self.state, self.config.rate_smoothing
+    def _measure_pools(self, obs: StepObservation) -> None:
+        """The inner loop's rate model: seconds per tail group and the bulk finish curve."""
+        s = self.state
         if obs.tail_groups and obs.m > 0 and obs.tail_makespan_s > 0:
-            rate = obs.tail_makespan_s / len(obs.tail_groups)
-            s.sec_per_tail_group = rate if s.sec_per_tail_group is None else (1 - w) * s.sec_per_tail_group + w * rate
+            s.tail_s_per_group = s.tail_s_per_group or self._smoothed()
+            s.tail_s_per_group.update(obs.tail_makespan_s / len(obs.tail_groups))
         finish = np.sort(np.fromiter((g.finish_s for g in obs.bulk_groups), dtype=float, count=len(obs.bulk_groups)))
-        curve = np.asarray(s.bulk_curve, dtype=float) if len(s.bulk_curve) else np.full(self.batch_size, np.nan)
-        head = curve[: len(finish)]
-        curve[: len(finish)] = np.where(np.isnan(head), finish, (1 - w) * head + w * finish)
-        s.bulk_curve = curve
+        s.bulk_finish_curve = s.bulk_finish_curve or self._smoothed()
+        s.bulk_finish_curve.update(finish)
 
-    def _bulk_curve_at(self, ranks: np.ndarray) -> np.ndarray:
+    def yardstick_s(self, consumed: tuple[np.ndarray, np.ndarray], prompt_len: float) -> float:
+        """The perf model's predicted time of one shared pool (stock verl) running ``consumed``."""
+        model = _FluidModel([consumed], self.batch_size, prompt_len, self._table, np.array([1]),
+                            self.config.candidate_factor, self.per_sample)
+        return model.bulk_full(self.n_replicas)
+
+    def _measure_split(self, obs: StepObservation, consumed: tuple[np.ndarray, np.ndarray]) -> None:
+        """Relative makespan of the split just run (makespan / yardstick), smoothed per m."""
+        s = self.state
+        yardstick = self.yardstick_s(consumed, obs.prompt_len)
+        if yardstick <= 0 or obs.makespan_s <= 0:
+            return
+        m = obs.m if obs.tail_groups else 0  # an idle tail pool was lent to the bulk pool
+        record = s.splits.setdefault(m, _SplitRecord(self._smoothed()))
+        record.relative_makespan.update(obs.makespan_s / yardstick)
+        record.visits += 1
+
+    def _bulk_finish_at(self, ranks: np.ndarray) -> np.ndarray:
         """Smoothed time of the k-th bulk finish (k = ranks, 1-based); linear extrapolation past the data."""
-        known = np.asarray(self.state.bulk_curve, dtype=float)
+        curve = self.state.bulk_finish_curve
+        known = np.asarray(curve.value if curve is not None else [], dtype=float)
         seen = np.flatnonzero(~np.isnan(known))
         if len(seen) == 0:
             return np.full(len(ranks), np.nan)
@@ -415,112 +507,96 @@ class HierarchicalController:
     # ------------------------------------------------------------------ inner loop
     def _inner(self, obs: StepObservation) -> Decision:
         s, cfg = self.state, self.config
-        if not obs.tail_groups or obs.m == 0 or s.sec_per_tail_group is None:
+        if not obs.tail_groups or obs.m == 0 or s.tail_s_per_group is None:
             return Decision(s.q, s.m, "inner: waiting for a tail-pool measurement")
-        w = cfg.rate_smoothing
-        measured = [obs.tail_makespan_s, obs.bulk_cutoff_s]
-        s.pool_times = measured if not s.pool_times else [(1 - w) * a + w * b for a, b in zip(s.pool_times, measured)]
-        tail, bulk = s.pool_times
-        gap = (tail - bulk) / max(tail, bulk, 1e-12)
+        s.pool_times = s.pool_times or self._smoothed()
+        tail_s, bulk_s = s.pool_times.update(np.array([obs.tail_makespan_s, obs.bulk_cutoff_s]))
+        gap = (tail_s - bulk_s) / max(tail_s, bulk_s, 1e-12)
         if abs(gap) <= cfg.balance_tolerance:
             return Decision(s.q, s.m, f"inner: balanced (gap {gap:+.1%})")
         qs = np.arange(1, self.q_max + 1)
-        predicted = np.maximum(qs * s.sec_per_tail_group, self._bulk_curve_at(self.batch_size - qs.astype(float)))
-        q_star = int(qs[int(np.nanargmin(predicted))])
+        predicted = np.maximum(qs * s.tail_s_per_group.value, self._bulk_finish_at(self.batch_size - qs.astype(float)))
+        balancing_q = int(qs[int(np.nanargmin(predicted))])
         direction = 1 if gap < 0 else -1  # bulk slower: isolate more
-        if (q_star - s.q) * direction <= 0:
-            q_star = s.q + direction  # the measurement decides the direction; the model only the size
-        step = min(self.max_q_step, max(1, int(round(cfg.q_gain * abs(q_star - s.q)))))
-        new_q = int(np.clip(s.q + direction * step, min(s.m, self.q_max), self.q_max))  # no idle tail replica
-        if new_q != s.q:
-            s.q = new_q
-        return Decision(s.q, s.m, f"inner: tail {tail:.1f}s vs bulk {bulk:.1f}s -> q {s.q}")
+        if (balancing_q - s.q) * direction <= 0:
+            balancing_q = s.q + direction  # the measurement decides the direction; the model only the size
+        step = min(self.max_q_step, max(1, int(round(cfg.q_gain * abs(balancing_q - s.q)))))
+        s.q = int(np.clip(s.q + direction * step, min(s.m, self.q_max), self.q_max))  # no idle tail replica
+        return Decision(s.q, s.m, f"inner: tail {tail_s:.1f}s vs bulk {bulk_s:.1f}s -> q {s.q}")
 
     # ------------------------------------------------------------------ outer loop
+    def _prior(self, obs: StepObservation, splits: Sequence[int]) -> tuple[_FluidModel, dict[int, tuple[float, int]]]:
+        """The perf model's relative makespan (to one shared pool) and its best q, per split."""
+        model = _FluidModel(self.state.history, self.batch_size, obs.prompt_len, self._table, self._q_candidates,
+                            self.config.candidate_factor, self.per_sample)
+        tails = [m for m in splits if m > 0]
+        model.prepare(tail_sizes=tails, bulk_sizes=[self.n_replicas - m for m in tails])
+        shared = model.bulk_full(self.n_replicas)
+        prior = {0: (1.0, 0)}
+        for m in tails:
+            span = np.maximum(model.tail_time(m), model.bulk_cutoff(self.n_replicas - m))
+            span = np.where(self._q_candidates >= min(m, self.q_max), span, np.inf)
+            i = int(np.argmin(span))
+            prior[m] = (float(span[i]) / shared, int(self._q_candidates[i]))
+        return model, prior
+
+    def _estimate(self, m: int, prior_relative: float) -> tuple[float, float]:
+        """(estimate, score) of a split's relative makespan: the measured value weighed against the
+        bias-corrected prior; the score subtracts the exploration bonus of an under-measured split."""
+        s, cfg = self.state, self.config
+        bias = s.prior_bias.value if s.prior_bias is not None else 1.0
+        modelled = prior_relative * bias
+        record = s.splits.get(m)
+        if record is None or not record.visits or not cfg.measured_surface:
+            visits, estimate = (record.visits if record else 0), modelled
+        else:
+            visits = record.visits
+            estimate = (cfg.prior_weight * modelled + visits * record.relative_makespan.value) / (cfg.prior_weight + visits)
+        return estimate, estimate * (1 - cfg.exploration_bonus / math.sqrt(1 + visits))
+
     def _outer(self, obs: StepObservation) -> Decision | None:
         s, cfg, R = self.state, self.config, self.n_replicas
-        model = _FluidModel(s.history, self.batch_size, obs.prompt_len, self._table, self._q_candidates,
-                            cfg.candidate_factor, self.per_sample)
-        qc = self._q_candidates
         lo, hi = max(0, s.m - cfg.search_radius), min(R - 1, s.m + cfg.search_radius)
-        splits = sorted(set(range(max(1, lo), hi + 1)) | ({obs.m} - {0}))
-        model.prepare(tail_sizes=splits, bulk_sizes=[R - m for m in splits])
-        full_bias = self._model_bias(obs, model)
-        tail_default, cutoff_default = _mean(s.tail_bias, 1.0), _mean(s.cutoff_bias, full_bias)
-        best: dict[int, tuple[float, int]] = {}
-        tails: dict[int, np.ndarray] = {}
-        bulks: dict[int, np.ndarray] = {}
-        for m in range(lo, hi + 1):
-            if m == 0:
-                best[m] = (model.bulk_full(R) * full_bias, 0)
-                continue
-            tails[m] = model.tail_time(m) * s.tail_bias.get(m, tail_default)
-            bulks[m] = model.bulk_cutoff(R - m) * s.cutoff_bias.get(m, cutoff_default)
-            # at least one group per tail replica
-            span = np.where(qc >= min(m, self.q_max), np.maximum(tails[m], bulks[m]), np.inf)
-            i = int(np.argmin(span))
-            best[m] = (float(span[i]), int(qc[i]))
-        current = best[s.m][0]
-        for m, (span, _) in best.items():
-            if m != s.m:
-                gain = (current - span) / current if current > 0 else 0.0
-                old = s.gains.get(m)
-                s.gains[m] = gain if old is None else (1 - cfg.gain_smoothing) * old + cfg.gain_smoothing * gain
-        target = max((m for m in best if m != s.m), key=lambda m: s.gains[m], default=None)
-        if target is None or s.gains[target] <= cfg.switch_threshold:
+        neighbours = sorted(set(range(lo, hi + 1)) | {0})
+        model, prior = self._prior(obs, neighbours)
+        current = s.splits.get(s.m)
+        if current is not None and current.visits:
+            bias = current.relative_makespan.value / max(prior[s.m][0], 1e-9)
+            s.prior_bias = s.prior_bias or self._smoothed()
+            s.prior_bias.update(bias)
+        here, _ = self._estimate(s.m, prior[s.m][0])
+        scores = {m: self._estimate(m, prior[m][0])[1] for m in neighbours if m != s.m}
+        target = min(scores, key=scores.get, default=None)
+        if target is None or scores[target] >= here * (1 - cfg.switch_threshold):
             return None
-        step = int(np.clip(target - s.m, -cfg.max_replica_step, cfg.max_replica_step))
-        new_m = s.m + step
-        if cfg.check_feasibility and not self._feasible(new_m, obs.makespan_s, model, tails, bulks):
+        new_m = target if target == 0 else s.m + int(np.clip(target - s.m, -cfg.max_replica_step, cfg.max_replica_step))
+        if cfg.check_feasibility and not self._feasible(new_m, obs.makespan_s, model):
             return None
-        gain = s.gains[target]
-        s.m, s.q = new_m, best[new_m][1] if new_m > 0 else 0
-        s.quiet_steps = 0
-        s.pool_times = []
-        s.gains = {}
-        return Decision(s.q, s.m, f"outer: m -> {s.m}, q -> {s.q} (best split {target}, predicted gain {gain:.1%})")
+        if new_m == 0:
+            new_q = 0
+        elif s.m > 0 and prior[s.m][1] > 0:  # keep the inner loop's correction of the prior's q
+            new_q = round(s.q * prior[new_m][1] / prior[s.m][1])
+        else:
+            new_q = prior[new_m][1]
+        old = s.q, s.m
+        s.m, s.q = new_m, int(np.clip(new_q, min(new_m, self.q_max), self.q_max)) if new_m else 0
+        s.steps_at_split = 0
+        s.pool_times = None
+        return Decision(s.q, s.m, f"outer: (q, m) {old} -> {(s.q, s.m)} (score {scores[target]:.3f} vs {here:.3f})")
 
-    def _model_bias(self, obs: StepObservation, model: _FluidModel) -> float:
-        """Learn measured / predicted pool times of the split just run (smoothed, per split).
-
-        A split never run borrows the mean bias of the splits measured so far (the bulk cutoff, before
-        any, the shared pool's); its first run measures its own."""
-        s, w, R = self.state, self.config.rate_smoothing, self.n_replicas
-        qc = self._q_candidates
-
-        def smooth(old: float | None, measured: float, predicted: float) -> float | None:
-            if measured <= 0 or predicted <= 0:
-                return old
-            ratio = measured / predicted
-            return ratio if old is None else (1 - w) * old + w * ratio
-
-        if obs.m > 0 and obs.tail_groups:
-            i_tail = int(np.clip(np.searchsorted(qc, len(obs.tail_groups)), 0, len(qc) - 1))
-            s.tail_bias[obs.m] = smooth(s.tail_bias.get(obs.m), obs.tail_makespan_s,
-                                        float(model.tail_time(obs.m)[i_tail]))
-            isolated = self.batch_size - len(obs.bulk_groups)  # the cutoff was the (B − isolated)-th finish
-            i_cut = int(np.clip(np.searchsorted(qc, isolated), 0, len(qc) - 1))
-            s.cutoff_bias[obs.m] = smooth(s.cutoff_bias.get(obs.m), obs.bulk_cutoff_s,
-                                          float(model.bulk_cutoff(R - obs.m)[i_cut]))
-        elif obs.q == 0 and not obs.tail_groups:
-            s.full_bias = smooth(s.full_bias, obs.bulk_cutoff_s, model.bulk_full(R))
-        return s.full_bias or 1.0
-
-    def _feasible(self, m: int, deadline: float, model: _FluidModel, tails: dict, bulks: dict) -> bool:
+    def _feasible(self, m: int, deadline: float, model: "_FluidModel") -> bool:
         """The enlarged pool absorbs, by the deadline, at least the groups the reduced pool releases."""
         cur, R = self.state.m, self.n_replicas
         if m == 0 or cur == 0:
-            return True  # to/from uniform routing there is one pool; the gain test decides
+            return True  # to/from one shared pool; the score decides
         qc = self._q_candidates
 
         def tail_groups_by(k: int) -> int:  # tail groups k replicas finish by the deadline
-            t = tails[k] if k in tails else model.tail_time(k)
-            ok = qc[t <= deadline]
+            ok = qc[model.tail_time(k) <= deadline]
             return int(ok.max()) if len(ok) else 0
 
         def bulk_groups_by(k: int) -> int:  # bulk groups k replicas finish by the deadline
-            b = bulks[R - k] if (R - k) in bulks else model.bulk_cutoff(k)
-            ok = qc[b <= deadline]  # b[i] is the time the (B - qc[i])-th group finishes
+            ok = qc[model.bulk_cutoff(k) <= deadline]  # [i]: the time the (B − qc[i])-th group finishes
             return self.batch_size - int(ok.min()) if len(ok) else 0
 
         if m > cur:  # a bulk replica moves to the tail pool

@@ -60,6 +60,8 @@ class StepPlan:
     n_fresh: int  # new prompts to pull for the bulk pool
     bulk_quota: int  # bulk groups to finish before the cutoff (= B − len(tail_ids))
     n_abort: int  # bulk groups aborted at the cutoff and carried as candidates
+    fresh_tail_ids: tuple[str, ...] = ()  # fresh prompts sent straight to the tail pool (per-prompt record)
+    bulk_fresh_ids: tuple[str, ...] = ()  # with pre-pulled fresh prompts: the ones for the bulk pool
 
     @property
     def n_bulk(self) -> int:
@@ -105,18 +107,48 @@ class TailSelector:
         """Bulk groups aborted at the cutoff when the tail pool isolates ``q``."""
         return min(self.batch_size - 1, math.ceil(self.candidate_factor * q - 1e-9))
 
-    def plan_step(self, q: int) -> StepPlan:
-        """Plan the next step: the top-q candidates to the tail pool, the rest drained through the bulk."""
+    def n_fresh_needed(self, q: int) -> int:
+        """Fresh prompts a step at ``q`` pulls in all (tail and bulk): B + aborted − carried."""
+        return self.batch_size + self.n_abort(q) - len(self.carried)
+
+    def plan_step(self, q: int, fresh_ids: Sequence[str] | None = None,
+                  predicted_work: Mapping[str, float] | None = None) -> StepPlan:
+        """Plan the next step: the top-q candidates to the tail pool, the rest drained through the bulk.
+
+        With the per-prompt record: ``fresh_ids`` are the step's pre-pulled fresh prompts
+        (:meth:`n_fresh_needed`) and ``predicted_work`` the record's predicted group work of the
+        prompts it has seen. The tail pool then takes the q heaviest of the carried candidates
+        (ranked by the larger of abort score and prediction) and the fresh prompts with a
+        prediction; the plan's ``bulk_fresh_ids`` are the fresh prompts left for the bulk pool."""
         if self._open_plan is not None:
             raise SelectorError(f"step {self._open_plan.step} was planned but not finished; call finish_step first")
         if not 0 <= q < self.batch_size:
             raise SelectorError(f"q (groups to isolate) must be in 0..{self.batch_size - 1} for batch_size "
                                 f"{self.batch_size}, got {q}")
-        tail, requeued = tuple(self.carried[:q]), tuple(self.carried[q:])
-        quota = self.batch_size - len(tail)
         n_abort = self.n_abort(q)
+        if fresh_ids is None:
+            tail, requeued = tuple(self.carried[:q]), tuple(self.carried[q:])
+            fresh_tail, bulk_fresh = (), ()
+        else:
+            fresh = [str(p) for p in fresh_ids]
+            if len(fresh) != self.n_fresh_needed(q) or len(set(fresh)) != len(fresh) or set(fresh) & set(self.carried):
+                raise SelectorError(f"plan_step needs {self.n_fresh_needed(q)} distinct fresh prompts not carried, "
+                                    f"got {len(fresh)}")
+            predicted = predicted_work or {}
+            carried_key = {p: max(self.scores.get(p, 0.0), predicted.get(p, 0.0)) for p in self.carried}
+            ranked = sorted([(-k, 0, i, p) for i, (p, k) in enumerate(carried_key.items())]
+                            + [(-predicted[p], 1, i, p) for i, p in enumerate(fresh) if p in predicted])
+            chosen = [p for *_, p in ranked[:q]]
+            chosen_set = set(chosen)
+            tail = tuple(chosen)  # heaviest first
+            requeued = tuple(p for p in self.carried if p not in chosen_set)
+            fresh_tail = tuple(p for p in chosen if p not in carried_key)
+            bulk_fresh = tuple(p for p in fresh if p not in chosen_set)
+        quota = self.batch_size - len(tail)
         plan = StepPlan(step=self.step, q=q, tail_ids=tail, requeued_ids=requeued,
-                        n_fresh=quota + n_abort - len(requeued), bulk_quota=quota, n_abort=n_abort)
+                        n_fresh=quota + n_abort - len(requeued), bulk_quota=quota, n_abort=n_abort,
+                        fresh_tail_ids=fresh_tail, bulk_fresh_ids=bulk_fresh)
+        assert fresh_ids is None or len(bulk_fresh) == plan.n_fresh
         self._open_plan = plan
         return plan
 

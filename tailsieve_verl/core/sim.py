@@ -46,6 +46,7 @@ from .controller import ControllerConfig, Decision, GroupRecord, HierarchicalCon
 from .errors import TailSieveError
 from .perf import PerfModel
 from .oracle import SetCost
+from .prompt_record import PromptLengthRecord
 from .policies import best_k_search, expand_to_samples, least_inflight_assignment, pool_assignment, route, singletons
 from .replica import Evaluation, evaluate_samples
 from .selector import BULK, TAIL, TailSelector
@@ -75,6 +76,7 @@ class SimConfig:
     gantt_step: int | None = None  # step whose per-group timeline is kept (None = the last)
     group_atomic: bool = False  # TailSieve pools keep a group's samples on one replica (the paper's setting)
     oracle_time_limit_s: float = 2.0  # per step, for each clairvoyant (k, m) search
+    prompt_record: bool = True  # TailSieve keeps a per-prompt length record (core.prompt_record) across epochs
     best_static_screen: tuple[int, int] = (8, 6)  # best-static: after this many steps keep this many best
     #   grid points (and (0, 0)) running; (0, 0) = run the whole grid every step
 
@@ -329,6 +331,7 @@ class TailSieveRunner(_Runner):
         self.controller = HierarchicalController(controller_cfg, cfg.n_replicas, cfg.batch_size, perf,
                                                  per_sample=not cfg.group_atomic)
         self.decision: Decision = self.controller.decision
+        self.record = PromptLengthRecord() if cfg.prompt_record else None  # keyed by prompt_of(instance id)
         self.generated: dict[str, int] = {}
         self.decisions: list[Decision] = []
 
@@ -337,9 +340,17 @@ class TailSieveRunner(_Runner):
 
     def step(self, t: int, keep: bool) -> None:
         cfg, R = self.cfg, self.cfg.n_replicas
-        plan = self.selector.plan_step(self.decision.q)
-        fresh_ids = self.stream.take(plan.n_fresh)
-        self.ledger.pull(fresh_ids)
+        if self.record is None:
+            plan = self.selector.plan_step(self.decision.q)
+            fresh_ids = self.stream.take(plan.n_fresh)
+            self.ledger.pull(fresh_ids)
+        else:  # predicted-long fresh prompts go straight to the tail pool
+            pulled = self.stream.take(self.selector.n_fresh_needed(self.decision.q))
+            self.ledger.pull(pulled)
+            known = self.record.predictions(map(prompt_of, self.selector.carried + pulled))
+            predicted = {i: known[prompt_of(i)] for i in self.selector.carried + pulled if prompt_of(i) in known}
+            plan = self.selector.plan_step(self.decision.q, pulled, predicted)
+            fresh_ids = list(plan.bulk_fresh_ids)
         bulk_ids = list(plan.requeued_ids) + fresh_ids
         tail = self.sample(plan.tail_ids, t)  # regenerated from scratch under policy version t
         bulk = self.sample(bulk_ids, t)
@@ -363,10 +374,15 @@ class TailSieveRunner(_Runner):
         outcome = self.selector.finish_step(plan, fresh_ids, [bulk_ids[i] for i in done], policy_version=t,
                                             scores=scores)
         self.ledger.consume(outcome.consumed_ids, self.generated, t)
+        if self.record is not None:
+            for pid, g in zip(list(plan.tail_ids) + [bulk_ids[i] for i in done], tail + [bulk[i] for i in done]):
+                self.record.observe(prompt_of(pid), g.lengths)
+            for pid, tokens in scores.items():
+                self.record.observe_aborted(prompt_of(pid), tokens)
         for pid in outcome.consumed_ids:
             del self.generated[pid]
         obs = StepObservation(
-            q=plan.n_abort, m=m, tail_makespan_s=tail_s, bulk_cutoff_s=cutoff,
+            m=m, tail_makespan_s=tail_s, bulk_cutoff_s=cutoff,
             tail_groups=tuple(GroupRecord(g.lengths, float(f)) for g, f in zip(tail, tail_finish)),
             bulk_groups=tuple(GroupRecord(bulk[i].lengths, float(bulk_finish[i])) for i in done),
             n_aborted=plan.n_abort, prompt_len=float(np.mean([g.prompt_len for g in groups])))

@@ -47,3 +47,19 @@ def test_live_mode_uses_the_rolling_window_and_prefixes_metrics():
     assert monitor.pooled() == {}
     with pytest.raises(BiasMonitorError):
         monitor.update([])
+
+
+def test_per_prompt_record_adds_no_length_bias():
+    """Over a multi-epoch run the record only moves prompts between pools: TailSieve's consumed
+    lengths match stock verl's (same prompts, fresh draws) within the KS noise."""
+    from tailsieve_verl.core.perf import parse_perf_model
+    from tailsieve_verl.core.sim import SimConfig, simulate
+    from tailsieve_verl.core.workload import PromptPool, get_preset
+
+    pool = PromptPool(get_preset("strong", max_response_length=4096), 64, seed=2)
+    cfg = SimConfig(steps=24, n_replicas=4, batch_size=16, n=4, seed=2, policies=("verl", "tailsieve-fixed"))
+    result = simulate(cfg, pool, parse_perf_model("table:h200-dense"))
+    lengths = {name: np.concatenate([r.consumed_lengths for r in p.records]) for name, p in result.policies.items()}
+    distance = ks_distance(lengths["tailsieve-fixed"], lengths["verl"])
+    groups = cfg.steps * cfg.batch_size
+    assert distance < 1.5 * ks_noise(groups, groups), distance / ks_noise(groups, groups)

@@ -21,8 +21,8 @@ def _obs(q: int, m: int, tail_s: float, bulk_s: float, rng: np.random.Generator,
     finish = np.sort(rng.uniform(0.1, 1.0, B - n_tail)) * bulk_s
     finish[-1] = bulk_s
     bulk = tuple(GroupRecord(tuple(int(x) for x in rng.integers(200, 1500, 8)), float(f)) for f in finish)
-    return StepObservation(q=q, m=m, tail_makespan_s=tail_s if n_tail else 0.0, bulk_cutoff_s=bulk_s,
-                           tail_groups=tail, bulk_groups=bulk, n_aborted=q)
+    return StepObservation(m=m, tail_makespan_s=tail_s if n_tail else 0.0, bulk_cutoff_s=bulk_s,
+                           tail_groups=tail, bulk_groups=bulk, n_aborted=2 * q)
 
 
 @pytest.fixture(scope="module")
@@ -42,8 +42,8 @@ def test_bad_settings_are_refused(perf, kwargs, match):
 def test_uniform_start_and_tail_pool_start():
     perf = LinearPerf(0.01, 0.0001)
     assert HierarchicalController(ControllerConfig(), R, B, perf).decision.split == (0, 0)
-    # a tail pool with nothing to regenerate cannot be measured: q starts at 1
-    assert HierarchicalController(ControllerConfig(m_init=2), R, B, perf).decision.split == (1, 2)
+    # a tail pool with nothing to regenerate cannot be measured: q starts at one group per tail replica
+    assert HierarchicalController(ControllerConfig(m_init=2), R, B, perf).decision.split == (2, 2)  # q >= m
 
 
 @pytest.mark.parametrize("tail_s, bulk_s, direction", [(30.0, 60.0, 1), (60.0, 30.0, -1), (50.0, 51.0, 0)])
@@ -85,14 +85,16 @@ def test_fixed_variant_never_moves_replicas(perf):
         assert d.m == 4
 
 
-def test_outer_loop_leaves_uniform_only_when_the_model_predicts_a_gain(perf):
+def test_outer_loop_leaves_the_shared_pool_only_for_a_predicted_gain(perf):
+    """An optimistic explorer (a large bonus for unmeasured splits) tries a tail pool; an unreachable
+    threshold keeps one shared pool."""
     rng = np.random.default_rng(3)
-    moved = HierarchicalController(ControllerConfig(settle_steps=0), R, B, perf)
+    moved = HierarchicalController(ControllerConfig(settle_steps=0, exploration_bonus=0.5), R, B, perf)
     stay = HierarchicalController(ControllerConfig(settle_steps=0, switch_threshold=10.0), R, B, perf)
     # a uniform step with a few 16k-token groups among short ones
     groups = [tuple(int(x) for x in rng.integers(200, 1500, 8)) for _ in range(B - 4)]
     groups += [tuple([16000] + [int(x) for x in rng.integers(8000, 16000, 7)]) for _ in range(4)]
-    obs = StepObservation(q=0, m=0, tail_makespan_s=0.0, bulk_cutoff_s=70.0, tail_groups=(),
+    obs = StepObservation(m=0, tail_makespan_s=0.0, bulk_cutoff_s=70.0, tail_groups=(),
                           bulk_groups=tuple(GroupRecord(g, 10.0) for g in groups))
     decisions = [moved.observe(obs) for _ in range(3)]
     assert decisions[-1].m >= 1 and decisions[-1].q >= 1
@@ -104,7 +106,7 @@ def test_observation_must_hold_the_whole_batch(perf):
     ctl = HierarchicalController(ControllerConfig(), R, B, perf)
     obs = _obs(2, 2, 10.0, 10.0, np.random.default_rng(0))
     with pytest.raises(ControllerError, match="batch_size"):
-        ctl.observe(StepObservation(q=2, m=2, tail_makespan_s=1.0, bulk_cutoff_s=1.0, tail_groups=obs.tail_groups,
+        ctl.observe(StepObservation(m=2, tail_makespan_s=1.0, bulk_cutoff_s=1.0, tail_groups=obs.tail_groups,
                                     bulk_groups=obs.bulk_groups[:-1]))
 
 
@@ -121,3 +123,59 @@ def test_state_dict_roundtrip_gives_identical_decisions(perf):
         assert a.observe(obs) == b.observe(obs)
     with pytest.raises(ControllerError, match="batch"):
         HierarchicalController(cfg, R, 2 * B, perf).load_state_dict(a.state_dict())
+
+
+def test_smoothed_helper_on_scalars_and_partly_measured_curves():
+    from tailsieve_verl.core.controller import _Smoothed
+    x = _Smoothed(0.5)
+    assert x.update(2.0) == 2.0 and x.update(4.0) == 3.0
+    curve = _Smoothed(0.5)
+    curve.update(np.array([1.0, 2.0]))
+    out = curve.update(np.array([3.0, np.nan, 5.0]))  # NaN keeps the old value, a new rank takes the sample
+    assert out.tolist() == [2.0, 2.0, 5.0]
+    assert _Smoothed.from_json(0.5, json.loads(json.dumps(curve.to_json()))).value.tolist() == [2.0, 2.0, 5.0]
+
+
+def _plant_obs(q: int, m: int, rng: np.random.Generator, makespan_s: float) -> StepObservation:
+    """A step whose consumed batch is the same population at every split; only the makespan differs."""
+    groups = [tuple(int(x) for x in rng.integers(200, 4000, 8)) for _ in range(B)]
+    n_tail = q if m else 0
+    return StepObservation(m=m, tail_makespan_s=makespan_s if n_tail else 0.0, bulk_cutoff_s=makespan_s,
+                           tail_groups=tuple(GroupRecord(g, makespan_s) for g in groups[:n_tail]),
+                           bulk_groups=tuple(GroupRecord(g, makespan_s) for g in groups[n_tail:]),
+                           n_aborted=2 * q)
+
+
+def test_outer_loop_falls_back_to_one_shared_pool_when_isolation_does_not_pay(perf):
+    """Every split with a tail pool is measured 30 % slower than one shared pool: after trying, the
+    controller returns to (0, 0) — stock verl's routing — and stays."""
+    ctl = HierarchicalController(ControllerConfig(m_init=2, q_init=2, settle_steps=1), R, B, perf)
+    rng = np.random.default_rng(5)
+    splits = []
+    for _ in range(30):
+        q, m = ctl.state.q, ctl.state.m
+        splits.append((q, m))
+        ctl.observe(_plant_obs(q, m, rng, 40.0 if m == 0 else 52.0))
+    assert splits[-10:] == [(0, 0)] * 10, splits
+
+
+def test_outer_loop_climbs_to_the_measured_best_split(perf):
+    """Measured makespan falls with m up to 3 and rises after: the controller settles at m = 3."""
+    ctl = HierarchicalController(ControllerConfig(settle_steps=1, exploration_bonus=0.2), R, B, perf)
+    rng = np.random.default_rng(6)
+    cost = {0: 50.0, 1: 46.0, 2: 42.0, 3: 38.0, 4: 44.0, 5: 50.0, 6: 55.0, 7: 60.0}
+    ms = []
+    for _ in range(40):
+        ms.append(ctl.state.m)
+        ctl.observe(_plant_obs(ctl.state.q, ctl.state.m, rng, cost[ctl.state.m]))
+    assert ms[-10:].count(3) >= 8, ms
+    assert all(abs(a - b) <= 1 or b == 0 for a, b in zip(ms, ms[1:])), ms  # bounded steps
+
+
+def test_decisions_keep_q_at_least_m(perf):
+    ctl = HierarchicalController(ControllerConfig(settle_steps=1), R, B, perf)
+    rng = np.random.default_rng(7)
+    for _ in range(30):
+        q, m = ctl.state.q, ctl.state.m
+        d = ctl.observe(_plant_obs(q, m, rng, 30.0 + 3.0 * abs(m - 2) + rng.normal(0, 1)))
+        assert d.m == 0 and d.q == 0 or d.q >= d.m >= 1

@@ -1,0 +1,125 @@
+"""Controller v2 against stock verl and the hindsight best static split (issue 11).
+
+For each cell (setup × tail preset × batch shape) and seed, one 30-step `core.sim` run of
+verl, tailsieve (adaptive), tailsieve-fixed and best-static (optionally clairvoyant-sample, and
+controller ablations as extra TailSieve runs on the same stream). Prints, per cell, the mean
+speedup vs stock verl of every policy, the worst seed, and adaptive / best-static.
+
+    python scripts/controller_v2_eval.py [--seeds 8] [--cells dense-weak,...] [--jobs 2] [--ablation]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+from tailsieve_verl.core import sim
+from tailsieve_verl.core.bias import ks_distance, ks_noise
+from tailsieve_verl.core.controller import ControllerConfig
+from tailsieve_verl.core.perf import parse_perf_model
+from tailsieve_verl.core.workload import PromptPool
+
+SETUPS = {"dense": ("table:h200-dense", 8), "moe": ("table:h200-moe", 4)}
+ABLATIONS = {
+    "prior only (v1-style outer loop)": {"measured_surface": False},
+    "no exploration bonus": {"exploration_bonus": 0.0},
+    "no settle period": {"settle_steps": 1},
+}
+SWEEP = {
+    "thr .03 bonus .04": {"switch_threshold": 0.03, "exploration_bonus": 0.04},
+    "settle 3": {"settle_steps": 3},
+    "smooth .3": {"smoothing": 0.3},
+    "bonus .08": {"exploration_bonus": 0.08},
+}
+
+
+def run(job: dict) -> dict:
+    setup, preset = job["cell"].split("-")
+    perf_name, R = SETUPS[setup]
+    perf = parse_perf_model(perf_name)
+    pool = PromptPool(preset, job["pool"], seed=job["seed"])
+    policies = ["verl", "tailsieve", "tailsieve-fixed"] + job["extra"]
+    cfg = sim.SimConfig(steps=job["steps"], n_replicas=R, batch_size=job["batch"], n=job["n"], seed=job["seed"],
+                        policies=tuple(policies), oracle_time_limit_s=job["oracle_s"], best_static_screen=(5, 4))
+    runners = sim.build_runners(cfg, pool, perf)
+    for name, override in ({"ablation": ABLATIONS, "sweep": SWEEP}.get(job["ablation"], {})).items():
+        ctl = replace(cfg.controller, fixed_tail_replicas=None, **override)
+        runners.append(sim.TailSieveRunner(cfg, pool, perf, ctl, name))
+    if job["no_record"]:
+        runners.append(sim.TailSieveRunner(replace(cfg, prompt_record=False), pool, perf,
+                                           replace(cfg.controller, fixed_tail_replicas=None), "tailsieve (no record)"))
+    t0 = time.time()
+    for t in range(cfg.steps):
+        for r in runners:
+            r.step(t, keep=False)
+    results = {r.name: r.finish() for r in runners}
+    base = results["verl"].mean_makespan_s
+    out = {"cell": job["cell"], "seed": job["seed"], "wall_s": time.time() - t0,
+           "speedup": {k: base / v.mean_makespan_s for k, v in results.items()},
+           "lost": sum(v.lost + v.duplicated for v in results.values())}
+    for r in runners:
+        if isinstance(r, sim.BestStaticRunner):
+            out["best_split"] = list(r.split)
+    ts = results["tailsieve"].records
+    reference = np.concatenate([x.consumed_lengths for x in results["verl"].records])
+    consumed = np.concatenate([x.consumed_lengths for x in ts])
+    out["ks"] = ks_distance(consumed, reference)
+    out["ks_noise"] = ks_noise(len(ts) * job["batch"], len(ts) * job["batch"])
+    out["tailsieve_path"] = [(x.q, x.m) for x in ts[::5]]
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cells", default="dense-weak,dense-real,dense-strong,moe-weak,moe-real,moe-strong")
+    ap.add_argument("--seeds", type=int, default=2)
+    ap.add_argument("--seed0", type=int, default=0)
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--n", type=int, default=8)
+    ap.add_argument("--pool", type=int, default=4096)
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--no-best-static", action="store_true")
+    ap.add_argument("--oracle", action="store_true", help="also clairvoyant-sample")
+    ap.add_argument("--oracle-s", type=float, default=0.5)
+    ap.add_argument("--ablation", default="", choices=["", "ablation", "sweep"])
+    ap.add_argument("--no-record-variant", action="store_true", help="also TailSieve without the per-prompt record")
+    ap.add_argument("--out", default="")
+    args = ap.parse_args()
+    extra = ([] if args.no_best_static else ["best-static"]) + (["clairvoyant-sample"] if args.oracle else [])
+    jobs = [dict(cell=c, seed=s, steps=args.steps, batch=args.batch, n=args.n, pool=args.pool, extra=extra,
+                 oracle_s=args.oracle_s, ablation=args.ablation,
+                 no_record=args.no_record_variant)
+            for c in args.cells.split(",") for s in range(args.seed0, args.seed0 + args.seeds)]
+    with ProcessPoolExecutor(args.jobs) as ex:
+        rows = list(ex.map(run, jobs))
+    for row in rows:
+        print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()
+                          if k != "speedup"}), {k: round(v, 3) for k, v in row["speedup"].items()}, flush=True)
+    print(f"\n{args.batch}×{args.n}, {args.steps} steps, {args.seeds} seeds; speedup vs stock verl: mean (worst seed)")
+    names = list(rows[0]["speedup"])
+    print(f"{'cell':<14}" + "".join(f"{n[:22]:>24}" for n in names) + f"{'ts/best-static':>16}{'worst':>8}")
+    for cell in args.cells.split(","):
+        cr = [r for r in rows if r["cell"] == cell]
+        line = f"{cell:<14}"
+        for n in names:
+            v = np.array([r["speedup"][n] for r in cr])
+            line += f"{v.mean():>15.3f} ({v.min():.3f})"
+        if "best-static" in names:
+            ratio = np.array([r["speedup"]["tailsieve"] / r["speedup"]["best-static"] for r in cr])
+            line += f"{ratio.mean():>16.3f}{ratio.min():>8.3f}"
+        print(line)
+    ks = np.array([r["ks"] / r["ks_noise"] for r in rows])
+    print(f"length bias of tailsieve vs stock verl (pooled KS / its noise): mean {ks.mean():.2f}, max {ks.max():.2f}")
+    if args.out:
+        Path(args.out).write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
