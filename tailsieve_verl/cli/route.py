@@ -8,6 +8,7 @@ import sys
 
 import numpy as np
 
+from ..core.kinds import Pool
 from ..core.perf import DEFAULT_PERF_MODEL, parse_perf_model
 from ..core.policies import POLICIES, Routing, route
 from ..core.trace import read_trace
@@ -86,7 +87,7 @@ def _print_table(routing: Routing, trace, args: argparse.Namespace, perf_name: s
     for r in range(args.replicas):
         on_r = routing.sample_assignment == r
         lengths = flat[on_r].tolist()
-        pool = "tail" if r < m else ("bulk" if m else "-")
+        pool = str(Pool.TAIL if r < m else Pool.BULK) if m else "-"
         style = "bold" if times[r] == routing.makespan_s else None
         table.add_row(str(r), pool, str(len(np.unique(group_of_sample[on_r]))), str(len(lengths)), str(sum(lengths)),
                       str(max(lengths, default=0)), f"{times[r]:.3f}", style=style)

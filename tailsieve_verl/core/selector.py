@@ -39,14 +39,12 @@ from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 from .errors import TailSieveError
+from .kinds import Pool
 
 
 class SelectorError(TailSieveError):
     """The rollout layer reported a step that breaks the exactly-once contract."""
 
-
-TAIL = "tail"
-BULK = "bulk"
 
 
 @dataclass(frozen=True)
@@ -71,7 +69,7 @@ class StepPlan:
 @dataclass(frozen=True)
 class ConsumedGroup:
     prompt_id: str
-    route: str  # TAIL or BULK
+    route: Pool  # TAIL or BULK
     policy_version: int
 
 
@@ -181,8 +179,8 @@ class TailSelector:
         scores = scores or {}
         aborted = [p for p in bulk if p not in done]
         carried = tuple(sorted(aborted, key=lambda p: -float(scores.get(p, 0.0))))  # stable: ties keep bulk order
-        consumed = tuple(ConsumedGroup(p, TAIL, policy_version) for p in plan.tail_ids) + tuple(
-            ConsumedGroup(p, BULK, policy_version) for p in finished)
+        consumed = tuple(ConsumedGroup(p, Pool.TAIL, policy_version) for p in plan.tail_ids) + tuple(
+            ConsumedGroup(p, Pool.BULK, policy_version) for p in finished)
         assert len(consumed) == self.batch_size and len(carried) == plan.n_abort
         self.carried = list(carried)
         self.scores = {p: float(scores.get(p, 0.0)) for p in carried}

@@ -49,7 +49,8 @@ from .oracle import SetCost
 from .prompt_record import PromptLengthRecord
 from .policies import best_k_search, expand_to_samples, least_inflight_assignment, pool_assignment, route, singletons
 from .replica import Evaluation, evaluate_samples
-from .selector import BULK, TAIL, TailSelector
+from .kinds import Pool
+from .selector import TailSelector
 from .trace import Group
 from .workload import PromptPool
 
@@ -102,7 +103,7 @@ class GroupSpan:
 
     replica: int
     finish_s: float  # when it finished (or the abort moment)
-    route: str  # TAIL or BULK
+    route: Pool  # TAIL or BULK
     aborted: bool
 
 
@@ -242,7 +243,7 @@ def _tokens_at(groups: Sequence[Group], ev: Evaluation, t: float) -> np.ndarray:
     return np.add.reduceat(tokens, starts) if len(groups) else np.zeros(0)
 
 
-def _spans(ev: Evaluation, groups: Sequence[Group], routes: Sequence[str], aborted: Sequence[bool],
+def _spans(ev: Evaluation, groups: Sequence[Group], routes: Sequence[Pool], aborted: Sequence[bool],
            abort_s: float) -> tuple[GroupSpan, ...]:
     """Per sample, for the Gantt chart (a group may span replicas)."""
     starts = np.concatenate([[0], np.cumsum([g.n for g in groups])[:-1]]).astype(np.int64)
@@ -297,12 +298,12 @@ class StaticRunner(_Runner):
         self.ledger.consume(ids, dict.fromkeys(ids, t), t)
         lengths = tuple(x for g in groups for x in g.lengths)
         starts = np.concatenate([[0], np.cumsum([g.n for g in groups])[:-1]]).astype(np.int64)
-        routes = [TAIL if samples[starts[i]] < m else BULK for i in range(len(groups))]
+        routes = [Pool.TAIL if samples[starts[i]] < m else Pool.BULK for i in range(len(groups))]
         spans = _spans(ev, groups, routes, [False] * len(groups), ev.makespan_s) if keep else ()
         tail_s = max((ev.replica_times_s[r] for r in range(m)), default=0.0)
         bulk_s = max(ev.replica_times_s[m:])
         self.result.records.append(StepRecord(
-            t, ev.makespan_s, 0, m, sum(r == TAIL for r in routes), tail_s, bulk_s, 0, sum(lengths), lengths,
+            t, ev.makespan_s, 0, m, sum(r == Pool.TAIL for r in routes), tail_s, bulk_s, 0, sum(lengths), lengths,
             tuple(ev.replica_times_s), 0, m, spans))
 
     def assign(self, groups: list[Group]) -> tuple[np.ndarray, int]:
@@ -393,7 +394,7 @@ class TailSieveRunner(_Runner):
         busy = [min(x, cutoff) if r >= m else x for r, x in enumerate(ev.replica_times_s)]
         spans = ()
         if keep:
-            routes = [TAIL] * len(tail) + [BULK] * len(bulk)
+            routes = [Pool.TAIL] * len(tail) + [Pool.BULK] * len(bulk)
             spans = _spans(ev, groups, routes, [False] * len(tail) + aborted.tolist(), cutoff)
         self.result.records.append(StepRecord(
             t, makespan, plan.q, m, len(tail), tail_s, cutoff, int(sum(scores.values())), sum(lengths), lengths,

@@ -29,10 +29,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping
 
+from tailsieve_verl.core.kinds import Pool
 from tailsieve_verl.integration.config import PoolEngineConfig, TailSieveConfig, parse_tailsieve_section
-
-TAIL = "tail"
-BULK = "bulk"
 
 
 def settings_from_rollout_config(rollout_config: Any) -> TailSieveConfig:
@@ -44,13 +42,13 @@ def settings_from_rollout_config(rollout_config: Any) -> TailSieveConfig:
     return parse_tailsieve_section(section or {})
 
 
-def launch_pool(replica_rank: int, settings: TailSieveConfig) -> str:
+def launch_pool(replica_rank: int, settings: TailSieveConfig) -> Pool:
     """Pool a replica belongs to at launch: ranks ``0 .. initial_m - 1`` form the tail pool."""
-    return TAIL if replica_rank < settings.initial_m else BULK
+    return Pool.TAIL if replica_rank < settings.initial_m else Pool.BULK
 
 
 def pool_engine(replica_rank: int, settings: TailSieveConfig) -> PoolEngineConfig:
-    return settings.tail if launch_pool(replica_rank, settings) == TAIL else settings.bulk
+    return settings.tail if launch_pool(replica_rank, settings) is Pool.TAIL else settings.bulk
 
 
 def has_pool_engine_settings(settings: TailSieveConfig) -> bool:

@@ -26,12 +26,11 @@ from typing import Any
 
 from verl.workers.rollout.router import GlobalRequestLoadBalancer
 
+from tailsieve_verl.core.kinds import Pool
+
 logger = logging.getLogger(__name__)
 
 REQUEST_PREFIX = "ts"
-TAIL = "tail"
-BULK = "bulk"
-ANY = "any"  # validation and untagged groups: the least-loaded server of either pool
 
 
 def tag_request_id(group_uid: str, nonce: str) -> str:
@@ -67,11 +66,11 @@ class PoolRouter:
 
     def __init__(self, servers: dict[str, Any], yaml_config: dict | None = None):
         self._servers: dict[str, Any] = dict(servers)
-        self._pool_of: dict[str, str] = {address: BULK for address in servers}
-        self._balancers = {TAIL: GlobalRequestLoadBalancer({}),
-                           BULK: GlobalRequestLoadBalancer(dict(servers))}
+        self._pool_of: dict[str, Pool] = {address: Pool.BULK for address in servers}
+        self._balancers = {Pool.TAIL: GlobalRequestLoadBalancer({}),
+                           Pool.BULK: GlobalRequestLoadBalancer(dict(servers))}
         self.group_atomic = False
-        self._group_pool: dict[str, str] = {}
+        self._group_pool: dict[str, Pool] = {}
         self._group_servers: dict[str, set[str]] = {}
         self._samples: dict[str, dict[int, dict]] = {}
 
@@ -86,22 +85,22 @@ class PoolRouter:
             self.group_atomic = bool(group_atomic)
         tail = set(tail_addresses)
         for address in self._servers:
-            pool = TAIL if address in tail else BULK
+            pool = Pool.TAIL if address in tail else Pool.BULK
             if self._pool_of.get(address) != pool:
                 self._balancers[self._pool_of[address]].remove_servers([address])
                 self._balancers[pool].add_servers({address: self._servers[address]})
                 self._pool_of[address] = pool
         return self.pools()
 
-    def pools(self) -> dict[str, list[str]]:
-        return {pool: [a for a in self._servers if self._pool_of.get(a) == pool] for pool in (TAIL, BULK)}
+    def pools(self) -> dict[Pool, list[str]]:
+        return {pool: [a for a in self._servers if self._pool_of.get(a) == pool] for pool in (Pool.TAIL, Pool.BULK)}
 
     def assign_groups(self, group_pools: dict[str, str]) -> None:
-        """Declare the pool of each group of the coming dispatch."""
+        """Declare the pool of each group of the coming dispatch (a :class:`Pool` or its string)."""
         for uid, pool in group_pools.items():
-            if pool not in (TAIL, BULK, ANY):
+            if pool not in tuple(Pool):
                 raise ValueError(f"unknown pool {pool!r} for group {uid}")
-            self._group_pool[uid] = pool
+            self._group_pool[uid] = Pool(pool)
             self._group_servers.pop(uid, None)
 
     def forget_groups(self, uids: list[str]) -> None:
@@ -127,7 +126,7 @@ class PoolRouter:
         if not self._servers:
             raise RuntimeError("No available servers in load balancer")
         uid = group_of_request(request_id)
-        pool = self._group_pool.get(uid, ANY) if uid is not None else ANY
+        pool = self._group_pool.get(uid, Pool.ANY) if uid is not None else Pool.ANY
         balancer = self._balancer_for(pool)
         key = uid if uid is not None and self.group_atomic else str(request_id)
         address, handle = balancer.acquire_server(key)
@@ -135,7 +134,7 @@ class PoolRouter:
             self._group_servers.setdefault(uid, set()).add(address)
         return address, handle
 
-    def _balancer_for(self, pool: str) -> GlobalRequestLoadBalancer:
+    def _balancer_for(self, pool: Pool) -> GlobalRequestLoadBalancer:
         """The pool's balancer; ANY (and a pool that lost its last replica) takes the less loaded one."""
         live = {p: b for p, b in self._balancers.items() if b.get_all_servers()}
         if pool in live:
@@ -157,8 +156,8 @@ class PoolRouter:
         for address, handle in servers.items():
             self._servers[address] = handle
             if address not in self._pool_of:
-                self._pool_of[address] = BULK
-                self._balancers[BULK].add_servers({address: handle})
+                self._pool_of[address] = Pool.BULK
+                self._balancers[Pool.BULK].add_servers({address: handle})
 
     def remove_servers(self, server_ids: list[str]) -> None:
         for address in server_ids:

@@ -47,12 +47,13 @@ from verl.utils import tensordict_utils as tu
 from verl.utils.transferqueue_utils import KVBatchMeta
 
 from tailsieve_verl.core.bias import LengthBiasMonitor
+from tailsieve_verl.core.kinds import Pool
 from tailsieve_verl.core.controller import Decision, GroupRecord, HierarchicalController, StepObservation
 from tailsieve_verl.core.selector import StepOutcome, StepPlan, TailSelector
 from tailsieve_verl.integration.config import TRAINER_MODE, TailSieveConfig, rollout_replica_count, wire_verl_config
 from tailsieve_verl.integration.engine_config import has_pool_engine_settings, install_pool_specialised_vllm
+from tailsieve_verl.integration.group_status import GroupStatus
 from tailsieve_verl.integration.metrics import StepMeasurement, step_metrics
-from tailsieve_verl.integration.router import BULK, TAIL
 from tailsieve_verl.integration.verl_compat import check_verl_internals
 
 logger = logging.getLogger(__name__)
@@ -72,7 +73,7 @@ class InflightGroup:
 
     identity: str  # stable prompt identity (the verl uid of its first fetch)
     uid: str  # verl uid of this attempt (TransferQueue key)
-    pool: str
+    pool: Pool
     row: TensorDict  # the prompt row, re-submittable as is
     attempt: int = 1
 
@@ -207,13 +208,13 @@ class TailSieveTrainer(PPOTrainerSync):
         fresh = self._next_train_batch(plan.n_fresh) if plan.n_fresh else None
         fresh_ids = [str(uid) for uid in fresh["uid"]] if fresh is not None else []
         state = ActiveStep(plan, m, tail_addresses, bulk_addresses, fresh_ids)
-        rows = [(identity, TAIL, self.carried_rows.pop(identity)) for identity in plan.tail_ids]
-        rows += [(identity, BULK, self.carried_rows.pop(identity)) for identity in plan.requeued_ids]
-        rows += [(identity, BULK, _row(fresh, i)) for i, identity in enumerate(fresh_ids)]
+        rows = [(identity, Pool.TAIL, self.carried_rows.pop(identity)) for identity in plan.tail_ids]
+        rows += [(identity, Pool.BULK, self.carried_rows.pop(identity)) for identity in plan.requeued_ids]
+        rows += [(identity, Pool.BULK, _row(fresh, i)) for i, identity in enumerate(fresh_ids)]
         self._dispatch(state, rows)
         self.step_state = state
 
-    def _dispatch(self, state: ActiveStep, rows: list[tuple[str, str, TensorDict]], attempt: int = 1) -> None:
+    def _dispatch(self, state: ActiveStep, rows: list[tuple[str, Pool, TensorDict]], attempt: int = 1) -> None:
         """Submit prompt rows under fresh verl uids, each declared to the router with its pool."""
         # imported here, not at module level: verl's plugin loader imports this module and agent_loop
         # from inside `import verl`, so neither may need the other fully initialised at import time
@@ -247,16 +248,17 @@ class TailSieveTrainer(PPOTrainerSync):
         while True:
             statuses = self._statuses(state)
             self._redispatch_failed(state, statuses)
-            finished_bulk = [uid for uid, g in state.groups.items()
-                             if g.pool == BULK and statuses.get(uid) == "finished" and uid not in state.selected_bulk]
+            finished_bulk = [uid for uid, g in state.groups.items() if g.pool == Pool.BULK
+                             and statuses.get(uid) == GroupStatus.FINISHED and uid not in state.selected_bulk]
             if state.cutoff_s is None:
                 state.selected_bulk.extend(finished_bulk[: plan.bulk_quota - len(state.selected_bulk)])
                 if len(state.selected_bulk) == plan.bulk_quota:
                     state.cutoff_s = time.monotonic() - state.started
                     self._abort_bulk(state, statuses)
-            tail_done = all(statuses.get(uid) == "finished" for uid, g in state.groups.items() if g.pool == TAIL)
-            bulk_settled = all(statuses.get(uid) in ("finished", "failure") for uid, g in state.groups.items()
-                               if g.pool == BULK)
+            tail_done = all(statuses.get(uid) == GroupStatus.FINISHED for uid, g in state.groups.items()
+                            if g.pool == Pool.TAIL)
+            bulk_settled = all(GroupStatus.is_settled(statuses.get(uid)) for uid, g in state.groups.items()
+                               if g.pool == Pool.BULK)
             if state.cutoff_s is not None and tail_done and bulk_settled:
                 break
             if state.cutoff_s is not None and not tail_done and self.paused_addresses:
@@ -266,7 +268,7 @@ class TailSieveTrainer(PPOTrainerSync):
             if time.monotonic() > deadline:
                 raise RolloutStepError(
                     f"step {self.global_steps}: groups still running after tailsieve.drain_timeout_s="
-                    f"{self.settings.drain_timeout_s}s: {sum(1 for s in statuses.values() if s not in ('finished', 'failure'))}")
+                    f"{self.settings.drain_timeout_s}s: {sum(not GroupStatus.is_settled(s) for s in statuses.values())}")
             time.sleep(self.settings.poll_interval_s)
         return self._close_step(buffer, state)
 
@@ -312,8 +314,8 @@ class TailSieveTrainer(PPOTrainerSync):
 
     def _redispatch_failed(self, state: ActiveStep, statuses: dict[str, str]) -> None:
         """Groups that failed (e.g. their replica died) before the cutoff run again on a live replica."""
-        failed = [state.groups[uid] for uid, s in statuses.items() if s == "failure"
-                  and (state.groups[uid].pool == TAIL or state.cutoff_s is None)]
+        failed = [state.groups[uid] for uid, s in statuses.items() if s == GroupStatus.FAILURE
+                  and (state.groups[uid].pool == Pool.TAIL or state.cutoff_s is None)]
         if not failed:
             return
         self._drop_dead_replicas([g.uid for g in failed])
@@ -374,8 +376,8 @@ class TailSieveTrainer(PPOTrainerSync):
 
     def _abort_bulk(self, state: ActiveStep, statuses: dict[str, str]) -> None:
         selected = set(state.selected_bulk)
-        running = [uid for uid, g in state.groups.items() if g.pool == BULK and uid not in selected
-                   and statuses.get(uid) not in ("finished", "failure")]
+        running = [uid for uid, g in state.groups.items() if g.pool == Pool.BULK and uid not in selected
+                   and not GroupStatus.is_settled(statuses.get(uid))]
         if not running:
             return
         replicas = self._replicas_by_address()
@@ -407,9 +409,9 @@ class TailSieveTrainer(PPOTrainerSync):
 
     def _close_step(self, buffer: TailSieveReplayBuffer, state: ActiveStep) -> tuple[KVBatchMeta, dict]:
         plan = state.plan
-        tail_uids = [uid for uid, g in state.groups.items() if g.pool == TAIL]
+        tail_uids = [uid for uid, g in state.groups.items() if g.pool == Pool.TAIL]
         selected = set(state.selected_bulk)
-        dropped = [uid for uid, g in state.groups.items() if g.pool == BULK and uid not in selected]
+        dropped = [uid for uid, g in state.groups.items() if g.pool == Pool.BULK and uid not in selected]
         reports = self._collect_reports(list(state.groups))
         for uid in tail_uids + state.selected_bulk:
             if reports.get(uid, {}).get("aborted"):

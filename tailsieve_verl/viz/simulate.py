@@ -6,7 +6,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ..core.sim import TAIL, SimResult
+from ..core.kinds import Pool
+from ..core.sim import SimResult
 
 COLORS = {"verl": "#000000", "uniform": "#7f7f7f", "tailsieve-fixed": "#1f77b4", "tailsieve": "#d62728",
           "clairvoyant-group": "#2ca02c", "clairvoyant-sample": "#98df8a", "best-static": "#9467bd"}
@@ -80,7 +81,7 @@ def plot_gantt(result: SimResult, path: str | os.PathLike, policies: tuple[str, 
             by_replica.setdefault(span.replica, []).append(span)
         for r, spans in by_replica.items():
             for j, span in enumerate(sorted(spans, key=lambda s: s.finish_s)):
-                color = "#d62728" if span.route == TAIL else ("#bbbbbb" if span.aborted else "#1f77b4")
+                color = "#d62728" if span.route == Pool.TAIL else ("#bbbbbb" if span.aborted else "#1f77b4")
                 ax.plot([0, span.finish_s], [r + 0.8 * j / max(1, len(spans)) - 0.4] * 2, color=color, linewidth=0.8)
         ax.axvline(record.makespan_s, color="black", linestyle="--", linewidth=0.8)
         ax.set_yticks(range(R))

@@ -6,7 +6,8 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from tailsieve_verl.core.selector import BULK, TAIL, SelectorError, TailSelector
+from tailsieve_verl.core.kinds import Pool
+from tailsieve_verl.core.selector import SelectorError, TailSelector
 
 
 def _run_step(sel: TailSelector, q: int, next_id: list[int], rng: np.random.Generator, version: int):
@@ -26,12 +27,12 @@ def test_step_consumes_batch_and_carries_aborted_identities():
     fresh = [f"p{i}" for i in range(10)]
     out = sel.finish_step(plan, fresh, fresh[:8], policy_version=0)
     assert out.carried_ids == ("p8", "p9")
-    assert len(out.consumed) == 8 and all(c.route == BULK for c in out.consumed)
+    assert len(out.consumed) == 8 and all(c.route == Pool.BULK for c in out.consumed)
     plan2 = sel.plan_step(2)
     assert plan2.tail_ids == ("p8", "p9") and plan2.bulk_quota == 6 and plan2.n_fresh == 8
     fresh2 = [f"r{i}" for i in range(8)]
     out2 = sel.finish_step(plan2, fresh2, fresh2[2:], policy_version=1)
-    assert [c.prompt_id for c in out2.consumed if c.route == TAIL] == ["p8", "p9"]
+    assert [c.prompt_id for c in out2.consumed if c.route == Pool.TAIL] == ["p8", "p9"]
     assert {c.policy_version for c in out2.consumed} == {1}
     assert out2.carried_ids == ("r0", "r1")
 

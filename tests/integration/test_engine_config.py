@@ -6,10 +6,9 @@ from hydra import compose, initialize_config_module
 
 from verl.utils.config import omega_conf_to_dataclass
 
+from tailsieve_verl.core.kinds import Pool
 from tailsieve_verl.integration.config import wire_verl_config
 from tailsieve_verl.integration.engine_config import (
-    BULK,
-    TAIL,
     has_pool_engine_settings,
     launch_pool,
     pool_engine,
@@ -31,7 +30,7 @@ def test_tail_and_bulk_replicas_get_their_own_engine_settings():
     rollout = omega_conf_to_dataclass(config.actor_rollout_ref.rollout)
     settings = settings_from_rollout_config(rollout)
     assert has_pool_engine_settings(settings)
-    assert [launch_pool(rank, settings) for rank in range(4)] == [TAIL, BULK, BULK, BULK]
+    assert [launch_pool(rank, settings) for rank in range(4)] == [Pool.TAIL, Pool.BULK, Pool.BULK, Pool.BULK]
 
     tail = specialise_rollout_config(rollout, pool_engine(0, settings))
     assert tail.max_num_seqs == 32

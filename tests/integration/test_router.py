@@ -6,7 +6,8 @@ from collections import Counter
 
 import pytest
 
-from tailsieve_verl.integration.router import ANY, BULK, TAIL, PoolRouter, tag_request_id
+from tailsieve_verl.core.kinds import Pool
+from tailsieve_verl.integration.router import PoolRouter, tag_request_id
 
 SERVERS = {f"10.0.{node}.1:8000": f"handle-{node}" for node in range(4)}  # one replica per node
 ADDRS = list(SERVERS)
@@ -29,12 +30,12 @@ def burst(router: PoolRouter, groups: dict[str, str], n: int) -> dict[str, list[
 def test_samples_spread_by_least_inflight_within_their_pool_like_stock_verl():
     router = PoolRouter(dict(SERVERS), {"router_class": "x"})
     router.set_pools([ADDRS[0]])
-    groups = {f"t{i}": TAIL for i in range(2)} | {f"b{i}": BULK for i in range(6)}
+    groups = {f"t{i}": Pool.TAIL for i in range(2)} | {f"b{i}": Pool.BULK for i in range(6)}
     placed = burst(router, groups, n=3)
-    assert {a for g in groups if groups[g] == TAIL for a in placed[g]} == {ADDRS[0]}
-    bulk = Counter(a for g in groups if groups[g] == BULK for a in placed[g])
+    assert {a for g in groups if groups[g] == Pool.TAIL for a in placed[g]} == {ADDRS[0]}
+    bulk = Counter(a for g in groups if groups[g] == Pool.BULK for a in placed[g])
     assert set(bulk) == set(ADDRS[1:]) and set(bulk.values()) == {6}  # 18 samples, 6 per bulk replica
-    assert all(len(set(placed[g])) == 3 for g in groups if groups[g] == BULK)  # each group spread
+    assert all(len(set(placed[g])) == 3 for g in groups if groups[g] == Pool.BULK)  # each group spread
     assert router.group_servers(["b0"]) == {"b0": sorted(placed["b0"])}
     for address in [a for addrs in placed.values() for a in addrs]:
         router.release_server(address)
@@ -44,27 +45,31 @@ def test_samples_spread_by_least_inflight_within_their_pool_like_stock_verl():
 def test_group_atomic_keeps_a_group_on_one_replica_and_balances_groups():
     router = PoolRouter(dict(SERVERS))
     router.set_pools([ADDRS[0]], group_atomic=True)
-    groups = {f"t{i}": TAIL for i in range(2)} | {f"b{i}": BULK for i in range(6)}
+    groups = {f"t{i}": Pool.TAIL for i in range(2)} | {f"b{i}": Pool.BULK for i in range(6)}
     placed = burst(router, {g: p for g, p in groups.items()}, n=1)
     for sample in range(1, 4):  # later samples (and turns) of each group follow its first request
         for group in groups:
             assert acquire(router, group, f"s{sample}") == placed[group][0]
-    bulk = Counter(placed[g][0] for g in groups if groups[g] == BULK)
+    bulk = Counter(placed[g][0] for g in groups if groups[g] == Pool.BULK)
     assert set(bulk) == set(ADDRS[1:]) and set(bulk.values()) == {2}
 
 
 def test_pools_move_between_steps_and_untagged_requests_use_every_replica():
     router = PoolRouter(dict(SERVERS))
     router.set_pools(ADDRS[:2])
-    assert router.pools() == {TAIL: ADDRS[:2], BULK: ADDRS[2:]}
+    assert router.pools() == {Pool.TAIL: ADDRS[:2], Pool.BULK: ADDRS[2:]}
     router.set_pools([])  # uniform boundary: m = 0
-    placed = burst(router, {f"g{i}": BULK for i in range(8)}, n=1)
+    placed = burst(router, {f"g{i}": Pool.BULK for i in range(8)}, n=1)
     assert Counter(a for addrs in placed.values() for a in addrs) == Counter({a: 2 for a in ADDRS})
     router.set_pools(ADDRS[:1])
-    router.assign_groups({f"v{i}": ANY for i in range(4)})
+    router.assign_groups({f"v{i}": Pool.ANY for i in range(4)})
     assert {acquire(router, f"v{i}", "a", release=False) for i in range(4)} <= set(ADDRS)
     address, _ = router.acquire_server("plain-uuid")  # a request with no group tag
     assert address in SERVERS
+    router.assign_groups({"s": "tail"})  # a pool's string (JSON, an older caller) is its member
+    assert acquire(router, "s", "a") == ADDRS[0]
+    with pytest.raises(ValueError, match="unknown pool 'nowhere'"):
+        router.assign_groups({"x": "nowhere"})
     with pytest.raises(ValueError, match="unknown replica addresses"):
         router.set_pools(["10.9.9.9:1"])
 
@@ -72,7 +77,7 @@ def test_pools_move_between_steps_and_untagged_requests_use_every_replica():
 def test_a_removed_replica_hands_its_groups_to_the_rest_of_its_pool():
     router = PoolRouter(dict(SERVERS))
     router.set_pools([ADDRS[0]])
-    router.assign_groups({"g": BULK, "t": TAIL})
+    router.assign_groups({"g": Pool.BULK, "t": Pool.TAIL})
     first = acquire(router, "g", "1")
     router.remove_servers([first])
     again = acquire(router, "g", "2")

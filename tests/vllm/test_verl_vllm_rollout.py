@@ -24,12 +24,11 @@ import pytest
 import ray
 
 from tailsieve_verl.core.perf import TablePerf
-from tailsieve_verl.core.selector import BULK as CONSUMED_BULK
-from tailsieve_verl.core.selector import TAIL as CONSUMED_TAIL
+from tailsieve_verl.core.kinds import Pool
 from tailsieve_verl.core.selector import TailSelector
 from tailsieve_verl.core.trace import Group
 from tailsieve_verl.integration.agent_loop import _SAMPLE, GroupContext, GroupTaggedClient
-from tailsieve_verl.integration.router import BULK, TAIL, PoolRouter
+from tailsieve_verl.integration.router import PoolRouter
 from tailsieve_verl.tools.bench import bench
 from tailsieve_verl.tools.calibrate import SweepPlan, calibrate, write_calibration
 from tailsieve_verl.tools.openai_client import OpenAIServer, synthetic_prompt
@@ -103,8 +102,8 @@ class Harness:
         plan = selector.plan_step(q)
         assert len(fresh_ids) == plan.n_fresh
         uid = {pid: f"s{plan.step}-{pid}" for pid in (*plan.tail_ids, *fresh_ids)}
-        await self.router.assign_groups.remote({**{uid[p]: TAIL for p in plan.tail_ids},
-                                                **{uid[p]: BULK for p in fresh_ids}})
+        await self.router.assign_groups.remote({**{uid[p]: Pool.TAIL for p in plan.tail_ids},
+                                                **{uid[p]: Pool.BULK for p in fresh_ids}})
         tail_tasks = [asyncio.ensure_future(self.run_group(p, uid[p])) for p in plan.tail_ids]
         bulk_tasks = [asyncio.ensure_future(self.run_group(p, uid[p])) for p in fresh_ids]
         finished: list[str] = []
@@ -191,7 +190,7 @@ def test_carried_groups_regenerate_from_scratch_on_the_tail_pool(two_steps):
         assert second.servers[run.uid] == [tail_address]
         assert tail_address not in first.servers[first.bulk[pid].uid]
     consumed_routes = {c.prompt_id: c.route for c in second.outcome.consumed}
-    assert consumed_routes == {"p1": CONSUMED_TAIL, "p4": CONSUMED_TAIL, "p6": CONSUMED_BULK, "p9": CONSUMED_BULK}
+    assert consumed_routes == {"p1": Pool.TAIL, "p4": Pool.TAIL, "p6": Pool.BULK, "p9": Pool.BULK}
     assert set(second.outcome.carried_ids) == {"p7", "p8"}
 
 
