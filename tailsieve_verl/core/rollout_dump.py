@@ -35,7 +35,8 @@ from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
-from .trace import MAX_TOKENS, Group, Trace, TraceError, iter_records
+from .groups import MAX_TOKENS, Group, Trace, TraceError
+from .records import iter_records
 
 STEP_FILE = re.compile(r"^(\d+)\.jsonl$")  # verl names a step's dump {step}.jsonl
 TokenCounter = Callable[[Sequence[str]], list[int]]

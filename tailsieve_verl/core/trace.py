@@ -1,9 +1,4 @@
-"""Prompt groups and traces: the one data type shared by the simulator, the oracle, the planner
-and the verl path.
-
-A *group* is one prompt with the response lengths (tokens) of its n samples; groups are atomic
-(all n samples run on one replica). A *trace* is an ordered tuple of groups (one rollout step, or a
-prompt pool).
+"""Trace files: reading and writing prompt groups (:mod:`.groups`).
 
 On-disk format (JSONL, one group per line)::
 
@@ -13,180 +8,24 @@ On-disk format (JSONL, one group per line)::
 are the JSONL rollout dumps verl writes with ``trainer.rollout_data_dir`` (see
 :mod:`.rollout_dump`). A length (response or prompt) above :data:`MAX_TOKENS` is refused: no engine
 generates that many tokens, and the evaluators' memory grows with the longest response.
+
+The types and the record reader are re-exported here, so ``from .trace import Group, Trace,
+TraceError, MAX_TOKENS, iter_records`` keeps working.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Iterator, Sequence
+from typing import Iterable
 
-from .errors import TailSieveError
+from .groups import MAX_TOKENS, Group, Trace, TraceError, groups_to_trace, validate_group_record
+from .records import iter_records
+from .rollout_dump import build_trace
 
-
-# Upper bound on one response's (or prompt's) token count: far above any engine's context window,
-# low enough that a typo (a timestamp, a byte count) cannot make the evaluators allocate terabytes.
-MAX_TOKENS = 10_000_000
-
-
-class TraceError(TailSieveError):
-    """A trace or prompt file is malformed; the message names the file, the line and the fix."""
-
-
-@dataclass(frozen=True)
-class Group:
-    """One prompt's group of n responses. ``lengths`` are response tokens per sample."""
-
-    prompt_id: str
-    lengths: tuple[int, ...]
-    prompt_len: int = 0
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "lengths", tuple(self.lengths))
-
-    @property
-    def n(self) -> int:
-        return len(self.lengths)
-
-    @property
-    def max_len(self) -> int:
-        return max(self.lengths)
-
-    @property
-    def total_len(self) -> int:
-        return sum(self.lengths)
-
-    def to_json(self) -> dict:
-        record = {"prompt_id": self.prompt_id, "lengths": list(self.lengths)}
-        if self.prompt_len:
-            record["prompt_len"] = self.prompt_len
-        return record
-
-
-@dataclass(frozen=True)
-class Trace:
-    """An ordered collection of groups with unique prompt ids."""
-
-    groups: tuple[Group, ...]
-    name: str = ""
-    _index: dict = field(default=None, init=False, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "groups", tuple(self.groups))
-        index: dict[str, int] = {}
-        for i, g in enumerate(self.groups):
-            if g.prompt_id in index:
-                raise TraceError(
-                    f"{self.name or 'trace'}: duplicate prompt_id {g.prompt_id!r} (groups "
-                    f"{index[g.prompt_id]} and {i}); each prompt must appear once — merge its samples "
-                    "into one group"
-                )
-            index[g.prompt_id] = i
-        object.__setattr__(self, "_index", index)
-
-    def __len__(self) -> int:
-        return len(self.groups)
-
-    def __iter__(self):
-        return iter(self.groups)
-
-    def __getitem__(self, i: int) -> Group:
-        return self.groups[i]
-
-    def get(self, prompt_id: str) -> Group:
-        return self.groups[self._index[prompt_id]]
-
-    @property
-    def lengths(self) -> list[int]:
-        """All response lengths, flattened in group order."""
-        return [length for g in self.groups for length in g.lengths]
-
-
-def validate_group_record(record: object, where: str) -> Group:
-    """Turn one parsed record into a :class:`Group`, or raise :class:`TraceError` naming ``where``."""
-    if not isinstance(record, dict):
-        raise TraceError(f"{where}: expected a JSON object like "
-                         '{"prompt_id": "p0", "lengths": [120, 340]}, got ' + type(record).__name__)
-    missing = [k for k in ("prompt_id", "lengths") if k not in record]
-    if missing:
-        raise TraceError(f"{where}: missing key(s) {', '.join(missing)}; each line needs "
-                         '"prompt_id" (string) and "lengths" (list of response token counts)')
-    pid = record["prompt_id"]
-    if isinstance(pid, bool) or not isinstance(pid, (str, int)) or str(pid) == "":
-        raise TraceError(f"{where}: prompt_id must be a non-empty string, got {pid!r}")
-    lengths = record["lengths"]
-    if isinstance(lengths, (str, bytes)) or not isinstance(lengths, Sequence) and not hasattr(lengths, "tolist"):
-        raise TraceError(f"{where}: lengths must be a list of integers, got {type(lengths).__name__}")
-    lengths = list(lengths.tolist() if hasattr(lengths, "tolist") else lengths)
-    if not lengths:
-        raise TraceError(f"{where}: empty group (prompt_id {pid!r} has no lengths); drop the line or "
-                         "add the group's response lengths")
-    for j, v in enumerate(lengths):
-        if isinstance(v, bool) or not isinstance(v, int) and not (isinstance(v, float) and v.is_integer()):
-            raise TraceError(f"{where}: lengths[{j}] = {v!r} is not an integer token count")
-        if v < 0:
-            raise TraceError(f"{where}: lengths[{j}] = {v} is negative; token counts are >= 0")
-        if v > MAX_TOKENS:
-            raise TraceError(f"{where}: lengths[{j}] = {v:.0f} is above the {MAX_TOKENS:,}-token limit on a response "
-                             "length; lengths are token counts per response (check the units)")
-    prompt_len = record.get("prompt_len", 0)
-    if prompt_len is None:
-        prompt_len = 0
-    if isinstance(prompt_len, bool) or not isinstance(prompt_len, int) or prompt_len < 0:
-        raise TraceError(f"{where}: prompt_len must be a non-negative integer, got {prompt_len!r}")
-    if prompt_len > MAX_TOKENS:
-        raise TraceError(f"{where}: prompt_len = {prompt_len} is above the {MAX_TOKENS:,}-token limit")
-    return Group(str(pid), tuple(int(v) for v in lengths), int(prompt_len))
-
-
-def groups_to_trace(groups: Iterable[Group], name: str) -> Trace:
-    groups = list(groups)
-    if not groups:
-        raise TraceError(f"{name}: no groups found; a trace needs at least one prompt group")
-    return Trace(tuple(groups), name=name)
-
-
-def iter_records(path: str | os.PathLike,
-                 error: type[TailSieveError] = TraceError) -> Iterator[tuple[str, object]]:
-    """``(where, record)`` per non-blank JSONL line or Parquet row; ``where`` names the file and the
-    line (or row) for error messages. Bad JSON, text that is not UTF-8 and a file that is not
-    Parquet raise ``error`` saying so."""
-    path = Path(path)
-    if path.suffix == ".parquet":
-        yield from _parquet_records(path, error)
-        return
-    with open(path, "rb") as f:
-        for lineno, raw in enumerate(f, start=1):
-            where = f"{path}:{lineno}"
-            try:
-                line = raw.decode("utf-8-sig" if lineno == 1 else "utf-8")
-            except UnicodeDecodeError:
-                raise error(f"{where}: not UTF-8 text (a binary file?); expected JSONL, one JSON object per line, "
-                            "or a .parquet file") from None
-            if not line.strip():
-                continue
-            try:
-                yield where, json.loads(line)
-            except json.JSONDecodeError as e:
-                raise error(f"{where}: not valid JSON ({e.msg}); one JSON object per line") from None
-            except (ValueError, RecursionError) as e:  # a number too long to convert, nesting too deep
-                raise error(f"{where}: not usable JSON ({str(e).splitlines()[0]}); one JSON object per line") from None
-
-
-def _parquet_records(path: Path, error: type[TailSieveError]) -> Iterator[tuple[str, object]]:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    try:
-        rows = pq.read_table(path).to_pylist()
-    except (pa.ArrowException, OSError) as e:
-        reason = str(e).splitlines()[0] if str(e).strip() else type(e).__name__
-        raise error(f"{path}: not a readable Parquet file ({reason}); give a Parquet file with prompt_id and "
-                    "lengths columns, or a JSONL trace (any other suffix)") from None
-    for row, record in enumerate(rows):
-        yield f"{path}: row {row}", record
+__all__ = ["MAX_TOKENS", "Group", "Trace", "TraceError", "groups_to_trace", "iter_records", "read_trace",
+           "read_trace_file", "validate_group_record", "write_trace"]
 
 
 def read_trace_file(path: str | os.PathLike) -> Trace:
@@ -226,9 +65,7 @@ def read_trace(path: str | os.PathLike) -> Trace:
 
 
 def _read_rollout_dump(path: Path) -> Trace:
-    from .rollout_dump import build_trace  # a prompt pool; `tailsieve trace` adds token counting
-
-    return build_trace(path).trace
+    return build_trace(path).trace  # a prompt pool; `tailsieve trace` adds token counting
 
 
 def write_trace(trace: Trace | Iterable[Group], path: str | os.PathLike) -> None:
