@@ -107,8 +107,10 @@ class GroupSpan:
     aborted: bool
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class StepRecord:
+    """One policy's step (keyword-only: fourteen fields, several of the same type)."""
+
     step: int
     makespan_s: float
     q: int  # the isolation target of this step (the controller's q)
@@ -303,8 +305,9 @@ class StaticRunner(_Runner):
         tail_s = max((ev.replica_times_s[r] for r in range(m)), default=0.0)
         bulk_s = max(ev.replica_times_s[m:])
         self.result.records.append(StepRecord(
-            t, ev.makespan_s, 0, m, sum(r == Pool.TAIL for r in routes), tail_s, bulk_s, 0, sum(lengths), lengths,
-            tuple(ev.replica_times_s), 0, m, spans))
+            step=t, makespan_s=ev.makespan_s, q=0, m=m, n_tail=sum(r == Pool.TAIL for r in routes), tail_s=tail_s,
+            bulk_s=bulk_s, wasted_tokens=0, consumed_tokens=sum(lengths), consumed_lengths=lengths,
+            replica_busy_s=tuple(ev.replica_times_s), next_q=0, next_m=m, spans=spans))
 
     def assign(self, groups: list[Group]) -> tuple[np.ndarray, int]:
         """Replica of every sample and the tail pool's size (replicas 0..m-1; 0 = one pool)."""
@@ -397,8 +400,9 @@ class TailSieveRunner(_Runner):
             routes = [Pool.TAIL] * len(tail) + [Pool.BULK] * len(bulk)
             spans = _spans(ev, groups, routes, [False] * len(tail) + aborted.tolist(), cutoff)
         self.result.records.append(StepRecord(
-            t, makespan, plan.q, m, len(tail), tail_s, cutoff, int(sum(scores.values())), sum(lengths), lengths,
-            tuple(busy), self.decision.q, self.decision.m, spans))
+            step=t, makespan_s=makespan, q=plan.q, m=m, n_tail=len(tail), tail_s=tail_s, bulk_s=cutoff,
+            wasted_tokens=int(sum(scores.values())), consumed_tokens=sum(lengths), consumed_lengths=lengths,
+            replica_busy_s=tuple(busy), next_q=self.decision.q, next_m=self.decision.m, spans=spans))
 
 
 def static_grid(n_replicas: int, batch_size: int, max_q_fraction: float = 0.5) -> list[tuple[int, int]]:
