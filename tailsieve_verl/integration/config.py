@@ -57,7 +57,7 @@ class SimBackendConfig:
 
     Decode steps take ``perf_model.step_time(active, context) * time_scale`` wall seconds, so a
     CPU dry run of an hour-long H200 rollout takes ``time_scale`` hours. Response lengths come from
-    a deterministic per-prompt log-normal model (see ``integration.sim_backend.LengthModel``).
+    a deterministic per-prompt log-normal model (see ``integration.simulated_server.LengthModel``).
     """
 
     perf_model: str | None = None  # None: reuse tailsieve.perf_model

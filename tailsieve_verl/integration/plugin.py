@@ -78,7 +78,7 @@ def _validate_tailsieve_first() -> None:
 
 
 def _load_sim_replica():
-    from tailsieve_verl.integration.sim_backend import sim_replica_class
+    from tailsieve_verl.integration.simulated_server import sim_replica_class
 
     return sim_replica_class()
 

@@ -9,7 +9,7 @@ import pytest
 
 from tailsieve_verl.core.perf import parse_perf_model
 from tailsieve_verl.core.replica import simulate_replica
-from tailsieve_verl.integration.sim_backend import LengthModel, SimServer
+from tailsieve_verl.integration.simulated_server import LengthModel, SimServer
 
 SECTION = {"perf_model": "linear:a=0.01,c=0.002", "sim": {"time_scale": 0.02, "mean_response_len": 24,
                                                           "prompt_sigma": 0.8, "sample_sigma": 0.3, "seed": 3}}

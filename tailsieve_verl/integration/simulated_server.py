@@ -1,4 +1,5 @@
-"""Simulated rollout backend ``actor_rollout_ref.rollout.name=tailsieve_sim`` (a product feature).
+"""Simulated rollout backend ``actor_rollout_ref.rollout.name=tailsieve_sim`` (a product feature): a
+simulated inference server, not the closed-loop simulator of :mod:`tailsieve_verl.core.sim`.
 
 A :class:`SimReplica` is registered in verl's ``RolloutReplicaRegistry``; each replica runs one
 :class:`SimServer` Ray actor (CPU only) that speaks the token-in/token-out API of verl's
