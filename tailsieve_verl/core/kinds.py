@@ -38,11 +38,6 @@ class DecisionKind(StrEnum):
     HOLD = "hold"  # no loop ran (fixed split without the inner loop, or one shared pool)
     WAITING = "waiting"  # inner loop: no tail-pool measurement yet, q kept
     BALANCED = "balanced"  # inner loop: tail and bulk makespans within the tolerance, q kept
-    INNER = "inner"  # inner loop moved q
+    INNER = "inner"  # inner loop: stepped q toward balance (its bounds may hold q where it was)
     OUTER = "outer"  # outer loop moved the replica split (and q with it)
     FIXED = "fixed"  # set by the caller, not the controller (stock routing, a scripted split)
-
-    @property
-    def moved(self) -> bool:
-        """The decision changed (q, m)."""
-        return self in (DecisionKind.INNER, DecisionKind.OUTER)
