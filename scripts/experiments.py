@@ -30,7 +30,7 @@ from tailsieve_verl.core.bias import LengthBiasMonitor
 from tailsieve_verl.core.controller import ControllerConfig, Decision
 from tailsieve_verl.core.perf import parse_perf_model
 from tailsieve_verl.core.planner import plan_from_trace
-from tailsieve_verl.core.sim import SimConfig, TailSieveRunner, simulate
+from tailsieve_verl.core.sim import POLICIES, SimConfig, TailSieveRunner, simulate
 from tailsieve_verl.core.trace import Trace
 from tailsieve_verl.core.workload import PromptPool, get_preset
 
@@ -49,13 +49,12 @@ def _tails_run(job: tuple) -> tuple:
     setup, workload, (batch, n), seed, args = job
     spec, replicas = SETUPS[setup]
     cfg = SimConfig(steps=args.steps, n_replicas=replicas, batch_size=batch, n=n, seed=seed,
-                    oracle_time_limit_s=args.oracle_time_limit)
+                    oracle_time_limit_s=args.oracle_time_limit,
+                    **({"policies": tuple(args.policies.split(","))} if args.policies else {}))
     pool = PromptPool(workload, max(args.pool, 4 * batch), seed=seed)
     result = simulate(cfg, pool, parse_perf_model(spec), workload)
     window = slice(args.steps // 4, None)  # after the controller's first moves
-    return job[:4], {name: {"vs_verl": result.speedup_vs("verl", window)[name],
-                            "vs_uniform": result.speedup_vs("uniform", window)[name],
-                            "makespan_s": float(r.makespans[window].mean()),
+    return job[:4], {name: {"makespan_s": float(r.makespans[window].mean()),
                             "final_qm": (r.records[-1].next_q, r.records[-1].next_m),
                             "wasted_fraction": r.wasted_fraction}
                      for name, r in result.policies.items()}
@@ -70,11 +69,12 @@ def tails(args) -> dict:
     jobs = [(setup, workload, scale, seed, args) for scale in scales for seed in range(args.seeds)
             for setup in SETUPS for workload in ("weak", "real", "strong")]
     runs = {}
-    if args.from_runs:  # re-tabulate a saved run log (also a partial one)
-        for line in Path(args.from_runs).read_text(encoding="utf-8").splitlines():
-            record = json.loads(line)
-            setup, workload, scale, seed = record["key"]
-            runs[(setup, workload, tuple(scale), seed)] = record["policies"]
+    if args.from_runs:  # re-tabulate saved run logs (also partial ones; a later log's policies win)
+        for path in args.from_runs.split(","):
+            for line in Path(path).read_text(encoding="utf-8").splitlines():
+                record = json.loads(line)
+                setup, workload, scale, seed = record["key"]
+                runs.setdefault((setup, workload, tuple(scale), seed), {}).update(record["policies"])
     else:
         with Pool(args.workers) as workers, open(Path(args.out) / "tails_runs.jsonl", "w", encoding="utf-8") as log:
             for key, run in workers.imap_unordered(_tails_run, jobs):  # each run logged as it lands
@@ -89,8 +89,14 @@ def tails(args) -> dict:
                 if not per_seed:
                     continue
                 key = f"{setup}/{batch}x{n}/{workload}"
+                for run in per_seed:  # speedups from the same seed's window means (same prompt stream)
+                    for name in run:
+                        run[name]["vs_verl"] = run["verl"]["makespan_s"] / run[name]["makespan_s"]
+                        run[name]["vs_uniform"] = (run["uniform"]["makespan_s"] / run[name]["makespan_s"]
+                                                   if "uniform" in run else float("nan"))
+                names = [p for p in POLICIES if all(p in run for run in per_seed)]
                 out[key] = {name: {field: [run[name][field] for run in per_seed]
-                                   for field in per_seed[0][name]} for name in per_seed[0]}
+                                   for field in per_seed[0][name]} for name in names}
                 for name, v in out[key].items():
                     rows.append([setup, f"{batch}×{n}", workload, len(per_seed), name, f"{np.mean(v['makespan_s']):.1f}",
                                  f"{np.mean(v['vs_verl']):.3f}", f"{min(v['vs_verl']):.3f}",
@@ -259,7 +265,8 @@ def main() -> None:
     ap.add_argument("--scales", default="64x8,256x16", help="tails: comma-separated BxN step sizes")
     ap.add_argument("--oracle-time-limit", type=float, default=1.0, help="tails: seconds per clairvoyant search")
     ap.add_argument("--workers", type=int, default=2, help="tails: processes running seeds side by side")
-    ap.add_argument("--from-runs", help="tails: tabulate this tails_runs.jsonl instead of simulating")
+    ap.add_argument("--from-runs", help="tails: tabulate these tails_runs.jsonl (comma list) instead of simulating")
+    ap.add_argument("--policies", help="tails: simulate only these policies (comma list; must include verl)")
     args = ap.parse_args()
     Path(args.out).mkdir(parents=True, exist_ok=True)
     report = {"args": vars(args)}

@@ -24,8 +24,6 @@ import logging
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from verl.workers.rollout.router import GlobalRequestLoadBalancer
-
 from tailsieve_verl.core.kinds import Pool
 
 logger = logging.getLogger(__name__)
@@ -67,6 +65,10 @@ class PoolRouter:
     def __init__(self, servers: dict[str, Any], yaml_config: dict | None = None):
         self._servers: dict[str, Any] = dict(servers)
         self._pool_of: dict[str, Pool] = {address: Pool.BULK for address in servers}
+        # imported here, not at module level: verl's plugin loader imports this module from inside
+        # `import verl`, before verl's rollout package can be imported
+        from verl.workers.rollout.router import GlobalRequestLoadBalancer
+
         self._balancers = {Pool.TAIL: GlobalRequestLoadBalancer({}),
                            Pool.BULK: GlobalRequestLoadBalancer(dict(servers))}
         self.group_atomic = False
@@ -134,7 +136,7 @@ class PoolRouter:
             self._group_servers.setdefault(uid, set()).add(address)
         return address, handle
 
-    def _balancer_for(self, pool: Pool) -> GlobalRequestLoadBalancer:
+    def _balancer_for(self, pool: Pool):
         """The pool's balancer; ANY (and a pool that lost its last replica) takes the less loaded one."""
         live = {p: b for p, b in self._balancers.items() if b.get_all_servers()}
         if pool in live:

@@ -24,6 +24,22 @@ def test_entry_point_registers_trainer_mode_replica_and_agent_loop():
     assert "tailsieve_agent" in _agent_loop_registry
 
 
+def test_plugin_loads_cleanly_in_a_fresh_interpreter():
+    """What every Ray worker does: `import verl` first (the entry point runs inside it); an import
+    cycle there only shows in a fresh process."""
+    import subprocess
+    import sys
+
+    code = ("import verl\n"
+            "from verl.trainer.ppo.v1 import get_trainer_cls\n"
+            "from verl.experimental.agent_loop.agent_loop import _agent_loop_registry\n"
+            "assert get_trainer_cls('tailsieve').__name__ == 'TailSieveTrainer'\n"
+            "assert 'tailsieve_agent' in _agent_loop_registry\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "plugin failed to load" not in proc.stderr
+
+
 def test_a_plugin_import_failure_is_logged_at_error(monkeypatch, caplog):
     from verl.workers.rollout.replica import RolloutReplicaRegistry
 
