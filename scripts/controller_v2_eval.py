@@ -5,7 +5,13 @@ verl, tailsieve (adaptive), tailsieve-fixed and best-static (optionally clairvoy
 controller ablations as extra TailSieve runs on the same stream). Prints, per cell, the mean
 speedup vs stock verl of every policy, the worst seed, and adaptive / best-static.
 
-    python scripts/controller_v2_eval.py [--seeds 8] [--cells dense-weak,...] [--jobs 2] [--ablation]
+    python scripts/controller_v2_eval.py [--seeds 8] [--cells dense-weak,...] [--jobs 2] [--ablation ablation|sweep]
+    # 4 epochs of a 256-prompt pool, with the oracle and TailSieve without the per-prompt record:
+    python scripts/controller_v2_eval.py --pool 256 --steps 16 --no-best-static --oracle --no-record-variant
+
+``best-static`` runs a screened grid (every grid point for 5 steps, the best 4 and (0, 0) to the end);
+``--best-static-from`` reuses it from an earlier JSON of the same cells and seeds (it depends only on
+the stream and the mechanism, not on the controller's settings).
 """
 
 from __future__ import annotations
@@ -32,10 +38,9 @@ ABLATIONS = {
     "no settle period": {"settle_steps": 1},
 }
 SWEEP = {
-    "thr .03 bonus .04": {"switch_threshold": 0.03, "exploration_bonus": 0.04},
     "settle 3": {"settle_steps": 3},
-    "smooth .3": {"smoothing": 0.3},
-    "bonus .08": {"exploration_bonus": 0.08},
+    "smoothing .3": {"smoothing": 0.3},
+    "start at the probe": {"m_init": "half"},
 }
 
 
@@ -49,6 +54,9 @@ def run(job: dict) -> dict:
                         policies=tuple(policies), oracle_time_limit_s=job["oracle_s"], best_static_screen=(5, 4))
     runners = sim.build_runners(cfg, pool, perf)
     for name, override in ({"ablation": ABLATIONS, "sweep": SWEEP}.get(job["ablation"], {})).items():
+        override = dict(override)
+        if override.get("m_init") == "half":
+            override.update(m_init=R // 2, q_init=job["batch"] // 8)
         ctl = replace(cfg.controller, fixed_tail_replicas=None, **override)
         runners.append(sim.TailSieveRunner(cfg, pool, perf, ctl, name))
     if job["no_record"]:
@@ -91,14 +99,25 @@ def main() -> None:
     ap.add_argument("--ablation", default="", choices=["", "ablation", "sweep"])
     ap.add_argument("--no-record-variant", action="store_true", help="also TailSieve without the per-prompt record")
     ap.add_argument("--out", default="")
+    ap.add_argument("--best-static-from", default="", help="a JSON of an earlier run: take best-static from it "
+                    "(it depends only on the stream and the mechanism, not on the controller's settings)")
+    ap.add_argument("--table-only", default="", help="print the table of a saved JSON and exit")
     args = ap.parse_args()
     extra = ([] if args.no_best_static else ["best-static"]) + (["clairvoyant-sample"] if args.oracle else [])
     jobs = [dict(cell=c, seed=s, steps=args.steps, batch=args.batch, n=args.n, pool=args.pool, extra=extra,
                  oracle_s=args.oracle_s, ablation=args.ablation,
                  no_record=args.no_record_variant)
             for c in args.cells.split(",") for s in range(args.seed0, args.seed0 + args.seeds)]
-    with ProcessPoolExecutor(args.jobs) as ex:
-        rows = list(ex.map(run, jobs))
+    if args.table_only:
+        rows = json.loads(Path(args.table_only).read_text())
+    else:
+        with ProcessPoolExecutor(args.jobs) as ex:
+            rows = list(ex.map(run, jobs))
+    if args.best_static_from:
+        earlier = {(r["cell"], r["seed"]): r for r in json.loads(Path(args.best_static_from).read_text())}
+        for r in rows:
+            r["speedup"]["best-static"] = earlier[r["cell"], r["seed"]]["speedup"]["best-static"]
+            r["best_split"] = earlier[r["cell"], r["seed"]]["best_split"]
     for row in rows:
         print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()
                           if k != "speedup"}), {k: round(v, 3) for k, v in row["speedup"].items()}, flush=True)
@@ -117,7 +136,7 @@ def main() -> None:
         print(line)
     ks = np.array([r["ks"] / r["ks_noise"] for r in rows])
     print(f"length bias of tailsieve vs stock verl (pooled KS / its noise): mean {ks.mean():.2f}, max {ks.max():.2f}")
-    if args.out:
+    if args.out and not args.table_only:
         Path(args.out).write_text(json.dumps(rows, indent=1))
 
 

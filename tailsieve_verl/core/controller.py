@@ -18,7 +18,9 @@ response lengths and finish times, abort counts — never future lengths.
   (``prior_weight``). Unmeasured neighbours get an exploration bonus that shrinks with visits.
   A replica moves (``max_replica_step``) only when a feasible neighbour's score beats the current
   split by ``switch_threshold``; (0, 0) is always a candidate, reached in one move, so a run that
-  finds no split better than one shared pool returns to stock verl's routing.
+  finds no split better than one shared pool returns to stock verl's routing. The controller starts
+  at (0, 0) to measure that fallback, then probes (B/8, R/2) — the region where the hindsight grid's
+  best split lies in most cells — and searches from there.
 
 Why measured and not modelled: the fluid model assumes perfect tail precision and a noiseless step;
 the rollout layer's tail signal is a low-precision filter and steps are noisy, so the prior ranks
@@ -37,7 +39,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Sequence
 
 import numpy as np
@@ -54,10 +56,14 @@ class ControllerError(TailSieveError):
 class ControllerConfig:
     """Every knob of the controller; the defaults are the ones the simulations use."""
 
-    q_init: int = 0
-    """Groups isolated per step at the start (0 with ``m_init`` 0 = one shared pool)."""
+    q_init: int | None = None
+    """Groups isolated per step at the start (and at the probe); None = batch_size // 8 (at least m)."""
     m_init: int = 0
-    """Tail-pool replicas at the start."""
+    """Tail-pool replicas at the start; 0 = one shared pool (stock verl's routing), measured first."""
+    probe_tail_replicas: int | None = None
+    """The outer loop's first move from a measured shared pool: straight to this m (with q_init groups);
+    None = n_replicas // 2, the region of the hindsight grid's best split in most cells; 0 = climb
+    from (0, 0) one neighbour at a time."""
     fixed_tail_replicas: int | None = None
     """Pin m (the fixed-allocation variant, e.g. 2 for 2:2) and run only the inner loop; None = outer loop on."""
     max_q_fraction: float = 0.5
@@ -98,12 +104,12 @@ class ControllerConfig:
         if n_replicas < 1 or batch_size < 2:
             raise ControllerError(f"need n_replicas >= 1 and batch_size >= 2, got {n_replicas}, {batch_size}")
         q_max = max_q(self, batch_size)
-        m = self.m_init if self.fixed_tail_replicas is None else self.fixed_tail_replicas
+        m = initial_split(self, n_replicas, batch_size)[1]
         if not 0 <= m < n_replicas:
             raise ControllerError(f"tail replicas must be in 0..{n_replicas - 1} (the bulk pool needs one), got {m}")
         if self.fixed_tail_replicas is not None and self.fixed_tail_replicas < 1:
             raise ControllerError("fixed_tail_replicas must be >= 1 (0 is uniform routing: use the uniform policy)")
-        if not 0 <= self.q_init <= q_max:
+        if self.q_init is not None and not 0 <= self.q_init <= q_max:
             raise ControllerError(f"q_init must be in 0..{q_max} (max_q_fraction · batch_size), got {self.q_init}")
         for name in ("q_gain", "smoothing"):
             if not 0 < getattr(self, name) <= 1:
@@ -122,6 +128,15 @@ class ControllerConfig:
 
 def max_q(config: ControllerConfig, batch_size: int) -> int:
     return max(1, min(batch_size - 1, int(config.max_q_fraction * batch_size)))
+
+
+def initial_split(config: ControllerConfig, n_replicas: int, batch_size: int) -> tuple[int, int]:
+    """(q, m) of the first step: defaults filled in, q >= m (a tail pool needs a group per replica)."""
+    m = config.m_init if config.fixed_tail_replicas is None else config.fixed_tail_replicas
+    if m == 0:
+        return 0, 0
+    q = batch_size // 8 if config.q_init is None else config.q_init
+    return min(max(m, q), max_q(config, batch_size)), m
 
 
 @dataclass(frozen=True)
@@ -200,17 +215,15 @@ class _FluidModel:
     """
 
     def __init__(self, history: Sequence[tuple[np.ndarray, np.ndarray]], batch_size: int, prompt_len: float,
-                 table: _StepTable, q_candidates: np.ndarray, candidate_factor: float, per_sample: bool):
+                 table: _StepTable, q_candidates: np.ndarray, candidate_factor: float, per_sample: bool,
+                 shared_only: bool = False):
+        """``shared_only``: only :meth:`bulk_full` will be asked (the yardstick): skip the split tables."""
         self.h = len(history)
         self.per_sample = per_sample
         self.batch_size = batch_size
         self.q_candidates = q_candidates
         lengths = np.concatenate([lengths for lengths, _ in history]).astype(float)
         sizes = np.concatenate([sizes for _, sizes in history])
-        if sizes.min() == sizes.max():  # the usual case: every group has n samples
-            gmax = lengths.reshape(len(sizes), -1).max(axis=1)
-        else:
-            gmax = np.maximum.reduceat(lengths, np.concatenate([[0], np.cumsum(sizes)[:-1]]))
         s_max = float(lengths.max())
         grid = np.unique(np.concatenate([s_max * _UNIT_GRID, 16.0 * (max(s_max, 17.0) / 16.0) ** _UNIT_GRID]))
         self.grid = grid[grid <= s_max] if s_max > 0 else np.array([0.0, 1.0])
@@ -224,6 +237,14 @@ class _FluidModel:
         seg_end = np.searchsorted(self.mid, lengths, side="left")
         ends = np.bincount(seg_end, minlength=n_seg + 1)
         self.bulk_active = np.cumsum(ends[::-1])[::-1][1:] / self.h  # responses with length > mid_i
+        if shared_only and per_sample:
+            return
+        if shared_only:
+            q_candidates = self.q_candidates = np.array([1])  # the longest group: all group routing needs
+        if sizes.min() == sizes.max():  # the usual case: every group has n samples
+            gmax = lengths.reshape(len(sizes), -1).max(axis=1)
+        else:
+            gmax = np.maximum.reduceat(lengths, np.concatenate([[0], np.cumsum(sizes)[:-1]]))
         order = np.argsort(-gmax, kind="stable")  # longest group first
         # the bulk pool runs B − q' + a' groups (a' = candidate_factor · q' aborted): a load B'/B times
         # the history's, cut when B − q' of them have finished (that quantile of the history's groups)
@@ -384,9 +405,8 @@ class HierarchicalController:
         self.batch_size = batch_size
         self.q_max = max_q(config, batch_size)
         self.max_q_step = config.max_q_step or max(1, batch_size // 16)
-        m0 = config.m_init if config.fixed_tail_replicas is None else config.fixed_tail_replicas
-        q0 = max(m0, config.q_init) if m0 > 0 else 0  # a tail pool needs carried groups, one per replica
-        self.state = _State(q=min(q0, self.q_max), m=m0)
+        q0, m0 = initial_split(config, n_replicas, batch_size)
+        self.state = _State(q=q0, m=m0)
         self._table = _StepTable(perf, batch_size * 16)
         step = max(1, self.q_max // 32)
         self._q_candidates = np.unique(np.concatenate([np.arange(1, self.q_max + 1, step), [self.q_max]]))
@@ -475,7 +495,7 @@ class HierarchicalController:
     def yardstick_s(self, consumed: tuple[np.ndarray, np.ndarray], prompt_len: float) -> float:
         """The perf model's predicted time of one shared pool (stock verl) running ``consumed``."""
         model = _FluidModel([consumed], self.batch_size, prompt_len, self._table, np.array([1]),
-                            self.config.candidate_factor, self.per_sample)
+                            self.config.candidate_factor, self.per_sample, shared_only=True)
         return model.bulk_full(self.n_replicas)
 
     def _measure_split(self, obs: StepObservation, consumed: tuple[np.ndarray, np.ndarray]) -> None:
@@ -549,6 +569,8 @@ class HierarchicalController:
         record = s.splits.get(m)
         if record is None or not record.visits or not cfg.measured_surface:
             visits, estimate = (record.visits if record else 0), modelled
+        elif m == 0:  # one shared pool: measured directly against its own prediction, no prior needed
+            visits, estimate = record.visits, record.relative_makespan.value
         else:
             visits = record.visits
             estimate = (cfg.prior_weight * modelled + visits * record.relative_makespan.value) / (cfg.prior_weight + visits)
@@ -564,6 +586,12 @@ class HierarchicalController:
             bias = current.relative_makespan.value / max(prior[s.m][0], 1e-9)
             s.prior_bias = s.prior_bias or self._smoothed()
             s.prior_bias.update(bias)
+        probe = self.n_replicas // 2 if cfg.probe_tail_replicas is None else cfg.probe_tail_replicas
+        if s.m == 0 and set(s.splits) == {0} and 0 < probe < R:  # only the shared pool measured: probe
+            s.m, s.q = probe, initial_split(replace(cfg, m_init=probe), R, self.batch_size)[0]
+            s.steps_at_split = 0
+            s.pool_times = None
+            return Decision(s.q, s.m, f"outer: probe (q, m) = {(s.q, s.m)} after measuring one shared pool")
         here, _ = self._estimate(s.m, prior[s.m][0])
         scores = {m: self._estimate(m, prior[m][0])[1] for m in neighbours if m != s.m}
         target = min(scores, key=scores.get, default=None)

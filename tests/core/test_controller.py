@@ -43,7 +43,7 @@ def test_uniform_start_and_tail_pool_start():
     perf = LinearPerf(0.01, 0.0001)
     assert HierarchicalController(ControllerConfig(), R, B, perf).decision.split == (0, 0)
     # a tail pool with nothing to regenerate cannot be measured: q starts at one group per tail replica
-    assert HierarchicalController(ControllerConfig(m_init=2), R, B, perf).decision.split == (2, 2)  # q >= m
+    assert HierarchicalController(ControllerConfig(m_init=2, q_init=0), R, B, perf).decision.split == (2, 2)  # q >= m
 
 
 @pytest.mark.parametrize("tail_s, bulk_s, direction", [(30.0, 60.0, 1), (60.0, 30.0, -1), (50.0, 51.0, 0)])
@@ -89,8 +89,8 @@ def test_outer_loop_leaves_the_shared_pool_only_for_a_predicted_gain(perf):
     """An optimistic explorer (a large bonus for unmeasured splits) tries a tail pool; an unreachable
     threshold keeps one shared pool."""
     rng = np.random.default_rng(3)
-    moved = HierarchicalController(ControllerConfig(settle_steps=0, exploration_bonus=0.5), R, B, perf)
-    stay = HierarchicalController(ControllerConfig(settle_steps=0, switch_threshold=10.0), R, B, perf)
+    moved = HierarchicalController(ControllerConfig(settle_steps=0, exploration_bonus=0.5, probe_tail_replicas=0), R, B, perf)
+    stay = HierarchicalController(ControllerConfig(settle_steps=0, switch_threshold=10.0, probe_tail_replicas=0), R, B, perf)
     # a uniform step with a few 16k-token groups among short ones
     groups = [tuple(int(x) for x in rng.integers(200, 1500, 8)) for _ in range(B - 4)]
     groups += [tuple([16000] + [int(x) for x in rng.integers(8000, 16000, 7)]) for _ in range(4)]
@@ -161,7 +161,7 @@ def test_outer_loop_falls_back_to_one_shared_pool_when_isolation_does_not_pay(pe
 
 def test_outer_loop_climbs_to_the_measured_best_split(perf):
     """Measured makespan falls with m up to 3 and rises after: the controller settles at m = 3."""
-    ctl = HierarchicalController(ControllerConfig(settle_steps=1, exploration_bonus=0.2), R, B, perf)
+    ctl = HierarchicalController(ControllerConfig(settle_steps=1, exploration_bonus=0.2, probe_tail_replicas=0), R, B, perf)
     rng = np.random.default_rng(6)
     cost = {0: 50.0, 1: 46.0, 2: 42.0, 3: 38.0, 4: 44.0, 5: 50.0, 6: 55.0, 7: 60.0}
     ms = []
@@ -179,3 +179,16 @@ def test_decisions_keep_q_at_least_m(perf):
         q, m = ctl.state.q, ctl.state.m
         d = ctl.observe(_plant_obs(q, m, rng, 30.0 + 3.0 * abs(m - 2) + rng.normal(0, 1)))
         assert d.m == 0 and d.q == 0 or d.q >= d.m >= 1
+
+
+def test_first_move_probes_half_the_replicas_after_measuring_one_shared_pool(perf):
+    """Start (0, 0) for the settle period (the fallback is measured), then straight to (B/8, R/2);
+    a probe that measures worse than the shared pool sends the controller back to (0, 0)."""
+    ctl = HierarchicalController(ControllerConfig(settle_steps=2), R, B, perf)
+    rng = np.random.default_rng(8)
+    splits = []
+    for _ in range(12):
+        splits.append(ctl.decision.split)
+        ctl.observe(_plant_obs(ctl.state.q, ctl.state.m, rng, 40.0 if ctl.state.m == 0 else 48.0))
+    assert splits[:2] == [(0, 0), (0, 0)] and splits[2] == (B // 8, R // 2), splits
+    assert splits[-1] == (0, 0), splits
