@@ -83,7 +83,7 @@ def run_job(job: Job) -> tuple[Job, dict]:
     perf = parse_perf_model(spec)
     window = slice(job.steps // 4, None)
     if job.q is None:
-        policies, ctl, fixed = ("uniform", "tailsieve", "oracle"), ControllerConfig(), None
+        policies, ctl, fixed = ("uniform", "tailsieve", "clairvoyant-group"), ControllerConfig(), None
     else:
         policies = ("tailsieve-fixed",)
         ctl, fixed = ControllerConfig(q_init=job.q, inner_loop=False), job.m
@@ -160,7 +160,7 @@ def main() -> None:
                               f"{np.mean([x['tail_bound_share'] for x in g]):.0%}",
                               f"{np.mean([x['precision'] for x in g]):.2f}"])
         best = [s["grid"][best_key] for s in per_seed]
-        for name in ("uniform", "tailsieve", "oracle"):
+        for name in ("uniform", "tailsieve", "clairvoyant-group"):
             vals = [s["adaptive"][name] for s in per_seed]
             rows.append([setup, name, f"{np.mean([v['makespan_s'] for v in vals]):.1f}",
                          f"{mean_uniform / np.mean([v['makespan_s'] for v in vals]):.3f}",

@@ -501,10 +501,12 @@ class HierarchicalController:
     def _measure_split(self, obs: StepObservation, consumed: tuple[np.ndarray, np.ndarray]) -> None:
         """Relative makespan of the split just run (makespan / yardstick), smoothed per m."""
         s = self.state
+        if (obs.m > 0) != bool(obs.tail_groups) or (obs.m == 0 and obs.n_aborted > 0):
+            return  # a transition step (aborts without a tail pool yet): it measures no split
         yardstick = self.yardstick_s(consumed, obs.prompt_len)
         if yardstick <= 0 or obs.makespan_s <= 0:
             return
-        m = obs.m if obs.tail_groups else 0  # an idle tail pool was lent to the bulk pool
+        m = obs.m
         record = s.splits.setdefault(m, _SplitRecord(self._smoothed()))
         record.relative_makespan.update(obs.makespan_s / yardstick)
         record.visits += 1

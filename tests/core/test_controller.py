@@ -192,3 +192,16 @@ def test_first_move_probes_half_the_replicas_after_measuring_one_shared_pool(per
         ctl.observe(_plant_obs(ctl.state.q, ctl.state.m, rng, 40.0 if ctl.state.m == 0 else 48.0))
     assert splits[:2] == [(0, 0), (0, 0)] and splits[2] == (B // 8, R // 2), splits
     assert splits[-1] == (0, 0), splits
+
+
+def test_a_transition_step_measures_no_split(perf):
+    """The first step after leaving (0, 0) aborts groups but has no tail pool yet: its makespan (a
+    batch without its longest groups) must not count as a shared-pool measurement."""
+    ctl = HierarchicalController(ControllerConfig(settle_steps=5), R, B, perf)
+    rng = np.random.default_rng(9)
+    ctl.observe(_plant_obs(0, 0, rng, 40.0))
+    before = ctl.state.splits[0].visits
+    obs = _plant_obs(0, 0, rng, 10.0)
+    ctl.observe(StepObservation(m=0, tail_makespan_s=0.0, bulk_cutoff_s=10.0, tail_groups=(),
+                                bulk_groups=obs.bulk_groups, n_aborted=8))
+    assert ctl.state.splits[0].visits == before
