@@ -49,6 +49,7 @@ from verl.utils.transferqueue_utils import KVBatchMeta
 from tailsieve_verl.core.bias import LengthBiasMonitor
 from tailsieve_verl.core.kinds import Pool
 from tailsieve_verl.core.controller import Decision, GroupRecord, HierarchicalController, StepObservation
+from tailsieve_verl.core.prompt_record import PromptLengthRecord
 from tailsieve_verl.core.selector import StepOutcome, StepPlan, TailSelector
 from tailsieve_verl.integration.config import TRAINER_MODE, TailSieveConfig, rollout_replica_count, wire_verl_config
 from tailsieve_verl.integration.engine_config import has_pool_engine_settings, install_pool_specialised_vllm
@@ -138,6 +139,7 @@ class TailSieveTrainer(PPOTrainerSync):
         self.samples_per_group = int(config.actor_rollout_ref.rollout.n)
         controller_config = self.settings.controller_config()
         self.selector = TailSelector(self.batch_size, controller_config.candidate_factor)
+        self.prompt_record = PromptLengthRecord()  # per prompt identity; checkpointed with the carried queue
         self.controller: HierarchicalController | None = None
         if self.settings.active:
             self.controller = HierarchicalController(
@@ -179,6 +181,15 @@ class TailSieveTrainer(PPOTrainerSync):
         return {}
 
     def on_step_end(self):
+        # verl's weight update pushes into every replica and would wait forever on a dead one (e.g. a bulk
+        # replica that died after the cutoff): stop first, naming it
+        dead = self._dead_replicas(list(self._replicas_by_address().values()))
+        if dead:
+            names = ", ".join(f"rank {r.replica_rank} at {r.server_address}" for r in dead)
+            raise RolloutStepError(
+                f"step {self.global_steps}: rollout replica {names} is down before the weight update (its server "
+                f"actor does not answer); restart the run (trainer.resume_mode=auto resumes from the last "
+                f"checkpoint, carried groups included)")
         super().on_step_end()  # verl's weight update
         self._resume_paused()
 
@@ -264,31 +275,12 @@ class TailSieveTrainer(PPOTrainerSync):
             if state.cutoff_s is not None and not tail_done and self.paused_addresses:
                 self._resume_paused()  # a tail group re-dispatched onto a bulk replica must not stay parked
             self._check_agent_loop_workers()
-            self._check_agent_loop_workers()
             if time.monotonic() > deadline:
                 raise RolloutStepError(
                     f"step {self.global_steps}: groups still running after tailsieve.drain_timeout_s="
                     f"{self.settings.drain_timeout_s}s: {sum(not GroupStatus.is_settled(s) for s in statuses.values())}")
             time.sleep(self.settings.poll_interval_s)
         return self._close_step(buffer, state)
-
-    def _check_agent_loop_workers(self, every_s: float = 5.0) -> None:
-        """Watchdog: a dead agent-loop worker never reports its groups' status, so the step would wait
-        for drain_timeout_s; stop at once instead, naming the worker."""
-        now = time.monotonic()
-        if now - getattr(self, "_workers_checked_at", 0.0) < every_s:
-            return
-        self._workers_checked_at = now
-        for index, worker in enumerate(getattr(self.agent_loop_manager, "agent_loop_workers", None) or ()):
-            try:
-                ray.get(worker.__ray_ready__.remote(), timeout=30)
-            except ray.exceptions.GetTimeoutError:
-                continue  # alive but busy: the drain timeout still bounds the step
-            except ray.exceptions.RayActorError as exc:
-                raise RolloutStepError(
-                    f"step {self.global_steps}: agent-loop worker {index} of "
-                    f"{len(self.agent_loop_manager.agent_loop_workers)} died ({type(exc).__name__}); its prompt "
-                    f"groups can never finish: restart the run (trainer.resume_mode=auto)") from None
 
     def _check_agent_loop_workers(self, every_s: float = 5.0) -> None:
         """Watchdog: a dead agent-loop worker never reports its groups' status, so the step would wait
@@ -331,29 +323,11 @@ class TailSieveTrainer(PPOTrainerSync):
     def _drop_dead_replicas(self, uids: list[str]) -> None:
         servers = ray.get(self.router.group_servers.remote(uids))
         replicas = self._replicas_by_address()
-        dead = []
-        for address in {a for addresses in servers.values() for a in addresses}:
-            replica = replicas.get(address)
-            if replica is None:
-                continue
-            try:
-                ray.get(replica.server_handle.get_server_address.remote(), timeout=10)
-            except Exception:  # RayActorError, GetTimeoutError: the server is gone
-                dead.append(replica)
+        used = {a for addresses in servers.values() for a in addresses}
+        dead = self._dead_replicas([replicas[a] for a in used if a in replicas])
         if not dead:
             return
         addresses = [r.server_address for r in dead]
-        hybrid = [r for r in dead if getattr(getattr(r, "rollout_mode", None), "value", None) == "hybrid"]
-        if hybrid:
-            # verl's hybrid layout (the sync trainer): the actor rank that shares the replica's GPU updates
-            # its weights after every step, and verl cannot rebuild that pairing with a replica fewer —
-            # re-dispatching would only move the failure into the weight update. Stop now, naming it.
-            names = ", ".join(f"rank {r.replica_rank} at {r.server_address}" for r in hybrid)
-            raise RolloutStepError(
-                f"step {self.global_steps}: rollout replica {names} is down (its requests failed and its server "
-                f"actor does not answer); in verl's hybrid layout an actor rank syncs weights into every replica, "
-                f"so training cannot go on without it: restart the run (trainer.resume_mode=auto resumes from the "
-                f"last checkpoint, carried groups included)")
         hybrid = [r for r in dead if getattr(getattr(r, "rollout_mode", None), "value", None) == "hybrid"]
         if hybrid:
             # verl's hybrid layout (the sync trainer): the actor rank that shares the replica's GPU updates
@@ -373,6 +347,17 @@ class TailSieveTrainer(PPOTrainerSync):
         if self.step_state is not None:
             self.step_state.tail_addresses = [a for a in self.step_state.tail_addresses if a not in addresses]
             self.step_state.bulk_addresses = [a for a in self.step_state.bulk_addresses if a not in addresses]
+
+    @staticmethod
+    def _dead_replicas(replicas: list) -> list:
+        """The replicas whose server actor does not answer within 10 s."""
+        dead = []
+        for replica in replicas:
+            try:
+                ray.get(replica.server_handle.get_server_address.remote(), timeout=10)
+            except Exception:  # RayActorError, GetTimeoutError: the server is gone
+                dead.append(replica)
+        return dead
 
     def _abort_bulk(self, state: ActiveStep, statuses: dict[str, str]) -> None:
         selected = set(state.selected_bulk)
@@ -421,6 +406,11 @@ class TailSieveTrainer(PPOTrainerSync):
         outcome = self.selector.finish_step(plan, state.fresh_ids, [identity[u] for u in state.selected_bulk],
                                             policy_version=self.global_steps, scores=scores)
         self.last_outcome = outcome
+        for uid in tail_uids + state.selected_bulk:  # the per-prompt length record (counts only)
+            if uid in reports:
+                self.prompt_record.observe(identity[uid], reports[uid]["tokens"])
+        for pid, tokens in scores.items():
+            self.prompt_record.observe_aborted(pid, tokens)
         rows = {g.identity: g.row for g in state.groups.values()}
         self.carried_rows = {pid: rows[pid] for pid in outcome.carried_ids}
         aborted_tokens = sum(reports.get(uid, {}).get("aborted_tokens", 0) for uid in dropped)
@@ -435,7 +425,7 @@ class TailSieveTrainer(PPOTrainerSync):
             bulk=[GroupRecord(tuple(reports[u]["tokens"]), reports[u]["duration_s"]) for u in state.selected_bulk if u in reports],
             redispatched=state.redispatched, live_replicas=len(self._replicas_by_address()))
         observation = StepObservation(
-            q=plan.n_abort, m=state.m_used,
+            m=state.m_used,
             tail_makespan_s=max((g.finish_s for g in measurement.tail), default=0.0),
             bulk_cutoff_s=max((g.finish_s for g in measurement.bulk), default=0.0),
             tail_groups=tuple(measurement.tail), bulk_groups=tuple(measurement.bulk), n_aborted=len(dropped),
@@ -472,7 +462,8 @@ class TailSieveTrainer(PPOTrainerSync):
         return {"selector": self.selector.state_dict(),
                 "controller": self.controller.state_dict() if self.controller else None,
                 "decision": {"q": self.decision.q, "m": self.decision.m},
-                "carried_rows": {pid: row for pid, row in self.carried_rows.items()}}
+                "carried_rows": {pid: row for pid, row in self.carried_rows.items()},
+                "prompt_record": self.prompt_record.state_dict()}
 
     def load_tailsieve_state(self, state: dict) -> None:
         self.selector.load_state_dict(state["selector"])
@@ -480,6 +471,8 @@ class TailSieveTrainer(PPOTrainerSync):
             self.controller.load_state_dict(state["controller"])
             self.decision = self.controller.decision
         self.carried_rows = dict(state["carried_rows"])
+        if state.get("prompt_record") is not None:
+            self.prompt_record.load_state_dict(state["prompt_record"])
         missing = set(self.selector.carried) - set(self.carried_rows)
         if missing:
             raise RolloutStepError(f"checkpoint is missing the prompt rows of carried groups {sorted(missing)[:3]}")
