@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
@@ -13,8 +14,9 @@ pytest.importorskip("verl")
 
 
 def launch(*overrides: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "verl.trainer.main_ppo", "trainer.v1.trainer_mode=tailsieve",
-                           *overrides], capture_output=True, text=True, timeout=300)
+    with tempfile.TemporaryDirectory() as cwd:  # Hydra writes outputs/<date>/ under the working directory
+        return subprocess.run([sys.executable, "-m", "verl.trainer.main_ppo", "trainer.v1.trainer_mode=tailsieve",
+                               *overrides], capture_output=True, text=True, timeout=300, cwd=cwd)
 
 
 def _tailsieve_lines(proc: subprocess.CompletedProcess) -> list[str]:
