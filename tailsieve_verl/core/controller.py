@@ -45,6 +45,7 @@ from typing import Sequence
 import numpy as np
 
 from .errors import TailSieveError
+from .kinds import DecisionKind
 from .perf import PerfModel
 
 
@@ -169,6 +170,7 @@ class Decision:
     q: int  # groups to abort and carry in the next step
     m: int  # tail-pool replicas for the next step
     reason: str  # what moved (or why nothing did), for logs
+    kind: DecisionKind = DecisionKind.FIXED  # the same, structured: what tests and callers read
 
     @property
     def split(self) -> tuple[int, int]:
@@ -413,7 +415,7 @@ class HierarchicalController:
 
     @property
     def decision(self) -> Decision:
-        return Decision(self.state.q, self.state.m, "current")
+        return Decision(self.state.q, self.state.m, "current", DecisionKind.CURRENT)
 
     def _smoothed(self) -> _Smoothed:
         return _Smoothed(self.config.smoothing)
@@ -436,7 +438,7 @@ class HierarchicalController:
                     return moved
         if s.m > 0 and cfg.inner_loop:
             return self._inner(obs)
-        return Decision(s.q, s.m, "hold")
+        return Decision(s.q, s.m, "hold", DecisionKind.HOLD)
 
     def state_dict(self) -> dict:
         s = self.state
@@ -530,12 +532,12 @@ class HierarchicalController:
     def _inner(self, obs: StepObservation) -> Decision:
         s, cfg = self.state, self.config
         if not obs.tail_groups or obs.m == 0 or s.tail_s_per_group is None:
-            return Decision(s.q, s.m, "inner: waiting for a tail-pool measurement")
+            return Decision(s.q, s.m, "inner: waiting for a tail-pool measurement", DecisionKind.WAITING)
         s.pool_times = s.pool_times or self._smoothed()
         tail_s, bulk_s = s.pool_times.update(np.array([obs.tail_makespan_s, obs.bulk_cutoff_s]))
         gap = (tail_s - bulk_s) / max(tail_s, bulk_s, 1e-12)
         if abs(gap) <= cfg.balance_tolerance:
-            return Decision(s.q, s.m, f"inner: balanced (gap {gap:+.1%})")
+            return Decision(s.q, s.m, f"inner: balanced (gap {gap:+.1%})", DecisionKind.BALANCED)
         qs = np.arange(1, self.q_max + 1)
         predicted = np.maximum(qs * s.tail_s_per_group.value, self._bulk_finish_at(self.batch_size - qs.astype(float)))
         balancing_q = int(qs[int(np.nanargmin(predicted))])
@@ -544,7 +546,7 @@ class HierarchicalController:
             balancing_q = s.q + direction  # the measurement decides the direction; the model only the size
         step = min(self.max_q_step, max(1, int(round(cfg.q_gain * abs(balancing_q - s.q)))))
         s.q = int(np.clip(s.q + direction * step, min(s.m, self.q_max), self.q_max))  # no idle tail replica
-        return Decision(s.q, s.m, f"inner: tail {tail_s:.1f}s vs bulk {bulk_s:.1f}s -> q {s.q}")
+        return Decision(s.q, s.m, f"inner: tail {tail_s:.1f}s vs bulk {bulk_s:.1f}s -> q {s.q}", DecisionKind.INNER)
 
     # ------------------------------------------------------------------ outer loop
     def _prior(self, obs: StepObservation, splits: Sequence[int]) -> tuple[_FluidModel, dict[int, tuple[float, int]]]:
@@ -593,7 +595,8 @@ class HierarchicalController:
             s.m, s.q = probe, initial_split(replace(cfg, m_init=probe), R, self.batch_size)[0]
             s.steps_at_split = 0
             s.pool_times = None
-            return Decision(s.q, s.m, f"outer: probe (q, m) = {(s.q, s.m)} after measuring one shared pool")
+            return Decision(s.q, s.m, f"outer: probe (q, m) = {(s.q, s.m)} after measuring one shared pool",
+                            DecisionKind.OUTER)
         here, _ = self._estimate(s.m, prior[s.m][0])
         scores = {m: self._estimate(m, prior[m][0])[1] for m in neighbours if m != s.m}
         target = min(scores, key=scores.get, default=None)
@@ -612,7 +615,8 @@ class HierarchicalController:
         s.m, s.q = new_m, int(np.clip(new_q, min(new_m, self.q_max), self.q_max)) if new_m else 0
         s.steps_at_split = 0
         s.pool_times = None
-        return Decision(s.q, s.m, f"outer: (q, m) {old} -> {(s.q, s.m)} (score {scores[target]:.3f} vs {here:.3f})")
+        return Decision(s.q, s.m, f"outer: (q, m) {old} -> {(s.q, s.m)} (score {scores[target]:.3f} vs {here:.3f})",
+                        DecisionKind.OUTER)
 
     def _feasible(self, m: int, deadline: float, model: "_FluidModel") -> bool:
         """The enlarged pool absorbs, by the deadline, at least the groups the reduced pool releases."""

@@ -7,6 +7,7 @@ import pytest
 
 from tailsieve_verl.core.controller import (ControllerConfig, ControllerError, GroupRecord, HierarchicalController,
                                             StepObservation)
+from tailsieve_verl.core.kinds import DecisionKind
 from tailsieve_verl.core.perf import LinearPerf, parse_perf_model
 
 B, R = 64, 8
@@ -98,7 +99,7 @@ def test_outer_loop_leaves_the_shared_pool_only_for_a_predicted_gain(perf):
                           bulk_groups=tuple(GroupRecord(g, 10.0) for g in groups))
     decisions = [moved.observe(obs) for _ in range(3)]
     assert decisions[-1].m >= 1 and decisions[-1].q >= 1
-    assert any(d.reason.startswith("outer") for d in decisions)
+    assert any(d.kind is DecisionKind.OUTER for d in decisions)
     assert all(stay.observe(obs).split == (0, 0) for _ in range(3))
 
 

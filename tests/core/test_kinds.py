@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 
-import pytest
 
 from tailsieve_verl.core.controller import ControllerConfig, Decision, HierarchicalController
 from tailsieve_verl.core.kinds import DecisionKind, Pool
@@ -20,10 +18,7 @@ def test_a_member_is_its_string_in_comparisons_formatting_and_json():
     assert json.loads(json.dumps({Pool.TAIL: [Pool.BULK, DecisionKind.HOLD]})) == {"tail": ["bulk", "hold"]}
 
 
-def test_a_decision_names_its_kind_once_the_controller_sets_it():
-    """Skipped until core/controller.py's Decision has its ``kind`` field (its owner applies it)."""
-    if "kind" not in {f.name for f in dataclasses.fields(Decision)}:
-        pytest.skip("Decision has no `kind` field yet")
+def test_a_decision_names_its_kind():
     assert Decision(0, 0, "uniform").kind is DecisionKind.FIXED  # set by the caller
     controller = HierarchicalController(ControllerConfig(m_init=2), 8, 64, LinearPerf(0.01, 0.0001))
     assert controller.decision.kind is DecisionKind.CURRENT
