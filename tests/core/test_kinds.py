@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 
-
 from tailsieve_verl.core.controller import ControllerConfig, Decision, HierarchicalController
 from tailsieve_verl.core.kinds import DecisionKind, Pool
 from tailsieve_verl.core.perf import LinearPerf
