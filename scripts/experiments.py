@@ -165,7 +165,8 @@ def ablation(args) -> dict:
     variants = {
         "full controller": base,
         "no inner loop (q frozen after m moves)": replace(base, inner_loop=False),
-        "no smoothing": replace(base, rate_smoothing=1.0, gain_smoothing=1.0),
+        "no smoothing": replace(base, smoothing=1.0),
+        "perf model only (no measured surface)": replace(base, measured_surface=False),
         "no damping (full q jump, unbounded)": replace(base, q_gain=1.0, max_q_step=args.batch),
         "no feasibility check": replace(base, check_feasibility=False),
         "no settle period": replace(base, settle_steps=0),

@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 from ..core.perf import DEFAULT_PERF_MODEL, parse_perf_model
-from ..core.sim import POLICIES, SimConfig, SimResult, simulate
+from ..core.sim import ALL_POLICIES, POLICIES, SimConfig, SimResult, simulate
 from ..core.trace import read_trace
 from ..core.workload import PRESETS, PromptPool
 from .checks import output_dir, perf_model_file
@@ -33,7 +33,9 @@ def register(subparsers) -> None:
     p.add_argument("--n", type=int, default=DEFAULTS.n, help="responses per prompt group")
     p.add_argument("--perf-model", default=DEFAULT_PERF_MODEL, help="performance model spec, e.g. table:h200-moe")
     p.add_argument("--seed", type=int, default=DEFAULTS.seed)
-    p.add_argument("--policies", default=",".join(POLICIES), help="comma-separated subset of " + ", ".join(POLICIES))
+    p.add_argument("--policies", default=",".join(POLICIES),
+                   help="comma-separated subset of " + ", ".join(ALL_POLICIES) + " (best-static, the best fixed (q, m) "
+                        "in hindsight, runs a grid of TailSieve runs: opt-in)")
     p.add_argument("--fixed-tail-replicas", type=int, default=None,
                    help="tail replicas of tailsieve-fixed (default replicas // 2)")
     p.add_argument("--group-atomic", action="store_true",
