@@ -11,32 +11,18 @@ temporary directory).
 
 from __future__ import annotations
 
-import importlib.metadata
 import os
 import sys
 from pathlib import Path
 
 import pytest
 
-TIER_ENV = "TAILSIEVE_E2E_TIER"
-REQUESTED = os.environ.get(TIER_ENV) == "1"
+from tier_gate import tier_requested
 
-if not REQUESTED:
-    collect_ignore_glob = ["test_*.py"]
-else:
-    try:
-        if "cpu" not in importlib.metadata.version("vllm"):
-            raise importlib.metadata.PackageNotFoundError("vllm (a CPU build named 0.32.0+cpu)")
-        import verl  # noqa: F401
-
-        eps = {ep.name: ep.value for ep in importlib.metadata.entry_points(group="verl.plugins")}
-        if eps.get("tailsieve") != "tailsieve_verl.integration.plugin":
-            raise importlib.metadata.PackageNotFoundError("the tailsieve verl.plugins entry point (pip install -e .)")
-    except (ImportError, importlib.metadata.PackageNotFoundError) as e:
-        raise pytest.UsageError(
-            f"{TIER_ENV}=1 asks for the E2E tier, but {sys.executable} lacks {e}; build the environment with "
-            "`bash scripts/setup_vllm_cpu.sh` and run `bash scripts/test_e2e_tier.sh`") from None
+if tier_requested("TAILSIEVE_E2E_TIER", "the E2E tier", "scripts/test_e2e_tier.sh", needs_entry_point=True):
     sys.path.insert(0, str(Path(__file__).parent))
+else:
+    collect_ignore_glob = ["test_*.py"]
 
 
 @pytest.fixture(scope="session")

@@ -8,29 +8,18 @@ environment is missing fails; it never passes by skipping.
 from __future__ import annotations
 
 import asyncio
-import importlib.metadata
-import os
 import sys
 from pathlib import Path
 
 import pytest
+from tier_gate import tier_requested
 
-TIER_ENV = "TAILSIEVE_VLLM_TIER"
-REQUESTED = os.environ.get(TIER_ENV) == "1"
 N_REPLICAS = 2
 
-if not REQUESTED:
-    collect_ignore_glob = ["test_*.py"]
-else:
-    try:
-        if "cpu" not in importlib.metadata.version("vllm"):
-            raise importlib.metadata.PackageNotFoundError("vllm (a CPU build named 0.32.0+cpu)")
-        import verl  # noqa: F401
-    except (ImportError, importlib.metadata.PackageNotFoundError) as e:
-        raise pytest.UsageError(
-            f"{TIER_ENV}=1 asks for the vLLM tier, but {sys.executable} lacks {e}; build the environment with "
-            "`bash scripts/setup_vllm_cpu.sh` and run `bash scripts/test_vllm_tier.sh`") from None
+if tier_requested("TAILSIEVE_VLLM_TIER", "the vLLM tier", "scripts/test_vllm_tier.sh"):
     sys.path.insert(0, str(Path(__file__).parent))
+else:
+    collect_ignore_glob = ["test_*.py"]
 
 
 @pytest.fixture(scope="session")
