@@ -105,6 +105,8 @@ def overrides(assets: dict[str, Path], run_dir: Path, mode: str, steps: int, lr:
         f"trainer.default_local_dir={run_dir / 'ckpt'}", f"trainer.rollout_data_dir={run_dir / rollout_dir}",
         "ray_kwargs.ray_init.num_cpus=16", "+ray_kwargs.ray_init.num_gpus=2",
         "+ray_kwargs.ray_init.include_dashboard=False",
+        # verl's HTTP servers bind Ray's node address: keep every request of the tier on loopback
+        "+ray_kwargs.ray_init._node_ip_address=127.0.0.1",
     ]
     if mode == "sync":
         return common + ["trainer.v1.trainer_mode=sync"]
