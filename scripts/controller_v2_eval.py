@@ -27,7 +27,6 @@ import numpy as np
 
 from tailsieve_verl.core import sim
 from tailsieve_verl.core.bias import ks_distance, ks_noise
-from tailsieve_verl.core.controller import ControllerConfig
 from tailsieve_verl.core.perf import parse_perf_model
 from tailsieve_verl.core.workload import PromptPool
 

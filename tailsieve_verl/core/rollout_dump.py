@@ -24,7 +24,6 @@ Two outputs, both the JSONL trace format that ``route``, ``study``, ``simulate``
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 import os
 import re

@@ -8,10 +8,6 @@ import subprocess
 import sys
 import tempfile
 
-import pytest
-
-pytest.importorskip("verl")
-
 
 def launch(*overrides: str) -> subprocess.CompletedProcess:
     with tempfile.TemporaryDirectory() as cwd:  # Hydra writes outputs/<date>/ under the working directory

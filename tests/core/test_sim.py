@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from tailsieve_verl.core.controller import ControllerConfig
