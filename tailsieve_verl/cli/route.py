@@ -42,7 +42,8 @@ def routing_json(routing: Routing, group_ids: list[str]) -> dict:
         # replica per group when groups stay whole, else per group the replica of each sample
         "assignment": ([int(r) for r in routing.assignment] if routing.group_atomic else
                        [[int(r) for r in routing.sample_assignment[start:start + len(finish)]]
-                        for start, finish in zip(_group_starts(routing), routing.evaluation.response_finish_s)]),
+                        for start, finish in zip(routing.evaluation.group_starts.tolist(),
+                                                 routing.evaluation.response_finish_s)]),
         "group_atomic": routing.group_atomic,
         "replica_times_s": [float(t) for t in routing.evaluation.replica_times_s],
         "group_finish_s": {pid: float(t) for pid, t in zip(group_ids, routing.evaluation.group_finish_s)},
@@ -53,11 +54,6 @@ def routing_json(routing: Routing, group_ids: list[str]) -> dict:
         "lower_bound_s": routing.lower_bound_s,
         "gap_to_bound": routing.gap_to_bound,
     }
-
-
-def _group_starts(routing: Routing) -> list[int]:
-    sizes = [len(x) for x in routing.evaluation.response_finish_s]
-    return [int(x) for x in np.concatenate([[0], np.cumsum(sizes)[:-1]])]
 
 
 def run(args: argparse.Namespace) -> int:

@@ -80,8 +80,7 @@ class Routing:
     def assignment(self) -> np.ndarray | None:
         if not self.group_atomic:
             return None
-        starts = np.concatenate([[0], np.cumsum([len(x) for x in self.evaluation.response_finish_s])[:-1]])
-        return self.sample_assignment[starts.astype(np.int64)]
+        return self.sample_assignment[self.evaluation.group_starts]
 
     @property
     def gap_to_bound(self) -> float | None:

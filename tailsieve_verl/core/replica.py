@@ -86,6 +86,12 @@ class Evaluation:
     response_finish_s: list[np.ndarray]  # per group, trace order: finish time of each sample
     sample_replica: np.ndarray  # replica of every sample, flat in group-major trace order
 
+    @property
+    def group_starts(self) -> np.ndarray:
+        """Index of each group's first sample in the flat, group-major sample order."""
+        sizes = [len(x) for x in self.response_finish_s]
+        return np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+
 
 def expand_to_samples(groups: Sequence[Group], assignment: Sequence[int]) -> np.ndarray:
     """A per-group assignment as the per-sample one it means (all n samples on the group's replica)."""

@@ -241,14 +241,13 @@ def _tokens_at(groups: Sequence[Group], ev: Evaluation, t: float) -> np.ndarray:
         xs = np.concatenate([[0.0], finish[order]])
         ys = np.concatenate([[0.0], np.maximum.accumulate(lengths[order].astype(float))])
         tokens[members] = np.minimum(lengths[members], np.floor(np.interp(t, xs, ys)))
-    starts = np.concatenate([[0], np.cumsum([g.n for g in groups])[:-1]]).astype(np.int64)
-    return np.add.reduceat(tokens, starts) if len(groups) else np.zeros(0)
+    return np.add.reduceat(tokens, ev.group_starts) if len(groups) else np.zeros(0)
 
 
 def _spans(ev: Evaluation, groups: Sequence[Group], routes: Sequence[Pool], aborted: Sequence[bool],
            abort_s: float) -> tuple[GroupSpan, ...]:
     """Per sample, for the Gantt chart (a group may span replicas)."""
-    starts = np.concatenate([[0], np.cumsum([g.n for g in groups])[:-1]]).astype(np.int64)
+    starts = ev.group_starts
     return tuple(GroupSpan(int(ev.sample_replica[starts[i] + j]),
                            float(min(f, abort_s) if aborted[i] else f), routes[i], bool(aborted[i]))
                  for i in range(len(groups)) for j, f in enumerate(ev.response_finish_s[i]))
@@ -299,7 +298,7 @@ class StaticRunner(_Runner):
         ev = evaluate_samples(groups, samples, cfg.n_replicas, self.perf)
         self.ledger.consume(ids, dict.fromkeys(ids, t), t)
         lengths = tuple(x for g in groups for x in g.lengths)
-        starts = np.concatenate([[0], np.cumsum([g.n for g in groups])[:-1]]).astype(np.int64)
+        starts = ev.group_starts
         routes = [Pool.TAIL if samples[starts[i]] < m else Pool.BULK for i in range(len(groups))]
         spans = _spans(ev, groups, routes, [False] * len(groups), ev.makespan_s) if keep else ()
         tail_s = max((ev.replica_times_s[r] for r in range(m)), default=0.0)
