@@ -282,8 +282,7 @@ class StaticRunner(_Runner):
     ``clairvoyant-*`` know this step's lengths (references, not deployable); TailSieve can beat
     them because it defers groups across steps, which a one-step router cannot."""
 
-    ROUTES = {"verl": "verl", "uniform": "uniform", "clairvoyant-group": "best-k",
-              "clairvoyant-sample": "clairvoyant-sample"}
+    NAMES = ("verl", "uniform", "clairvoyant-group", "clairvoyant-sample")
 
     def __init__(self, cfg: SimConfig, pool: PromptPool, perf: PerfModel, name: str):
         self.name = name
@@ -449,7 +448,7 @@ class BestStaticRunner:
 def build_runners(cfg: SimConfig, pool: PromptPool, perf: PerfModel) -> list[_Runner]:
     runners: list[_Runner] = []
     for name in cfg.policies:
-        if name in StaticRunner.ROUTES:
+        if name in StaticRunner.NAMES:
             runners.append(StaticRunner(cfg, pool, perf, name))
         elif name == "best-static":
             runners.append(BestStaticRunner(cfg, pool, perf, name))
