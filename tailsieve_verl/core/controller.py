@@ -47,6 +47,7 @@ import numpy as np
 from .errors import TailSieveError
 from .kinds import DecisionKind
 from .perf import PerfModel
+from .step_table import StepTimeGrid
 
 
 class ControllerError(TailSieveError):
@@ -187,9 +188,7 @@ class _StepTable:
         self._build(max(64, max_active))
 
     def _build(self, max_active: int) -> None:
-        active = np.arange(max_active + 2, dtype=float)
-        a, c = np.meshgrid(active, self.CONTEXTS, indexing="ij")
-        self.table = np.asarray(self.perf.step_time(a.ravel(), c.ravel()), dtype=float).reshape(a.shape)
+        self.table = StepTimeGrid(self.perf, np.arange(max_active + 2), self.CONTEXTS).values
         self.max_active = max_active
 
     def context_index(self, context: np.ndarray) -> np.ndarray:

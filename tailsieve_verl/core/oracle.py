@@ -41,6 +41,7 @@ import numpy as np
 from .errors import TailSieveError
 from .perf import PerfModel, cached_per_model
 from .replica import simulate_replica
+from .step_table import StepTimeGrid, separable_cums
 from .trace import Group
 
 # Largest (active count × steps) grid a StepCostTable may allocate (float64: 8 bytes each).
@@ -67,10 +68,7 @@ class StepCostTable:
     def __init__(self, perf: PerfModel, max_active: int, max_len: int, prompt_len: int = 0):
         self.max_active = int(max_active)
         self.max_len = int(max_len)
-        active = np.arange(self.max_active + 1, dtype=float)[:, None]
-        ctx = (np.arange(self.max_len, dtype=float) + prompt_len)[None, :]
-        a_grid, c_grid = np.broadcast_arrays(active, ctx)
-        step = np.asarray(perf.step_time(a_grid.ravel(), c_grid.ravel()), dtype=float).reshape(a_grid.shape)
+        step = StepTimeGrid(perf, np.arange(self.max_active + 1), np.arange(self.max_len) + prompt_len).values
         step[0] = 0.0
         envelope = np.minimum.accumulate(step[::-1], axis=0)[::-1]
         self.monotone = bool(np.array_equal(envelope, step))
@@ -80,15 +78,13 @@ class StepCostTable:
         min_extra = np.diff(envelope, axis=0).min(axis=0) if self.max_active >= 1 else np.zeros(self.max_len)
         self.min_extra_cum = np.concatenate([[0.0], np.cumsum(np.maximum(min_extra, 0.0))])
         # Linear minorant for a >= 1: envelope(a, s) >= first(s) + slope(s)·(a − 1), slope = the least
-        # secant from a = 1 (capped so that the per-replica part first − slope stays >= 0).
+        # secant from a = 1 (separable_cums caps it so that neither part is negative).
         first = envelope[1] if self.max_active >= 1 else np.zeros(self.max_len)
         if self.max_active >= 2:
-            secants = (envelope[2:] - first) / np.arange(1, self.max_active, dtype=float)[:, None]
-            slope = np.clip(secants.min(axis=0), 0.0, first)
+            slope = ((envelope[2:] - first) / np.arange(1, self.max_active, dtype=float)[:, None]).min(axis=0)
         else:
             slope = np.zeros(self.max_len)
-        self.replica_part_cum = np.concatenate([[0.0], np.cumsum(first - slope)])
-        self.request_part_cum = np.concatenate([[0.0], np.cumsum(slope)])
+        self.replica_part_cum, self.request_part_cum = separable_cums(first, slope)
 
     @classmethod
     def shared(cls, perf: PerfModel, max_active: int, max_len: int, prompt_len: int = 0) -> "StepCostTable":

@@ -39,6 +39,7 @@ from .errors import TailSieveError
 from .oracle import SetCost, root_lower_bound, solve_exact
 from .perf import PerfModel, cached_per_model
 from .replica import Evaluation, evaluate_samples, expand_to_samples
+from .step_table import StepTimeGrid, separable_cums
 from .trace import Group
 
 
@@ -119,13 +120,9 @@ class TimeEstimate:
     """
 
     def __init__(self, perf: PerfModel, max_len: int, typical_active: int, prompt_len: float = 0.0):
-        steps = np.arange(max_len, dtype=float) + prompt_len
         high = max(2, int(typical_active))
-        one = np.asarray(perf.step_time(np.ones_like(steps), steps), dtype=float)
-        slope = (np.asarray(perf.step_time(np.full_like(steps, high), steps), dtype=float) - one) / (high - 1)
-        slope = np.clip(slope, 0.0, one)
-        self.replica_cum = np.concatenate([[0.0], np.cumsum(one - slope)])
-        self.request_cum = np.concatenate([[0.0], np.cumsum(slope)])
+        one, top = StepTimeGrid(perf, [1, high], np.arange(max_len, dtype=float) + prompt_len).values
+        self.replica_cum, self.request_cum = separable_cums(one, (top - one) / (high - 1))
 
     @classmethod
     def shared(cls, perf: PerfModel, max_len: int, typical_active: int, prompt_len: float = 0.0) -> "TimeEstimate":
