@@ -86,6 +86,18 @@ class Evaluation:
     response_finish_s: list[np.ndarray]  # per group, trace order: finish time of each sample
     sample_replica: np.ndarray  # replica of every sample, flat in group-major trace order
 
+    @classmethod
+    def from_sample_finish(cls, groups: Sequence[Group], sample_replica: np.ndarray, finish: np.ndarray,
+                           replica_times_s: list[float]) -> "Evaluation":
+        """Group the per-sample finish times (flat, group-major), simulated or measured on an engine."""
+        sizes = np.fromiter((g.n for g in groups), dtype=np.int64, count=len(groups))
+        starts = np.concatenate([[0], np.cumsum(sizes)])
+        response_finish = [finish[starts[i]:starts[i + 1]] for i in range(len(groups))]
+        group_finish = (np.maximum.reduceat(finish, starts[:-1]) if len(groups) and len(finish)
+                        else np.zeros(len(groups)))
+        return cls(max(replica_times_s) if replica_times_s else 0.0, list(replica_times_s), group_finish,
+                   response_finish, np.asarray(sample_replica, dtype=np.int64))
+
     @property
     def group_starts(self) -> np.ndarray:
         """Index of each group's first sample in the flat, group-major sample order."""
@@ -129,9 +141,4 @@ def evaluate_samples(groups: Sequence[Group], sample_replica: Sequence[int], n_r
         run = simulate_replica(lengths[members], perf, prompts[members], max_num_seqs)
         replica_times[r] = run.completion_s
         finish[members] = run.finish_s
-    starts = np.concatenate([[0], np.cumsum(sizes)])
-    response_finish = [finish[starts[i]:starts[i + 1]] for i in range(len(groups))]
-    group_finish = (np.maximum.reduceat(finish, starts[:-1]) if len(groups) and len(finish)
-                    else np.zeros(len(groups)))
-    return Evaluation(max(replica_times) if replica_times else 0.0, replica_times, group_finish, response_finish,
-                      sample_replica)
+    return Evaluation.from_sample_finish(groups, sample_replica, finish, replica_times)

@@ -42,15 +42,14 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from .controller import ControllerConfig, Decision, GroupRecord, HierarchicalController, StepObservation
+from .controller import ControllerConfig, Decision, GroupRecord
+from .cycle import TailSieveCycle
 from .errors import TailSieveError
 from .perf import PerfModel
 from .oracle import SetCost
-from .prompt_record import PromptLengthRecord
 from .policies import best_k_search, expand_to_samples, least_inflight_assignment, pool_assignment, route, singletons
 from .replica import Evaluation, evaluate_samples
 from .kinds import Pool
-from .selector import TailSelector
 from .trace import Group
 from .workload import PromptPool
 
@@ -58,6 +57,11 @@ POLICIES = ("verl", "uniform", "tailsieve-fixed", "tailsieve", "clairvoyant-grou
 # opt-in (``--policies ...,best-static``): one TailSieve run per grid point, ~50 runs at R = 8
 ALL_POLICIES = POLICIES + ("best-static",)
 BASELINE = "verl"  # every speedup is measured against stock verl first
+
+# Runs one step's samples (policy name, groups, replica of every sample) and reports when each
+# finished. The default is the performance model (:func:`evaluate_samples`); a real engine can take
+# its place (``tools.closed_loop``), so the same policies run closed-loop on measured times.
+Execute = Callable[[str, Sequence[Group], np.ndarray], Evaluation]
 
 
 class SimError(TailSieveError):
@@ -253,11 +257,22 @@ def _spans(ev: Evaluation, groups: Sequence[Group], routes: Sequence[Pool], abor
                  for i in range(len(groups)) for j, f in enumerate(ev.response_finish_s[i]))
 
 
+def step_times(ev: Evaluation, n_tail: int, bulk_quota: int) -> tuple[float, float, np.ndarray]:
+    """(tail pool done, bulk cutoff, the bulk groups finished by the cutoff) of a step whose first
+    ``n_tail`` groups ran in the tail pool; the cutoff falls when ``bulk_quota`` bulk groups finished.
+    The makespan is the larger of the two times."""
+    tail_s = float(ev.group_finish_s[:n_tail].max()) if n_tail else 0.0
+    done = np.argsort(ev.group_finish_s[n_tail:], kind="stable")[:bulk_quota]
+    cutoff = float(ev.group_finish_s[n_tail + done[-1]]) if len(done) else 0.0
+    return tail_s, cutoff, done
+
+
 class _Runner:
     name = ""
 
-    def __init__(self, cfg: SimConfig, pool: PromptPool, perf: PerfModel):
+    def __init__(self, cfg: SimConfig, pool: PromptPool, perf: PerfModel, execute: Execute | None = None):
         self.cfg, self.pool, self.perf = cfg, pool, perf
+        self.execute = execute or (lambda name, groups, samples: evaluate_samples(groups, samples, cfg.n_replicas, perf))
         self.stream = PromptStream(pool.prompt_ids, cfg.seed)
         self.rng = np.random.default_rng([cfg.seed, 11])
         self.routing_rng = np.random.default_rng([cfg.seed, 13])  # verl's random tie-breaks, apart from lengths
@@ -284,9 +299,9 @@ class StaticRunner(_Runner):
 
     NAMES = ("verl", "uniform", "clairvoyant-group", "clairvoyant-sample")
 
-    def __init__(self, cfg: SimConfig, pool: PromptPool, perf: PerfModel, name: str):
+    def __init__(self, cfg: SimConfig, pool: PromptPool, perf: PerfModel, name: str, execute: Execute | None = None):
         self.name = name
-        super().__init__(cfg, pool, perf)
+        super().__init__(cfg, pool, perf, execute)
 
     def step(self, t: int, keep: bool) -> None:
         cfg = self.cfg
@@ -294,7 +309,7 @@ class StaticRunner(_Runner):
         self.ledger.pull(ids)
         groups = self.sample(ids, t)
         samples, m = self.assign(groups)
-        ev = evaluate_samples(groups, samples, cfg.n_replicas, self.perf)
+        ev = self.execute(self.name, groups, samples)
         self.ledger.consume(ids, dict.fromkeys(ids, t), t)
         lengths = tuple(x for g in groups for x in g.lengths)
         starts = ev.group_starts
@@ -326,69 +341,46 @@ class TailSieveRunner(_Runner):
     """Selector + controller in closed loop; the controller sees only measurable quantities."""
 
     def __init__(self, cfg: SimConfig, pool: PromptPool, perf: PerfModel, controller_cfg: ControllerConfig,
-                 name: str):
+                 name: str, execute: Execute | None = None):
         self.name = name
-        super().__init__(cfg, pool, perf)
-        self.selector = TailSelector(cfg.batch_size, controller_cfg.candidate_factor)
-        self.controller = HierarchicalController(controller_cfg, cfg.n_replicas, cfg.batch_size, perf,
-                                                 per_sample=not cfg.group_atomic)
-        self.decision: Decision = self.controller.decision
-        self.record = PromptLengthRecord() if cfg.prompt_record else None  # keyed by prompt_of(instance id)
+        super().__init__(cfg, pool, perf, execute)
+        self.cycle = TailSieveCycle(cfg.batch_size, cfg.n_replicas, controller_cfg, perf,
+                                    per_sample=not cfg.group_atomic, record=cfg.prompt_record, prompt_key=prompt_of)
         self.generated: dict[str, int] = {}
         self.decisions: list[Decision] = []
 
     def in_flight(self) -> list[str]:
-        return list(self.selector.carried)
+        return list(self.cycle.selector.carried)
 
     def step(self, t: int, keep: bool) -> None:
         cfg, R = self.cfg, self.cfg.n_replicas
-        if self.record is None:
-            plan = self.selector.plan_step(self.decision.q)
-            fresh_ids = self.stream.take(plan.n_fresh)
-            self.ledger.pull(fresh_ids)
-        else:  # predicted-long fresh prompts go straight to the tail pool
-            pulled = self.stream.take(self.selector.n_fresh_needed(self.decision.q))
-            self.ledger.pull(pulled)
-            known = self.record.predictions(map(prompt_of, self.selector.carried + pulled))
-            predicted = {i: known[prompt_of(i)] for i in self.selector.carried + pulled if prompt_of(i) in known}
-            plan = self.selector.plan_step(self.decision.q, pulled, predicted)
-            fresh_ids = list(plan.bulk_fresh_ids)
-        bulk_ids = list(plan.requeued_ids) + fresh_ids
+        pulled = self.stream.take(self.cycle.n_fresh())
+        self.ledger.pull(pulled)
+        plan, m = self.cycle.plan(pulled, R)
+        bulk_ids = list(plan.requeued_ids) + list(plan.bulk_fresh_ids)
         tail = self.sample(plan.tail_ids, t)  # regenerated from scratch under policy version t
         bulk = self.sample(bulk_ids, t)
         self.generated.update(dict.fromkeys(list(plan.tail_ids) + bulk_ids, t))
-        m = self.decision.m if tail else 0  # an idle tail pool lends its replicas to the bulk pool
         groups = tail + bulk
         samples = np.concatenate([pool_assignment(tail, m, 0, cfg.group_atomic, self.routing_rng),
                                   pool_assignment(bulk, R - m, m, cfg.group_atomic, self.routing_rng)])
-        ev = evaluate_samples(groups, samples, R, self.perf)
+        ev = self.execute(self.name, groups, samples)
         tail_finish = ev.group_finish_s[:len(tail)]
         bulk_finish = ev.group_finish_s[len(tail):]
-        order = np.argsort(bulk_finish, kind="stable")
-        done = order[:plan.bulk_quota]
-        cutoff = float(bulk_finish[done[-1]]) if len(done) else 0.0
-        tail_s = float(tail_finish.max()) if len(tail) else 0.0
+        tail_s, cutoff, done = step_times(ev, len(tail), plan.bulk_quota)
         makespan = max(tail_s, cutoff)
         aborted = np.ones(len(bulk), dtype=bool)
         aborted[done] = False
         at_abort = _tokens_at(groups, ev, cutoff)[len(tail):]
         scores = {bulk_ids[i]: int(at_abort[i]) for i in np.flatnonzero(aborted)}
-        outcome = self.selector.finish_step(plan, fresh_ids, [bulk_ids[i] for i in done], policy_version=t,
-                                            scores=scores)
+        outcome, _ = self.cycle.finish(
+            plan, [(pid, GroupRecord(g.lengths, float(f))) for pid, g, f in zip(plan.tail_ids, tail, tail_finish)],
+            [(bulk_ids[i], GroupRecord(bulk[i].lengths, float(bulk_finish[i]))) for i in done], scores,
+            m=m, cutoff_s=cutoff, prompt_len=float(np.mean([g.prompt_len for g in groups])), policy_version=t)
         self.ledger.consume(outcome.consumed_ids, self.generated, t)
-        if self.record is not None:
-            for pid, g in zip(list(plan.tail_ids) + [bulk_ids[i] for i in done], tail + [bulk[i] for i in done]):
-                self.record.observe(prompt_of(pid), g.lengths)
-            for pid, tokens in scores.items():
-                self.record.observe_aborted(prompt_of(pid), tokens)
         for pid in outcome.consumed_ids:
             del self.generated[pid]
-        obs = StepObservation(
-            m=m, tail_makespan_s=tail_s, bulk_cutoff_s=cutoff,
-            tail_groups=tuple(GroupRecord(g.lengths, float(f)) for g, f in zip(tail, tail_finish)),
-            bulk_groups=tuple(GroupRecord(bulk[i].lengths, float(bulk_finish[i])) for i in done),
-            n_aborted=plan.n_abort, prompt_len=float(np.mean([g.prompt_len for g in groups])))
-        self.decision = self.controller.observe(obs)
+        self.decision = self.cycle.decision
         self.decisions.append(self.decision)
         consumed = tail + [bulk[i] for i in done]
         lengths = tuple(x for g in consumed for x in g.lengths)
@@ -419,14 +411,15 @@ class BestStaticRunner:
     """``best-static``: one TailSieve run per fixed (q, m) of :func:`static_grid` on the same stream
     (same prompt order, length draws and routing tie-breaks as ``tailsieve``); the best in hindsight."""
 
-    def __init__(self, cfg: SimConfig, pool: PromptPool, perf: PerfModel, name: str = "best-static"):
+    def __init__(self, cfg: SimConfig, pool: PromptPool, perf: PerfModel, name: str = "best-static",
+                 execute: Execute | None = None):
         self.name = name
         self.runners: dict[tuple[int, int], TailSieveRunner] = {}
         for q, m in static_grid(cfg.n_replicas, cfg.batch_size, cfg.controller.max_q_fraction):
             pinned = (replace(cfg.controller, fixed_tail_replicas=m, q_init=q, inner_loop=False) if m else
                       replace(cfg.controller, fixed_tail_replicas=None, m_init=0, q_init=0, inner_loop=False,
                               settle_steps=10 ** 9))  # (0, 0): the outer loop never decides
-            self.runners[q, m] = TailSieveRunner(cfg, pool, perf, pinned, name)
+            self.runners[q, m] = TailSieveRunner(cfg, pool, perf, pinned, name, execute)
         self.screen = cfg.best_static_screen
 
     def step(self, t: int, keep: bool) -> None:
@@ -445,30 +438,32 @@ class BestStaticRunner:
         return results[self.split]
 
 
-def build_runners(cfg: SimConfig, pool: PromptPool, perf: PerfModel) -> list[_Runner]:
+def build_runners(cfg: SimConfig, pool: PromptPool, perf: PerfModel, execute: Execute | None = None) -> list[_Runner]:
     runners: list[_Runner] = []
     for name in cfg.policies:
         if name in StaticRunner.NAMES:
-            runners.append(StaticRunner(cfg, pool, perf, name))
+            runners.append(StaticRunner(cfg, pool, perf, name, execute))
         elif name == "best-static":
-            runners.append(BestStaticRunner(cfg, pool, perf, name))
+            runners.append(BestStaticRunner(cfg, pool, perf, name, execute))
         elif name == "tailsieve":
-            runners.append(TailSieveRunner(cfg, pool, perf, replace(cfg.controller, fixed_tail_replicas=None), name))
+            runners.append(TailSieveRunner(cfg, pool, perf, replace(cfg.controller, fixed_tail_replicas=None), name,
+                                           execute))
         else:
             fixed = replace(cfg.controller, fixed_tail_replicas=cfg.fixed_m,
                             q_init=max(1, cfg.controller.q_init or cfg.batch_size // 16))
-            runners.append(TailSieveRunner(cfg, pool, perf, fixed, name))
+            runners.append(TailSieveRunner(cfg, pool, perf, fixed, name, execute))
     return runners
 
 
 def simulate(cfg: SimConfig, pool: PromptPool, perf: PerfModel, workload_name: str = "",
-             progress: Callable[[int, int], None] | None = None) -> SimResult:
-    """Run every policy of ``cfg`` for ``cfg.steps`` steps; ``progress(done, total)`` after each step."""
+             progress: Callable[[int, int], None] | None = None, execute: Execute | None = None) -> SimResult:
+    """Run every policy of ``cfg`` for ``cfg.steps`` steps; ``progress(done, total)`` after each step.
+    ``execute`` runs each step's samples (default: the performance model; see :data:`Execute`)."""
     cfg.validate()
     if len(pool) < 2 * cfg.batch_size:
         raise SimError(f"the prompt pool has {len(pool)} prompts; the simulation needs at least 2 × batch = "
                        f"{2 * cfg.batch_size} (a prompt is in flight at most once)")
-    runners = build_runners(cfg, pool, perf)
+    runners = build_runners(cfg, pool, perf, execute)
     keep = cfg.steps - 1 if cfg.gantt_step is None else cfg.gantt_step
     total = cfg.steps * len(runners)
     for t in range(cfg.steps):

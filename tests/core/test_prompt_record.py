@@ -59,14 +59,14 @@ def test_multi_epoch_run_with_the_record_is_exactly_once_and_isolates_without_ab
     from tailsieve_verl.core.sim import build_runners
     runner = build_runners(cfg, pool, perf)[0]
     fresh_in_tail = 0
-    orig = runner.selector.plan_step
+    orig = runner.cycle.selector.plan_step
 
     def spy(*a, **k):
         nonlocal fresh_in_tail
         plan = orig(*a, **k)
         fresh_in_tail += len(plan.fresh_tail_ids)
         return plan
-    runner.selector.plan_step = spy
+    runner.cycle.selector.plan_step = spy
     for t in range(cfg.steps):
         runner.step(t, keep=False)
     r = runner.finish()

@@ -45,8 +45,8 @@ def test_tailsieve_step_semantics():
     runner = TailSieveRunner(cfg, pool, perf, ControllerConfig(fixed_tail_replicas=1, q_init=3, inner_loop=False,
                                                                candidate_factor=2.0), "tailsieve-fixed")
     runner.step(0, keep=False)  # nothing carried yet: shared pool, 6 aborted
-    candidates = list(runner.selector.carried)
-    scores = [runner.selector.scores[p] for p in candidates]
+    candidates = list(runner.cycle.selector.carried)
+    scores = [runner.cycle.selector.scores[p] for p in candidates]
     assert len(candidates) == 6 and scores == sorted(scores, reverse=True) and scores[0] > 0
     runner.step(1, keep=True)
     first, second = runner.result.records

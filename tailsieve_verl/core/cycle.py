@@ -1,0 +1,95 @@
+"""One TailSieve step as the rollout layer drives it: plan → run with a cutoff → finish → observe.
+
+The simulator (:mod:`core.sim`) and the verl trainer (:mod:`integration.trainer`) run the middle part
+their own way (simulated replicas, or verl's agent loop with a real abort); everything around it is
+here, once: which prompts go to which pool, the exactly-once bookkeeping of the carried queue
+(:class:`core.selector.TailSelector`), the per-prompt length record and the controller's
+observation. Per step::
+
+    fresh = pull(cycle.n_fresh())                 # new prompts, pulled before planning
+    plan, m = cycle.plan(fresh, n_replicas)       # plan.tail_ids on m tail replicas, the rest bulk
+    ...run; abort the bulk pool once plan.bulk_quota of its groups have finished...
+    outcome = cycle.finish(plan, tail, finished_bulk, scores, m=m, cutoff_s=..., ...)
+
+Prompt identities name one pull of a prompt (a prompt may be carried while the dataset hands it out
+again); ``prompt_key`` maps them to the prompt itself, which the length record is keyed by.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Mapping, Sequence
+
+from .controller import ControllerConfig, Decision, GroupRecord, HierarchicalController, StepObservation
+from .kinds import DecisionKind
+from .perf import PerfModel
+from .prompt_record import PromptLengthRecord
+from .selector import StepOutcome, StepPlan, TailSelector
+
+SHARED_POOL = Decision(0, 0, "one shared pool (TailSieve off)", DecisionKind.FIXED)
+
+
+class TailSieveCycle:
+    """Selector, controller and per-prompt record of one TailSieve run, stepped in lockstep."""
+
+    def __init__(self, batch_size: int, n_replicas: int, controller: ControllerConfig, perf: PerfModel, *,
+                 per_sample: bool = True, adaptive: bool = True, record: bool = True,
+                 prompt_key: Callable[[str], str] = str):
+        """``adaptive`` False keeps one shared pool (q = m = 0; the trainer's stop-only mode);
+        ``record`` False plans from abort scores alone (the partial-rollout signal only)."""
+        self.selector = TailSelector(batch_size, controller.candidate_factor)
+        self.controller = (HierarchicalController(controller, n_replicas, batch_size, perf, per_sample=per_sample)
+                           if adaptive else None)
+        self.decision = self.controller.decision if self.controller else SHARED_POOL
+        self.record = PromptLengthRecord() if record else None
+        self.prompt_key = prompt_key
+
+    def n_fresh(self) -> int:
+        """New prompts the next step needs (tail and bulk together)."""
+        return self.selector.n_fresh_needed(self.decision.q)
+
+    def plan(self, fresh_ids: Sequence[str], n_replicas: int) -> tuple[StepPlan, int]:
+        """The step's plan and its tail-pool size m (0 when nothing goes to the tail pool: its
+        replicas then join the bulk pool). With the record, fresh prompts predicted heavier than the
+        carried candidates go straight to the tail pool."""
+        predicted: dict[str, float] = {}
+        if self.record is not None:
+            for identity in list(self.selector.carried) + list(fresh_ids):
+                work = self.record.predict(self.prompt_key(identity))
+                if work is not None:
+                    predicted[identity] = work
+        plan = self.selector.plan_step(self.decision.q, fresh_ids, predicted)
+        return plan, (min(self.decision.m, n_replicas - 1) if plan.tail_ids else 0)
+
+    def finish(self, plan: StepPlan, tail: Sequence[tuple[str, GroupRecord]],
+               finished_bulk: Sequence[tuple[str, GroupRecord]], scores: Mapping[str, float], *, m: int,
+               cutoff_s: float, prompt_len: float, policy_version: int) -> tuple[StepOutcome, StepObservation]:
+        """Close the step: ``tail`` and ``finished_bulk`` are the consumed groups as measured
+        (identity, record), ``scores`` the abort score of every aborted bulk group. Updates the
+        carried queue, the record and the controller's decision."""
+        outcome = self.selector.finish_step(plan, plan.bulk_fresh_ids, [i for i, _ in finished_bulk],
+                                            policy_version=policy_version, scores=scores)
+        if self.record is not None:
+            for identity, group in list(tail) + list(finished_bulk):
+                self.record.observe(self.prompt_key(identity), group.lengths)
+            for identity, tokens in scores.items():
+                self.record.observe_aborted(self.prompt_key(identity), tokens)
+        observation = StepObservation(
+            m=m, tail_makespan_s=max((g.finish_s for _, g in tail), default=0.0), bulk_cutoff_s=cutoff_s,
+            tail_groups=tuple(g for _, g in tail), bulk_groups=tuple(g for _, g in finished_bulk),
+            n_aborted=len(scores), prompt_len=prompt_len)
+        if self.controller is not None:
+            self.decision = self.controller.observe(observation)
+        return outcome, observation
+
+    def state_dict(self) -> dict:
+        return {"selector": self.selector.state_dict(),
+                "controller": self.controller.state_dict() if self.controller else None,
+                "prompt_record": self.record.state_dict() if self.record else None}
+
+    def load_state_dict(self, state: Mapping) -> None:
+        self.selector.load_state_dict(state["selector"])
+        if self.controller is not None and state.get("controller") is not None:
+            self.controller.load_state_dict(state["controller"])
+            self.decision = self.controller.decision
+        if self.record is not None and state.get("prompt_record") is not None:
+            self.record.load_state_dict(state["prompt_record"])
