@@ -4,16 +4,20 @@
 # simulator's prediction with that calibration). Writes scripts/results/vllm_cpu/ by default.
 #
 # Usage: bash scripts/bench_vllm_cpu.sh [OUT_DIR]
-# Env:   WORKLOADS="strong:32:4:1 real:16:4:1" (preset:groups:group_size:seed), REPLICAS=4,
-#        LENGTH_SCALE=0.1, MAX_LEN=1000, REPEATS=3, PORT=8123, NICE=-10,
-#        CALIBRATION=path (reuse a calibration measured on this server instead of measuring one)
+# Env:   WORKLOADS="strong:32:4:1 real:16:4:1" (preset:groups:group_size:seed; "" = no one-step bench),
+#        REPLICAS=4, LENGTH_SCALE=0.1, MAX_LEN=1000, REPEATS=3, PORT=8123, NICE=-10,
+#        CALIBRATION=path (reuse a calibration measured on this server instead of measuring one),
+#        CLOSED_LOOP="strong:12:0" (preset:steps:seed: `tailsieve closed-loop` runs after the bench, B=16 n=4,
+#        median length 100, capped at MAX_LEN), SERVER_ARGS="" (more vLLM server flags, e.g. a small KV
+#        cache: "--num-gpu-blocks-override 12"), TAG="" (suffix of the closed-loop report names)
 #
 # On a shared machine other jobs steal the engine's core at random; the server and the client run
 # at raised priority (NICE, as root) so that calibration and bench see the same, quieter machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT="${1:-scripts/results/vllm_cpu}"
-WORKLOADS="${WORKLOADS:-strong:32:4:1 real:16:4:1}"
+WORKLOADS="${WORKLOADS-strong:32:4:1 real:16:4:1}"
+export CLOSED_LOOP="${CLOSED_LOOP:-}" SERVER_ARGS="${SERVER_ARGS:-}" TAG="${TAG:-}"
 REPLICAS="${REPLICAS:-4}" LENGTH_SCALE="${LENGTH_SCALE:-0.1}" MAX_LEN="${MAX_LEN:-1000}" REPEATS="${REPEATS:-3}"
 PORT="${PORT:-8123}"
 NICE="${NICE:--10}"
@@ -29,7 +33,7 @@ export VLLM_TARGET_DEVICE=cpu VLLM_CPU_KVCACHE_SPACE=1
 
 "${PY[@]}" -m vllm.entrypoints.openai.api_server --model "$MODEL_DIR" --served-model-name tiny-qwen3 \
     --host 127.0.0.1 --port "$PORT" --max-model-len 2048 --max-num-seqs 128 --enforce-eager \
-    --dtype bfloat16 > "$SERVER_LOG" 2>&1 &
+    --dtype bfloat16 $SERVER_ARGS > "$SERVER_LOG" 2>&1 &
 SERVER_PID=$!
 trap 'kill $SERVER_PID 2>/dev/null; wait $SERVER_PID 2>/dev/null || true' EXIT
 URL="http://127.0.0.1:$PORT"
@@ -50,6 +54,7 @@ json.dump({"host": describe_local_host(), "python": platform.python_version(),
                      "parameters": parameter_count(), "dtype": "bfloat16"},
            "server": {"max_model_len": 2048, "max_num_seqs": 128, "enforce_eager": True,
                       "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE"),
+                      "extra_args": os.environ.get("SERVER_ARGS", ""),
                       "omp_binding": "vLLM auto (one core for the engine, one reserved)",
                       "niceness": os.nice(0)}},
           open(sys.argv[1], "w"), indent=2)
@@ -66,4 +71,10 @@ for workload in $WORKLOADS; do
     "${PY[@]}" -m tailsieve_verl bench --preset "$preset" --groups "$groups" --group-size "$size" --seed "$seed" \
         -R "$REPLICAS" --url "$URL" --calibration "$OUT/calibration.json" --length-scale "$LENGTH_SCALE" \
         --max-len "$MAX_LEN" --repeats "$REPEATS" --out "$OUT/bench_${preset}_B${groups}_n${size}_seed${seed}_r${REPEATS}.json"
+done
+for run in $CLOSED_LOOP; do
+    IFS=: read -r preset steps seed <<<"$run"
+    "${PY[@]}" -m tailsieve_verl closed-loop --workload "$preset" --steps "$steps" --seed "$seed" -R "$REPLICAS" \
+        --max-len "$MAX_LEN" --url "$URL" --calibration "$OUT/calibration.json" \
+        --out "$OUT/closed_loop_${preset}_${steps}steps_seed${seed}${TAG}.json"
 done

@@ -15,7 +15,7 @@ from .checks import CLIError, finish_parser
 __all__ = ["CLIError", "build_parser", "main"]
 
 # Subcommand modules, in the order `tailsieve --help` lists them.
-SUBCOMMANDS = ("simulate", "route", "study", "plan", "trace", "compare", "calibrate", "bench")
+SUBCOMMANDS = ("simulate", "route", "study", "plan", "trace", "compare", "calibrate", "bench", "closed-loop")
 
 
 class Parser(argparse.ArgumentParser):
@@ -32,7 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "partial-rollout-guided tail routing.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     for name in SUBCOMMANDS:
-        importlib.import_module(f"{__name__}.{name}").register(sub)
+        importlib.import_module(f"{__name__}.{name.replace('-', '_')}").register(sub)
         finish_parser(name, sub.choices[name])
     return parser
 

@@ -46,7 +46,7 @@ import numpy as np
 from ..core.errors import TailSieveError
 from ..core.perf import PerfModel
 from ..core.policies import expand_to_samples, least_inflight_assignment, pool_assignment, route, uniform_assignment
-from ..core.replica import evaluate_samples
+from ..core.replica import Evaluation, evaluate_samples
 from ..core.trace import Group
 from .openai_client import ForcedRequest, OpenAIServer, synthetic_prompt
 
@@ -64,10 +64,16 @@ class MeasuredStep:
 
     replica_times_s: tuple[float, ...]
     group_finish_s: tuple[float, ...]  # per group, trace order, from its replica's start
+    sample_finish_s: tuple[float, ...]  # per sample, flat group-major, from its replica's start
 
     @property
     def makespan_s(self) -> float:
         return max(self.replica_times_s)
+
+    def evaluation(self, groups: Sequence[Group], assignment: np.ndarray) -> Evaluation:
+        """The run as the simulator's :class:`Evaluation` (measured in place of modelled times)."""
+        return Evaluation.from_sample_finish(groups, assignment, np.asarray(self.sample_finish_s),
+                                             list(self.replica_times_s))
 
 
 def pooled_assignment(groups: Sequence[Group], tail: Sequence[int], n_replicas: int, tail_replicas: int,
@@ -119,14 +125,14 @@ def best_tailsieve_split(groups: Sequence[Group], n_replicas: int, perf: PerfMod
 
 def _replica_requests(groups: Sequence[Group], sample_group: np.ndarray, sample_length: np.ndarray,
                       members: np.ndarray, run_key: str) -> tuple[list[ForcedRequest], list[int]]:
-    """A group's samples share one prompt (as in GRPO); prompts are fresh per run, so no run
-    profits from another's prefix cache."""
+    """The requests of these samples and the sample index of each. A group's samples share one
+    prompt (as in GRPO); prompts are fresh per run, so no run profits from another's prefix cache."""
     requests, owner = [], []
     for j in members:
         i, length = int(sample_group[j]), int(sample_length[j])
         if length > 0:
             requests.append(ForcedRequest(synthetic_prompt(groups[i].prompt_len, key=(run_key, i)), length))
-            owner.append(i)
+            owner.append(int(j))
     return requests, owner
 
 
@@ -138,7 +144,7 @@ def run_assignment(servers: Sequence[OpenAIServer], groups: Sequence[Group], ass
     sample_group = np.repeat(np.arange(len(groups)), [g.n for g in groups])
     sample_length = np.fromiter((x for g in groups for x in g.lengths), dtype=np.int64, count=len(sample_group))
     replica_times = [0.0] * n_replicas
-    group_finish = [0.0] * len(groups)
+    sample_finish = [0.0] * len(sample_group)  # a zero-length sample is done at its start
     errors: list[BaseException] = []
 
     def run_lane(server: OpenAIServer, replicas: list[int]) -> None:
@@ -150,8 +156,8 @@ def run_assignment(servers: Sequence[OpenAIServer], groups: Sequence[Group], ass
                     continue
                 timings = server.run_together(requests)
                 replica_times[r] = max(t.finish_s for t in timings)
-                for i, t in zip(owner, timings):
-                    group_finish[i] = max(group_finish[i], t.finish_s)
+                for j, t in zip(owner, timings):
+                    sample_finish[j] = t.finish_s
         except BaseException as e:
             errors.append(e)
 
@@ -163,7 +169,10 @@ def run_assignment(servers: Sequence[OpenAIServer], groups: Sequence[Group], ass
         t.join()
     if errors:
         raise errors[0]
-    return MeasuredStep(tuple(replica_times), tuple(group_finish))
+    group_finish = [0.0] * len(groups)
+    for j, i in enumerate(sample_group):
+        group_finish[i] = max(group_finish[i], sample_finish[j])
+    return MeasuredStep(tuple(replica_times), tuple(group_finish), tuple(sample_finish))
 
 
 @dataclass

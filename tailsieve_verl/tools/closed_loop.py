@@ -1,0 +1,131 @@
+"""Closed-loop fidelity on a real engine (``tailsieve closed-loop``).
+
+The simulator's policies (:mod:`core.sim`: stock verl's routing and TailSieve's selector, controller,
+per-prompt record and pools) run step by step on one prompt stream with persistent prompt
+difficulty, but every step's samples run for real on vLLM OpenAI servers, with forced lengths as
+in ``tailsieve bench``. The measured finish times then drive everything downstream: the cutoff, which
+groups are aborted and carried, their abort scores and the controller's observations. The loop is
+closed on the engine, not on the model.
+
+Next to every measured step the performance model (a calibration measured on the same server)
+predicts the same step: same lengths, same assignment, same cutoff rule. The report gives:
+
+* ``median_prediction_error`` and ``worst_prediction_error``: |predicted − measured| / measured over
+  every step of every policy;
+* ``measured_speedup`` and ``predicted_speedup``: TailSieve over stock verl, as ratios of mean
+  makespans over the steps after ``warmup``;
+* ``share_of_predicted_gain``: (measured speedup − 1) / (predicted speedup − 1);
+* ``simulated_speedup``: the same run with the model in place of the engine, i.e. what
+  ``tailsieve simulate`` predicts for this workload.
+
+Replicas of a synchronous step are independent, so R replicas may share fewer servers and run one
+after another (see :func:`tools.bench.run_assignment`). Aborted bulk groups run to their end there;
+that costs bench time but no measured time, because nothing before the cutoff depends on the abort.
+verl's agent loop, Ray and the weight update are not in this loop: the E2E test tier runs them.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import statistics
+from dataclasses import asdict
+from typing import Callable, Sequence
+
+import numpy as np
+
+from ..core.errors import TailSieveError
+from ..core.perf import PerfModel
+from ..core.replica import Evaluation, evaluate_samples
+from ..core.sim import BASELINE, SimConfig, simulate, step_times
+from ..core.trace import Group
+from ..core.workload import PromptPool
+from .bench import run_assignment
+from .openai_client import OpenAIServer
+
+POLICIES = ("verl", "uniform", "tailsieve", "tailsieve-fixed")  # deployable ones: no clairvoyant search
+
+
+class ClosedLoopError(TailSieveError):
+    """A closed-loop run that cannot go as asked."""
+
+
+def closed_loop(cfg: SimConfig, pool: PromptPool, servers: Sequence[OpenAIServer], perf: PerfModel,
+                warmup: int = 0, on_step: Callable[[str, int, float, float], None] | None = None) -> dict:
+    """Run ``cfg``'s policies on the servers; a JSON-able report (see the module docstring).
+    ``on_step(policy, step, measured_s, predicted_s)`` after every step's run (until its last replica
+    is done; the step's makespan, cut at the abort, is in the report)."""
+    unknown = [p for p in cfg.policies if p not in POLICIES]
+    if unknown or BASELINE not in cfg.policies:
+        raise ClosedLoopError(f"policies must include {BASELINE} (stock verl, the baseline) and come from "
+                              f"{', '.join(POLICIES)}; got {', '.join(cfg.policies)}")
+    if not servers:
+        raise ClosedLoopError("need at least one server URL")
+    if not 0 <= warmup < cfg.steps:
+        raise ClosedLoopError(f"warmup must be in 0..{cfg.steps - 1} steps, got {warmup}")
+    predicted: dict[str, list[Evaluation]] = {p: [] for p in cfg.policies}
+    measured: dict[str, list[Evaluation]] = {p: [] for p in cfg.policies}
+
+    def execute(name: str, groups: Sequence[Group], samples: np.ndarray) -> Evaluation:
+        step = len(measured[name])
+        predicted[name].append(evaluate_samples(groups, samples, cfg.n_replicas, perf))
+        run = run_assignment(servers, groups, samples, cfg.n_replicas, run_key=f"{name}:{step}")
+        measured[name].append(run.evaluation(groups, samples))
+        if on_step:
+            on_step(name, step, run.makespan_s, predicted[name][-1].makespan_s)
+        return measured[name][-1]
+
+    result = simulate(cfg, pool, perf, execute=execute)
+    modelled = simulate(cfg, pool, perf)  # the same stream with the model in place of the engine
+    rows, summary = [], {}
+    for name, res in result.policies.items():
+        for rec, pred, meas in zip(res.records, predicted[name], measured[name]):
+            tail_s, cutoff, _ = step_times(meas, rec.n_tail, cfg.batch_size - rec.n_tail)
+            if not np.isclose(max(tail_s, cutoff), rec.makespan_s):
+                raise ClosedLoopError(f"{name} step {rec.step}: the recorded makespan {rec.makespan_s:.3f}s is not "
+                                      f"the measured step's {max(tail_s, cutoff):.3f}s (a cutoff rule out of step)")
+            tail_s, cutoff, _ = step_times(pred, rec.n_tail, cfg.batch_size - rec.n_tail)
+            predicted_s = max(tail_s, cutoff)
+            rows.append({"policy": name, "step": rec.step, "measured_makespan_s": rec.makespan_s,
+                         "predicted_makespan_s": predicted_s,
+                         "prediction_error": (predicted_s - rec.makespan_s) / rec.makespan_s,
+                         "q": rec.q, "m": rec.m, "tail_groups": rec.n_tail, "tail_s": rec.tail_s,
+                         "bulk_cutoff_s": rec.bulk_s, "wasted_tokens": rec.wasted_tokens,
+                         "measured_replica_s": list(meas.replica_times_s),
+                         "predicted_replica_s": list(pred.replica_times_s)})
+        mine = [r for r in rows if r["policy"] == name]
+        kept = mine[warmup:]
+        summary[name] = {
+            "mean_measured_makespan_s": statistics.fmean(r["measured_makespan_s"] for r in kept),
+            "mean_predicted_makespan_s": statistics.fmean(r["predicted_makespan_s"] for r in kept),
+            "mean_simulated_makespan_s": float(np.mean(modelled.policies[name].makespans[warmup:])),
+            "median_prediction_error": statistics.median(abs(r["prediction_error"]) for r in mine),
+            "lost": res.lost, "duplicated": res.duplicated,
+        }
+    errors = [abs(r["prediction_error"]) for r in rows]
+    report = {
+        "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "config": {k: v for k, v in asdict(cfg).items() if k != "controller"} | {"warmup": warmup},
+        "controller": asdict(cfg.controller),
+        "workload": asdict(pool.spec) | {"prompts": len(pool)},
+        "servers": [s.url for s in servers],
+        "server_model": servers[0].model,
+        "perf_model": perf.name,
+        "median_prediction_error": statistics.median(errors),
+        "worst_prediction_error": max(errors),
+        "policies": summary,
+        "steps": rows,
+    }
+    base = summary[BASELINE]
+    for name in cfg.policies:
+        if name == BASELINE:
+            continue
+        s = summary[name]
+        s["measured_speedup"] = base["mean_measured_makespan_s"] / s["mean_measured_makespan_s"]
+        s["predicted_speedup"] = base["mean_predicted_makespan_s"] / s["mean_predicted_makespan_s"]
+        s["simulated_speedup"] = base["mean_simulated_makespan_s"] / s["mean_simulated_makespan_s"]
+        gain = s["predicted_speedup"] - 1.0
+        s["share_of_predicted_gain"] = (s["measured_speedup"] - 1.0) / gain if abs(gain) > 1e-9 else None
+    if "tailsieve" in summary:
+        for key in ("measured_speedup", "predicted_speedup", "simulated_speedup", "share_of_predicted_gain"):
+            report[key] = summary["tailsieve"][key]
+    return report

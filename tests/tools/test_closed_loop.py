@@ -1,0 +1,112 @@
+"""`tailsieve closed-loop` plumbing against the fake endpoint (no timing claims: those come from vLLM)."""
+
+import json
+
+import numpy as np
+import pytest
+from fake_openai_server import FakeOpenAIServer
+
+from tailsieve_verl.cli import main
+from tailsieve_verl.core.perf import LinearPerf
+from tailsieve_verl.core.replica import evaluate_samples
+from tailsieve_verl.core.sim import SimConfig, simulate, step_times
+from tailsieve_verl.core.trace import Group
+from tailsieve_verl.core.workload import PromptPool, get_preset
+from tailsieve_verl.tools.bench import run_assignment
+from tailsieve_verl.tools.closed_loop import ClosedLoopError, closed_loop
+from tailsieve_verl.tools.openai_client import OpenAIServer
+
+PERF = LinearPerf(a=0.0002, c=0.0)  # the fake sleeps 0.2 ms per token: the model it follows
+SPEC = get_preset("strong", median_len=20, max_response_length=200, prompt_len=4)
+
+
+def _cal(path):
+    path.write_text(json.dumps({"device": "test", "rows": [
+        {"model": "tiny", "batch": b, "context": c, "step_ms": 0.2} for b in (1, 8, 64) for c in (4, 512)]}))
+    return path
+
+
+def test_the_simulator_runs_through_a_given_executor_with_identical_results():
+    cfg = SimConfig(steps=6, n_replicas=4, batch_size=8, n=4, seed=2, policies=("verl", "tailsieve"))
+    calls = []
+
+    def execute(name, groups, samples):
+        calls.append(name)
+        return evaluate_samples(groups, samples, cfg.n_replicas, PERF)
+
+    with_hook = simulate(cfg, PromptPool(SPEC, 24, seed=2), PERF, execute=execute)
+    plain = simulate(cfg, PromptPool(SPEC, 24, seed=2), PERF)
+    assert calls.count("verl") == calls.count("tailsieve") == cfg.steps
+    for name in cfg.policies:
+        assert np.array_equal(with_hook.policies[name].makespans, plain.policies[name].makespans)
+
+
+def test_step_times_cut_the_bulk_pool_at_its_quota():
+    groups = [Group("t", (50,)), Group("a", (10,)), Group("b", (30,)), Group("c", (90,))]
+    ev = evaluate_samples(groups, np.array([0, 1, 1, 1]), 2, LinearPerf(a=1.0, c=0.0))
+    tail_s, cutoff, done = step_times(ev, 1, 2)
+    assert tail_s == 50.0 and cutoff == 30.0 and sorted(done.tolist()) == [0, 1]  # "c" aborted
+
+
+def test_a_measured_run_is_an_evaluation_with_every_sample():
+    groups = [Group("a", (30, 5)), Group("b", (10, 20))]
+    with FakeOpenAIServer(seconds_per_token=0.0005) as fake:
+        run = run_assignment([OpenAIServer(fake.url)], groups, np.array([0, 1, 1, 0]), 2)
+    ev = run.evaluation(groups, np.array([0, 1, 1, 0]))
+    assert len(run.sample_finish_s) == 4 and all(t > 0 for t in run.sample_finish_s)
+    assert ev.group_finish_s.tolist() == list(run.group_finish_s)
+    assert ev.response_finish_s[0][0] > ev.response_finish_s[0][1]  # 30 tokens take longer than 5
+    assert ev.makespan_s == run.makespan_s
+
+
+def test_closed_loop_report_measures_every_step_next_to_its_prediction():
+    cfg = SimConfig(steps=4, n_replicas=3, batch_size=6, n=2, seed=1, policies=("verl", "tailsieve"))
+    seen = []
+    with FakeOpenAIServer(seconds_per_token=0.0002) as fake:
+        report = closed_loop(cfg, PromptPool(SPEC, 18, seed=1), [OpenAIServer(fake.url)], PERF, warmup=1,
+                             on_step=lambda *args: seen.append(args[:2]))
+        requests = len(fake.bodies)
+    assert sorted(seen) == sorted((p, s) for p in cfg.policies for s in range(cfg.steps))
+    assert len(report["steps"]) == 2 * cfg.steps
+    assert requests >= 2 * cfg.steps * cfg.batch_size * cfg.n  # every sample ran (TailSieve also its aborted ones)
+    for name in cfg.policies:
+        assert report["policies"][name]["lost"] == report["policies"][name]["duplicated"] == 0
+    ts = report["policies"]["tailsieve"]
+    for key in ("measured_speedup", "predicted_speedup", "simulated_speedup", "share_of_predicted_gain"):
+        assert key in ts and report[key] == ts[key]
+    errors = [abs(r["prediction_error"]) for r in report["steps"]]
+    assert report["median_prediction_error"] == pytest.approx(float(np.median(errors)))
+    assert report["worst_prediction_error"] == max(errors)
+    assert all(r["measured_makespan_s"] > 0 and r["predicted_makespan_s"] > 0 for r in report["steps"])
+
+
+def test_closed_loop_refuses_clairvoyant_policies_and_a_missing_baseline():
+    pool = PromptPool(SPEC, 18)
+    with pytest.raises(ClosedLoopError, match="must include verl"):
+        closed_loop(SimConfig(steps=2, n_replicas=2, batch_size=4, n=2, policies=("tailsieve",)), pool,
+                    [OpenAIServer.__new__(OpenAIServer)], PERF)
+    with pytest.raises(ClosedLoopError, match="come from"):
+        closed_loop(SimConfig(steps=2, n_replicas=2, batch_size=4, n=2, policies=("verl", "clairvoyant-group")),
+                    pool, [OpenAIServer.__new__(OpenAIServer)], PERF)
+
+
+def test_cli_closed_loop_writes_the_report(tmp_path, capsys):
+    out = tmp_path / "closed_loop.json"
+    cal = _cal(tmp_path / "cal.json")
+    with FakeOpenAIServer(seconds_per_token=0.0002, max_model_len=2048) as fake:
+        code = main(["closed-loop", "--url", fake.url, "--calibration", str(cal), "--steps", "3", "--warmup", "1",
+                     "-R", "2", "-B", "4", "--n", "2", "--pool-size", "12", "--median-len", "10", "--max-len", "60",
+                     "--out", str(out)])
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert "share of gain" in printed and str(out) in printed
+    report = json.loads(out.read_text())
+    assert report["config"]["steps"] == 3 and report["calibration"] == str(cal)
+
+
+def test_cli_closed_loop_refuses_a_missing_calibration_before_any_server(tmp_path, capsys):
+    code = main(["closed-loop", "--url", "http://127.0.0.1:9", "--calibration", str(tmp_path / "none.json"),
+                 "--out", str(tmp_path / "o.json")])
+    assert code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "none.json" in err[0]
