@@ -15,7 +15,7 @@ import json
 import math
 import sys
 
-from ..tools.compare import CompareError, RunLog, compare_runs, default_baseline, parse_step_range, read_run
+from ..tools.run_logs import CompareError, RunLog, compare_runs, default_baseline, parse_step_range, read_run
 from .checks import IMAGE_SUFFIXES, output_file
 
 

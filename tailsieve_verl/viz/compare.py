@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
-from ..tools.compare import COMPARED, GEN_TIME, REWARD, RESPONSE_LENGTH, STEP_TIME, RunLog, RunSummary
+from ..tools.run_logs import COMPARED, GEN_TIME, REWARD, RESPONSE_LENGTH, STEP_TIME, RunLog, RunSummary
 
 TITLES = {
     GEN_TIME: "generation time per step (s)",

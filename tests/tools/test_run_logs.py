@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from tailsieve_verl.cli import compare as compare_cli
-from tailsieve_verl.tools.compare import (
+from tailsieve_verl.tools.run_logs import (
     GEN_TIME,
     REWARD,
     RESPONSE_LENGTH,
@@ -179,7 +179,7 @@ def test_console_parser_reads_numpy_reprs_and_nan(tmp_path):
 
 def test_stock_verl_run_is_the_default_baseline_and_listed_first(capsys):
     from tailsieve_verl.cli.compare import _print_table
-    from tailsieve_verl.tools.compare import RunLog, default_baseline
+    from tailsieve_verl.tools.run_logs import RunLog, default_baseline
 
     tailsieve, stock = RunLog("ts", "a", "file"), RunLog("verl", "b", "file")
     for step in (1, 2, 3):

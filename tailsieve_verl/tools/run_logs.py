@@ -1,5 +1,5 @@
-"""Read the metric logs verl 0.9.1's trackers write and compare runs (a TailSieve recipe next to its
-uniform twin).
+"""Read the metric logs verl 0.9.1's trackers write and compare runs (a TailSieve recipe next to
+stock verl's).
 
 Formats, as written by ``verl/utils/tracking.py`` (``trainer.logger``):
 
