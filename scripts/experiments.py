@@ -210,7 +210,7 @@ def bias(args) -> dict:
         ref_rng = np.random.default_rng([seed, 99])
         per_step = []
         for t, q in enumerate(schedule):
-            runner.decision = Decision(q, 2, "scripted")
+            runner.cycle.decision = Decision(q, 2, "scripted")
             runner.step(t, keep=False)
             consumed = runner.result.records[-1].consumed_lengths
             groups = [consumed[i:i + args.n] for i in range(0, len(consumed), args.n)]

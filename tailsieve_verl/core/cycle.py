@@ -9,7 +9,7 @@ observation. Per step::
     fresh = pull(cycle.n_fresh())                 # new prompts, pulled before planning
     plan, m = cycle.plan(fresh, n_replicas)       # plan.tail_ids on m tail replicas, the rest bulk
     ...run; abort the bulk pool once plan.bulk_quota of its groups have finished...
-    outcome = cycle.finish(plan, tail, finished_bulk, scores, m=m, cutoff_s=..., ...)
+    outcome, observation = cycle.finish(plan, finished_bulk_ids, scores, tail=..., bulk=..., m=m, ...)
 
 Prompt identities name one pull of a prompt (a prompt may be carried while the dataset hands it out
 again); ``prompt_key`` maps them to the prompt itself, which the length record is keyed by.
@@ -60,22 +60,23 @@ class TailSieveCycle:
         plan = self.selector.plan_step(self.decision.q, fresh_ids, predicted)
         return plan, (min(self.decision.m, n_replicas - 1) if plan.tail_ids else 0)
 
-    def finish(self, plan: StepPlan, tail: Sequence[tuple[str, GroupRecord]],
-               finished_bulk: Sequence[tuple[str, GroupRecord]], scores: Mapping[str, float], *, m: int,
+    def finish(self, plan: StepPlan, finished_bulk_ids: Sequence[str], scores: Mapping[str, float], *,
+               tail: Sequence[tuple[str, GroupRecord]], bulk: Sequence[tuple[str, GroupRecord]], m: int,
                cutoff_s: float, prompt_len: float, policy_version: int) -> tuple[StepOutcome, StepObservation]:
-        """Close the step: ``tail`` and ``finished_bulk`` are the consumed groups as measured
-        (identity, record), ``scores`` the abort score of every aborted bulk group. Updates the
-        carried queue, the record and the controller's decision."""
-        outcome = self.selector.finish_step(plan, plan.bulk_fresh_ids, [i for i, _ in finished_bulk],
+        """Close the step: ``finished_bulk_ids`` finished before the cutoff, ``scores`` is the abort
+        score of every aborted bulk group; ``tail`` and ``bulk`` are the consumed groups as measured
+        (identity, record; a group whose measurement never came is left out). Updates the carried
+        queue, the record and the controller's decision."""
+        outcome = self.selector.finish_step(plan, plan.bulk_fresh_ids, finished_bulk_ids,
                                             policy_version=policy_version, scores=scores)
         if self.record is not None:
-            for identity, group in list(tail) + list(finished_bulk):
+            for identity, group in list(tail) + list(bulk):
                 self.record.observe(self.prompt_key(identity), group.lengths)
             for identity, tokens in scores.items():
                 self.record.observe_aborted(self.prompt_key(identity), tokens)
         observation = StepObservation(
             m=m, tail_makespan_s=max((g.finish_s for _, g in tail), default=0.0), bulk_cutoff_s=cutoff_s,
-            tail_groups=tuple(g for _, g in tail), bulk_groups=tuple(g for _, g in finished_bulk),
+            tail_groups=tuple(g for _, g in tail), bulk_groups=tuple(g for _, g in bulk),
             n_aborted=len(scores), prompt_len=prompt_len)
         if self.controller is not None:
             self.decision = self.controller.observe(observation)

@@ -374,8 +374,9 @@ class TailSieveRunner(_Runner):
         at_abort = _tokens_at(groups, ev, cutoff)[len(tail):]
         scores = {bulk_ids[i]: int(at_abort[i]) for i in np.flatnonzero(aborted)}
         outcome, _ = self.cycle.finish(
-            plan, [(pid, GroupRecord(g.lengths, float(f))) for pid, g, f in zip(plan.tail_ids, tail, tail_finish)],
-            [(bulk_ids[i], GroupRecord(bulk[i].lengths, float(bulk_finish[i]))) for i in done], scores,
+            plan, [bulk_ids[i] for i in done], scores,
+            tail=[(pid, GroupRecord(g.lengths, float(f))) for pid, g, f in zip(plan.tail_ids, tail, tail_finish)],
+            bulk=[(bulk_ids[i], GroupRecord(bulk[i].lengths, float(bulk_finish[i]))) for i in done],
             m=m, cutoff_s=cutoff, prompt_len=float(np.mean([g.prompt_len for g in groups])), policy_version=t)
         self.ledger.consume(outcome.consumed_ids, self.generated, t)
         for pid in outcome.consumed_ids:
