@@ -5,14 +5,13 @@ the simulator's prediction with a calibration measured on the same server."""
 from __future__ import annotations
 
 import argparse
-import json
 
 from ..core.errors import TailSieveError
 from ..core.perf import Calibration, TablePerf
 from ..core.trace import MAX_TOKENS, read_trace
 from ..core.workload import generate_trace
 from .calibrate import int_list, progress_bar
-from .checks import output_file
+from .checks import output_file, write_report
 
 
 def register(subparsers) -> None:
@@ -109,14 +108,7 @@ def run(args: argparse.Namespace) -> int:
     report["max_len"] = args.max_len
     report["length_scale"] = args.length_scale
     report["calibration"] = cal.source
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2) + "\n")
-    if args.json:
-        print(json.dumps(report, indent=2))
-        return 0
-    print_report(report)
-    print(f"wrote {out}")
-    return 0
+    return write_report(report, out, args.json, print_report)
 
 
 def print_report(report: dict) -> None:

@@ -15,6 +15,7 @@ before any work starts, and no command writes over a file it reads.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 from dataclasses import dataclass
@@ -253,3 +254,15 @@ def output_dir(value: str | os.PathLike, flag: str, writes: Iterable[str],
 
 
 IMAGE_SUFFIXES = ("png", "pdf", "svg", "jpg", "jpeg")
+
+
+def write_report(report: dict, out: Path, as_json: bool, print_table) -> int:
+    """Write ``report`` to ``out``; print it as JSON, or as ``print_table``'s table and the path."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    if as_json:
+        print(json.dumps(report, indent=2))
+    else:
+        print_table(report)
+        print(f"wrote {out}")
+    return 0

@@ -5,14 +5,13 @@ next to the simulator's prediction for the same lengths and assignment."""
 from __future__ import annotations
 
 import argparse
-import json
 
 from ..core.controller import ControllerConfig
 from ..core.perf import Calibration, TablePerf
 from ..core.sim import SimConfig
 from ..core.workload import PRESETS, PromptPool, get_preset
 from .calibrate import progress_bar
-from .checks import output_file
+from .checks import output_file, write_report
 
 CLOSED_LOOP_POLICIES = "verl,tailsieve"
 
@@ -63,14 +62,7 @@ def run(args: argparse.Namespace) -> int:
         report = closed_loop(cfg, pool, servers, perf, warmup=args.warmup, on_step=lambda name, step, meas, pred:
                              advance(f"{name} step {step}: {meas:.2f}s (predicted {pred:.2f}s)"))
     report["calibration"] = args.calibration
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2) + "\n")
-    if args.json:
-        print(json.dumps(report, indent=2))
-        return 0
-    print_report(report)
-    print(f"wrote {out}")
-    return 0
+    return write_report(report, out, args.json, print_report)
 
 
 def print_report(report: dict) -> None:
