@@ -24,7 +24,7 @@ response lengths and finish times, abort counts — never future lengths.
 
 Why measured and not modelled: the fluid model assumes perfect tail precision and a noiseless step;
 the rollout layer's tail signal is a low-precision filter and steps are noisy, so the prior ranks
-splits but misjudges their gains (``scripts/bench_controller.py --ablation`` measures both).
+splits but misjudges their gains (``scripts/controller_v2_eval.py --ablation`` measures both).
 
 How the verl layer calls it, once per step after the selector's ``finish_step``::
 
@@ -40,7 +40,8 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import asdict, dataclass, field, replace
-from typing import Sequence
+from functools import cached_property, lru_cache
+from typing import NamedTuple, Sequence
 
 import numpy as np
 
@@ -189,20 +190,86 @@ class _StepTable:
 
     def _build(self, max_active: int) -> None:
         self.table = StepTimeGrid(self.perf, np.arange(max_active + 2), self.CONTEXTS).values
+        self.rise = np.diff(self.table, axis=0)  # [a, c]: step time at a + 1 active minus at a
         self.max_active = max_active
 
-    def context_index(self, context: np.ndarray) -> np.ndarray:
-        return np.clip(np.searchsorted(self.CONTEXTS, context, side="right") - 1, 0, len(self.CONTEXTS) - 1)
+    @classmethod
+    def context_index(cls, context: np.ndarray) -> np.ndarray:
+        return np.clip(np.searchsorted(cls.CONTEXTS, context, side="right") - 1, 0, len(cls.CONTEXTS) - 1)
 
-    def flat(self, max_active: float) -> np.ndarray:
-        """The table raveled row-major (row = integer active, column = context level), covering
-        ``max_active``: a fluid model gathers from it by ``active · len(CONTEXTS) + context``."""
+    def flat(self, max_active: float) -> tuple[np.ndarray, np.ndarray]:
+        """The table and its rise raveled row-major (row = integer active, column = context level),
+        covering ``max_active``: a fluid model gathers from them by ``active · len(CONTEXTS) + context``."""
         if max_active + 1 > self.max_active:
             self._build(int(2 ** math.ceil(math.log2(max_active + 2))))
-        return self.table.ravel()
+        return self.table.ravel(), self.rise.ravel()
 
 
 _UNIT_GRID = np.linspace(0.0, 1.0, 16)  # the fluid model's step grid, scaled per history
+
+
+class _Segments(NamedTuple):
+    """The fluid model's step grid for responses of up to ``s_max`` tokens."""
+
+    grid: np.ndarray  # points, 0 .. s_max
+    mid: np.ndarray  # segment midpoints: a response is active on the segments with mid < its length
+    seg: np.ndarray  # segment lengths
+    ctx: np.ndarray  # each segment's context column in the step table
+    whole_mid: np.ndarray  # floor(mid): lengths are integers, so length > mid exactly when length > floor(mid)
+    seg_end_of: np.ndarray  # [l]: segments with mid < l, i.e. the first segment a response of l tokens is not active on
+
+
+@lru_cache(maxsize=8)
+def _segments(s_max: float, prompt_len: float) -> _Segments:
+    """Cached (read-only): the yardstick and the prior of a step, and consecutive steps, mostly share
+    the longest response (the length cap)."""
+    grid = np.unique(np.concatenate([s_max * _UNIT_GRID, 16.0 * (max(s_max, 17.0) / 16.0) ** _UNIT_GRID]))
+    grid = grid[grid <= s_max] if s_max > 0 else np.array([0.0, 1.0])
+    mid = 0.5 * (grid[:-1] + grid[1:])
+    whole_mid = np.floor(mid).astype(np.int64)
+    seg_end_of = np.cumsum(np.bincount(whole_mid + 1, minlength=int(s_max) + 1))
+    segments = _Segments(grid, mid, np.diff(grid), _StepTable.context_index(mid + prompt_len), whole_mid, seg_end_of)
+    for array in segments:
+        array.flags.writeable = False
+    return segments
+
+
+class _ConsumedBatch:
+    """One consumed batch's response lengths (integer tokens) and the summaries the fluid model
+    reads, each computed once: a batch serves the yardstick of its step and the prior of the next
+    ``history_steps`` steps, and a fixed-split controller (no outer loop) needs none of them."""
+
+    def __init__(self, lengths: np.ndarray, sizes: np.ndarray):
+        self.lengths = lengths  # flat, group after group
+        self.sizes = sizes  # samples per group
+
+    @cached_property
+    def longest(self) -> int:
+        return int(self.lengths.max())
+
+    @cached_property
+    def _at_most(self) -> np.ndarray:
+        """[l]: responses with at most l tokens."""
+        return np.cumsum(np.bincount(self.lengths))
+
+    def longer_than(self, whole: np.ndarray) -> np.ndarray:
+        """Responses longer than each integer in ``whole`` (>= 0)."""
+        return len(self.lengths) - self._at_most[np.minimum(whole, self.longest)]
+
+    @cached_property
+    def by_group(self) -> np.ndarray:
+        """The lengths as a (group × sample) table; groups with fewer samples than the widest are padded
+        with zero-length samples, which are active on no segment."""
+        if self.sizes.min() == self.sizes.max():  # the usual case: every group has n samples
+            return self.lengths.reshape(len(self.sizes), -1)
+        table = np.zeros((len(self.sizes), self.sizes.max()), dtype=self.lengths.dtype)
+        table[np.arange(self.sizes.max()) < self.sizes[:, None]] = self.lengths
+        return table
+
+    @cached_property
+    def group_max(self) -> np.ndarray:
+        """Each group's longest sample: when the group finishes."""
+        return self.by_group.max(axis=1)
 
 
 class _FluidModel:
@@ -215,7 +282,7 @@ class _FluidModel:
     B − q' + candidate_factor · q' groups (the history's load scaled) and is cut when B − q' finish.
     """
 
-    def __init__(self, history: Sequence[tuple[np.ndarray, np.ndarray]], batch_size: int, prompt_len: float,
+    def __init__(self, history: Sequence[_ConsumedBatch], batch_size: int, prompt_len: float,
                  table: _StepTable, q_candidates: np.ndarray, candidate_factor: float, per_sample: bool,
                  shared_only: bool = False):
         """``shared_only``: only :meth:`bulk_full` will be asked (the yardstick): skip the split tables."""
@@ -223,45 +290,41 @@ class _FluidModel:
         self.per_sample = per_sample
         self.batch_size = batch_size
         self.q_candidates = q_candidates
-        lengths = np.concatenate([lengths for lengths, _ in history]).astype(float)
-        sizes = np.concatenate([sizes for _, sizes in history])
-        s_max = float(lengths.max())
-        grid = np.unique(np.concatenate([s_max * _UNIT_GRID, 16.0 * (max(s_max, 17.0) / 16.0) ** _UNIT_GRID]))
-        self.grid = grid[grid <= s_max] if s_max > 0 else np.array([0.0, 1.0])
-        self.mid = 0.5 * (self.grid[:-1] + self.grid[1:])
-        self.seg = np.diff(self.grid)
-        self._table = table.flat(len(lengths) / self.h)
-        self._ctx = table.context_index(self.mid + prompt_len)
+        s_max = float(max(batch.longest for batch in history))
+        segments = _segments(s_max, prompt_len)
+        self.grid, self.mid, self.seg, self._ctx = segments.grid, segments.mid, segments.seg, segments.ctx
+        self._table, self._rise = table.flat(sum(len(batch.lengths) for batch in history) / self.h)
         self._memo: dict[tuple[str, int], np.ndarray | float] = {}
-        n_seg = len(self.mid)
-        # segment index from which a response is no longer active: it is active on segments with mid < length
-        seg_end = np.searchsorted(self.mid, lengths, side="left")
-        ends = np.bincount(seg_end, minlength=n_seg + 1)
-        self.bulk_active = np.cumsum(ends[::-1])[::-1][1:] / self.h  # responses with length > mid_i
+        # responses active on each segment (longer than its mid), per batch of the history
+        self.bulk_active = sum(batch.longer_than(segments.whole_mid) for batch in history) / self.h
         if shared_only and per_sample:
             return
         if shared_only:
             q_candidates = self.q_candidates = np.array([1])  # the longest group: all group routing needs
-        if sizes.min() == sizes.max():  # the usual case: every group has n samples
-            gmax = lengths.reshape(len(sizes), -1).max(axis=1)
-        else:
-            gmax = np.maximum.reduceat(lengths, np.concatenate([[0], np.cumsum(sizes)[:-1]]))
-        order = np.argsort(-gmax, kind="stable")  # longest group first
+        gmax = np.concatenate([batch.group_max for batch in history])
+        n_groups = len(gmax)
+        # longest group first, ties in history order: a stable sort, done as one sort of unique keys
+        order = np.sort((int(s_max) - gmax) * n_groups + np.arange(n_groups)) % n_groups
         # the bulk pool runs B − q' + a' groups (a' = candidate_factor · q' aborted): a load B'/B times
         # the history's, cut when B − q' of them have finished (that quantile of the history's groups)
         held = batch_size + (candidate_factor - 1.0) * q_candidates
         self.bulk_scale = held / batch_size
-        ranks = np.clip((len(gmax) * (batch_size - q_candidates) / held).astype(np.int64) - 1, 0, len(gmax) - 1)
-        self.cut_step = gmax[order[::-1][ranks]]  # step at which the (B − q')-th bulk group finishes
+        ranks = np.clip((n_groups * (batch_size - q_candidates) / held).astype(np.int64) - 1, 0, n_groups - 1)
+        self.cut_step = gmax[order[::-1][ranks]].astype(float)  # step at which the (B − q')-th bulk group finishes
         # Tail: the q' groups with the longest samples; responses counted per (candidate, segment).
         rows = q_candidates * self.h
-        rank_of_group = np.empty(len(gmax), dtype=np.int64)
-        rank_of_group[order] = np.arange(len(gmax))
-        group_row = np.repeat(np.searchsorted(rows, rank_of_group, side="right"), sizes)  # first candidate holding it
-        keep = group_row < len(rows)
-        flat = group_row[keep] * (n_seg + 1) + seg_end[keep]
-        counts = np.bincount(flat, minlength=(len(rows) + 1) * (n_seg + 1)).reshape(len(rows) + 1, n_seg + 1)
-        counts = np.cumsum(counts, axis=0)[: len(rows)]
+        rank_of_group = np.empty(n_groups, dtype=np.int64)
+        rank_of_group[order] = np.arange(n_groups)
+        first_row = np.searchsorted(rows, rank_of_group, side="right")  # first candidate holding each group
+        n_seg = len(self.mid)
+        flat, start = [], 0  # (candidate, segment a response stops being active on) of each isolated response
+        for batch in history:
+            row = first_row[start: start + len(batch.sizes)]
+            isolated = row < len(rows)
+            flat.append((row[isolated, None] * (n_seg + 1) + segments.seg_end_of[batch.by_group[isolated]]).ravel())
+            start += len(batch.sizes)
+        counts = np.bincount(np.concatenate(flat), minlength=(len(rows) + 1) * (n_seg + 1))
+        counts = np.cumsum(counts.reshape(len(rows) + 1, n_seg + 1), axis=0)[: len(rows)]
         self.tail_active = np.cumsum(counts[:, ::-1], axis=1)[:, ::-1][:, 1:] / self.h
 
     def _step_time(self, active: np.ndarray) -> np.ndarray:
@@ -270,8 +333,7 @@ class _FluidModel:
         busy = np.maximum(active, 1.0)  # a busy replica runs >= 1 request
         lo = busy.astype(np.int64)
         at = lo * len(_StepTable.CONTEXTS) + self._ctx
-        below = self._table[at]
-        return np.where(active > 0, below + (busy - lo) * (self._table[at + len(_StepTable.CONTEXTS)] - below), 0.0)
+        return np.where(active > 0, self._table[at] + (busy - lo) * self._rise[at], 0.0)
 
     def _clock(self, active: np.ndarray, replicas) -> np.ndarray:
         """Clock at each grid point; ``replicas`` may be a column of several pool sizes."""
@@ -310,7 +372,8 @@ class _FluidModel:
 
     def bulk_cutoff(self, replicas: int) -> np.ndarray:
         """Predicted bulk cutoff per q candidate on ``replicas`` replicas (all fresh groups spread evenly)."""
-        self.prepare(bulk_sizes=[replicas])
+        if ("cut", replicas) not in self._memo:
+            self.prepare(bulk_sizes=[replicas])
         return self._memo[("cut", replicas)]
 
     def bulk_full(self, replicas: int) -> float:
@@ -323,7 +386,8 @@ class _FluidModel:
 
     def tail_time(self, replicas: int) -> np.ndarray:
         """Predicted tail-pool time per q candidate on ``replicas`` replicas."""
-        self.prepare(tail_sizes=[replicas])
+        if ("tail", replicas) not in self._memo:
+            self.prepare(tail_sizes=[replicas])
         return self._memo[("tail", replicas)]
 
 
@@ -383,7 +447,7 @@ class _State:
     bulk_finish_curve: _Smoothed | None = None  # inner loop: time of the k-th bulk finish (NaN = unseen)
     splits: dict = field(default_factory=dict)  # m -> _SplitRecord
     prior_bias: _Smoothed | None = None  # measured / prior relative makespan, over the splits run
-    history: list = field(default_factory=list)  # last consumed batches: (flat lengths, group sizes)
+    history: list = field(default_factory=list)  # last consumed batches (_ConsumedBatch)
 
 
 def _work_arrays(groups: Sequence[GroupRecord]) -> tuple[np.ndarray, np.ndarray]:
@@ -411,6 +475,8 @@ class HierarchicalController:
         self._table = _StepTable(perf, batch_size * 16)
         step = max(1, self.q_max // 32)
         self._q_candidates = np.unique(np.concatenate([np.arange(1, self.q_max + 1, step), [self.q_max]]))
+        self._every_q = np.arange(1, self.q_max + 1)  # the inner loop's rate model sizes its step over all q
+        self._bulk_quota_at_q = self.batch_size - self._every_q.astype(float)  # bulk groups a step needs at each q
 
     @property
     def decision(self) -> Decision:
@@ -426,7 +492,7 @@ class HierarchicalController:
         s, cfg = self.state, self.config
         s.steps += 1
         s.steps_at_split += 1
-        consumed = _work_arrays(obs.tail_groups + obs.bulk_groups)
+        consumed = _ConsumedBatch(*_work_arrays(obs.tail_groups + obs.bulk_groups))
         s.history = (s.history + [consumed])[-cfg.history_steps:]
         self._measure_pools(obs)
         if cfg.fixed_tail_replicas is None:
@@ -447,7 +513,7 @@ class HierarchicalController:
             smoothed["pool_times"] = smoothed["pool_times"].tolist()
         state = {"q": s.q, "m": s.m, "steps": s.steps, "steps_at_split": s.steps_at_split, **smoothed,
                  "splits": {str(m): [r.relative_makespan.value, r.visits] for m, r in s.splits.items()},
-                 "history": [[lengths.tolist(), sizes.tolist()] for lengths, sizes in s.history]}
+                 "history": [[batch.lengths.tolist(), batch.sizes.tolist()] for batch in s.history]}
         return {"config": asdict(self.config), "n_replicas": self.n_replicas, "batch_size": self.batch_size,
                 "state": state}
 
@@ -471,7 +537,7 @@ class HierarchicalController:
             tail_s_per_group=smoothed("tail_s_per_group"), pool_times=smoothed("pool_times"),
             bulk_finish_curve=smoothed("bulk_finish_curve"), prior_bias=smoothed("prior_bias"),
             splits={int(m): _SplitRecord(_Smoothed(w, value), int(visits)) for m, (value, visits) in st["splits"].items()},
-            history=[(np.asarray(lengths, dtype=np.int64), np.asarray(sizes, dtype=np.int64))
+            history=[_ConsumedBatch(np.asarray(lengths, dtype=np.int64), np.asarray(sizes, dtype=np.int64))
                      for lengths, sizes in st["history"]])
 
     # ------------------------------------------------------------------ measurements
@@ -493,13 +559,13 @@ class HierarchicalController:
         s.bulk_finish_curve = s.bulk_finish_curve or self._smoothed()
         s.bulk_finish_curve.update(finish)
 
-    def yardstick_s(self, consumed: tuple[np.ndarray, np.ndarray], prompt_len: float) -> float:
+    def yardstick_s(self, consumed: _ConsumedBatch, prompt_len: float) -> float:
         """The perf model's predicted time of one shared pool (stock verl) running ``consumed``."""
         model = _FluidModel([consumed], self.batch_size, prompt_len, self._table, np.array([1]),
                             self.config.candidate_factor, self.per_sample, shared_only=True)
         return model.bulk_full(self.n_replicas)
 
-    def _measure_split(self, obs: StepObservation, consumed: tuple[np.ndarray, np.ndarray]) -> None:
+    def _measure_split(self, obs: StepObservation, consumed: _ConsumedBatch) -> None:
         """Relative makespan of the split just run (makespan / yardstick), smoothed per m."""
         s = self.state
         if (obs.m > 0) != bool(obs.tail_groups) or (obs.m == 0 and obs.n_aborted > 0):
@@ -537,8 +603,8 @@ class HierarchicalController:
         gap = (tail_s - bulk_s) / max(tail_s, bulk_s, 1e-12)
         if abs(gap) <= cfg.balance_tolerance:
             return Decision(s.q, s.m, f"inner: balanced (gap {gap:+.1%})", DecisionKind.BALANCED)
-        qs = np.arange(1, self.q_max + 1)
-        predicted = np.maximum(qs * s.tail_s_per_group.value, self._bulk_finish_at(self.batch_size - qs.astype(float)))
+        qs = self._every_q
+        predicted = np.maximum(qs * s.tail_s_per_group.value, self._bulk_finish_at(self._bulk_quota_at_q))
         balancing_q = int(qs[int(np.nanargmin(predicted))])
         direction = 1 if gap < 0 else -1  # bulk slower: isolate more
         if (balancing_q - s.q) * direction <= 0:
