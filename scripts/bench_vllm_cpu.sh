@@ -7,9 +7,10 @@
 # Env:   WORKLOADS="strong:32:4:1 real:16:4:1" (preset:groups:group_size:seed; "" = no one-step bench),
 #        REPLICAS=4, LENGTH_SCALE=0.1, MAX_LEN=1000, REPEATS=3, PORT=8123, NICE=-10,
 #        CALIBRATION=path (reuse a calibration measured on this server instead of measuring one),
-#        CLOSED_LOOP="strong:12:0" (preset:steps:seed: `tailsieve closed-loop` runs after the bench, B=16 n=4,
-#        median length 100, capped at MAX_LEN), SERVER_ARGS="" (more vLLM server flags, e.g. a small KV
-#        cache: "--num-gpu-blocks-override 12"), TAG="" (suffix of the closed-loop report names)
+#        CAL_BATCHES=1,2,4,8,16,32,64 CAL_PROMPT_LENS=16,384 CAL_DECODE_LONG=96 CAL_REPEATS=5 (the calibration),
+#        CLOSED_LOOP="strong:12:0" (preset:steps:seed: `tailsieve closed-loop` runs after the bench, capped at
+#        MAX_LEN; CLOSED_LOOP_ARGS="-B 8 --n 4 --median-len 50" sets the rest), SERVER_ARGS="" (more vLLM
+#        server flags, e.g. a small KV cache: "--num-gpu-blocks-override 16"), TAG="" (closed-loop report suffix)
 #
 # On a shared machine other jobs steal the engine's core at random; the server and the client run
 # at raised priority (NICE, as root) so that calibration and bench see the same, quieter machine.
@@ -17,7 +18,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT="${1:-scripts/results/vllm_cpu}"
 WORKLOADS="${WORKLOADS-strong:32:4:1 real:16:4:1}"
-export CLOSED_LOOP="${CLOSED_LOOP:-}" SERVER_ARGS="${SERVER_ARGS:-}" TAG="${TAG:-}"
+export CLOSED_LOOP="${CLOSED_LOOP:-}" CLOSED_LOOP_ARGS="${CLOSED_LOOP_ARGS:-}" SERVER_ARGS="${SERVER_ARGS:-}" TAG="${TAG:-}"
+CAL_BATCHES="${CAL_BATCHES:-1,2,4,8,16,32,64}" CAL_PROMPT_LENS="${CAL_PROMPT_LENS:-16,384}"
+CAL_DECODE_LONG="${CAL_DECODE_LONG:-96}" CAL_REPEATS="${CAL_REPEATS:-5}"
 REPLICAS="${REPLICAS:-4}" LENGTH_SCALE="${LENGTH_SCALE:-0.1}" MAX_LEN="${MAX_LEN:-1000}" REPEATS="${REPEATS:-3}"
 PORT="${PORT:-8123}"
 NICE="${NICE:--10}"
@@ -64,7 +67,8 @@ if [[ -n "${CALIBRATION:-}" ]]; then
     [[ "$CALIBRATION" -ef "$OUT/calibration.json" ]] || cp "$CALIBRATION" "$OUT/calibration.json"
 else
     "${PY[@]}" -m tailsieve_verl calibrate --url "$URL" --out "$OUT/calibration.json" \
-        --batches 1,2,4,8,16,32,64 --prompt-lens 16,384 --decode-short 16 --decode-long 96 --repeats 5
+        --batches "$CAL_BATCHES" --prompt-lens "$CAL_PROMPT_LENS" --decode-short 16 --decode-long "$CAL_DECODE_LONG" \
+        --repeats "$CAL_REPEATS"
 fi
 for workload in $WORKLOADS; do
     IFS=: read -r preset groups size seed <<<"$workload"
@@ -75,6 +79,6 @@ done
 for run in $CLOSED_LOOP; do
     IFS=: read -r preset steps seed <<<"$run"
     "${PY[@]}" -m tailsieve_verl closed-loop --workload "$preset" --steps "$steps" --seed "$seed" -R "$REPLICAS" \
-        --max-len "$MAX_LEN" --url "$URL" --calibration "$OUT/calibration.json" \
+        --max-len "$MAX_LEN" --url "$URL" --calibration "$OUT/calibration.json" $CLOSED_LOOP_ARGS \
         --out "$OUT/closed_loop_${preset}_${steps}steps_seed${seed}${TAG}.json"
 done

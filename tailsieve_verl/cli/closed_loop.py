@@ -11,7 +11,7 @@ from ..core.perf import Calibration, TablePerf
 from ..core.sim import SimConfig
 from ..core.workload import PRESETS, PromptPool, get_preset
 from .calibrate import progress_bar
-from .checks import output_file, write_report
+from .checks import CLIError, output_file, write_report
 
 CLOSED_LOOP_POLICIES = "verl,tailsieve"
 
@@ -39,27 +39,37 @@ def register(subparsers) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--policies", default=CLOSED_LOOP_POLICIES,
                    help="comma list from verl,uniform,tailsieve,tailsieve-fixed; verl (stock verl) is required")
+    p.add_argument("--max-num-seqs", type=int,
+                   help="cap on a replica's concurrent requests in the prediction (the server's max_num_seqs, or "
+                        "what its KV cache holds; default: no cap)")
     p.add_argument("--out", default="closed_loop.json", help="report JSON file to write")
     p.add_argument("--json", action="store_true", help="print the report as JSON instead of a table")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..tools.closed_loop import closed_loop
+    from ..tools.closed_loop import check_policies, closed_loop
     from ..tools.openai_client import OpenAIServer
 
     out = output_file(args.out, "--out", inputs=[("--calibration", args.calibration)])
+    if args.warmup >= args.steps:
+        raise CLIError(f"--warmup {args.warmup} leaves no step of --steps {args.steps} to measure speedups on")
+    if args.pool_size < 2 * args.batch:
+        raise CLIError(f"--pool-size {args.pool_size} is below 2 x --batch ({2 * args.batch}): a prompt is in flight "
+                       "at most once, so the dataset needs at least two batches")
     spec = get_preset(args.workload, median_len=args.median_len, max_response_length=args.max_len,
                       prompt_len=args.prompt_len)
     cfg = SimConfig(steps=args.steps, n_replicas=args.replicas, batch_size=args.batch, n=args.n, seed=args.seed,
                     policies=tuple(p.strip() for p in args.policies.split(",") if p.strip()),
                     controller=ControllerConfig())
     cfg.validate()
+    check_policies(cfg.policies)
     pool = PromptPool(spec, args.pool_size, seed=args.seed)
     perf = TablePerf(Calibration.load(args.calibration))  # before any server is contacted
     servers = [OpenAIServer(url, args.model) for url in args.url]
     with progress_bar("closed loop", cfg.steps * len(cfg.policies), quiet=args.json) as advance:
-        report = closed_loop(cfg, pool, servers, perf, warmup=args.warmup, on_step=lambda name, step, meas, pred:
+        report = closed_loop(cfg, pool, servers, perf, warmup=args.warmup, max_num_seqs=args.max_num_seqs,
+                             on_step=lambda name, step, meas, pred:
                              advance(f"{name} step {step}: {meas:.2f}s (predicted {pred:.2f}s)"))
     report["calibration"] = args.calibration
     return write_report(report, out, args.json, print_report)

@@ -49,15 +49,22 @@ class ClosedLoopError(TailSieveError):
     """A closed-loop run that cannot go as asked."""
 
 
+def check_policies(policies: Sequence[str]) -> None:
+    unknown = [p for p in policies if p not in POLICIES]
+    if unknown or BASELINE not in policies:
+        raise ClosedLoopError(f"policies must include {BASELINE} (stock verl, the baseline) and come from "
+                              f"{', '.join(POLICIES)}; got {', '.join(policies)}")
+
+
 def closed_loop(cfg: SimConfig, pool: PromptPool, servers: Sequence[OpenAIServer], perf: PerfModel,
-                warmup: int = 0, on_step: Callable[[str, int, float, float], None] | None = None) -> dict:
+                warmup: int = 0, max_num_seqs: int | None = None,
+                on_step: Callable[[str, int, float, float], None] | None = None) -> dict:
     """Run ``cfg``'s policies on the servers; a JSON-able report (see the module docstring).
+    ``max_num_seqs`` caps a replica's concurrent requests in the prediction (FIFO admission; a crude
+    stand-in for a KV cache that holds only that many requests — the model has no preemption).
     ``on_step(policy, step, measured_s, predicted_s)`` after every step's run (until its last replica
     is done; the step's makespan, cut at the abort, is in the report)."""
-    unknown = [p for p in cfg.policies if p not in POLICIES]
-    if unknown or BASELINE not in cfg.policies:
-        raise ClosedLoopError(f"policies must include {BASELINE} (stock verl, the baseline) and come from "
-                              f"{', '.join(POLICIES)}; got {', '.join(cfg.policies)}")
+    check_policies(cfg.policies)
     if not servers:
         raise ClosedLoopError("need at least one server URL")
     if not 0 <= warmup < cfg.steps:
@@ -67,7 +74,7 @@ def closed_loop(cfg: SimConfig, pool: PromptPool, servers: Sequence[OpenAIServer
 
     def execute(name: str, groups: Sequence[Group], samples: np.ndarray) -> Evaluation:
         step = len(measured[name])
-        predicted[name].append(evaluate_samples(groups, samples, cfg.n_replicas, perf))
+        predicted[name].append(evaluate_samples(groups, samples, cfg.n_replicas, perf, max_num_seqs))
         run = run_assignment(servers, groups, samples, cfg.n_replicas, run_key=f"{name}:{step}")
         measured[name].append(run.evaluation(groups, samples))
         if on_step:
@@ -110,6 +117,7 @@ def closed_loop(cfg: SimConfig, pool: PromptPool, servers: Sequence[OpenAIServer
         "servers": [s.url for s in servers],
         "server_model": servers[0].model,
         "perf_model": perf.name,
+        "max_num_seqs": max_num_seqs,
         "median_prediction_error": statistics.median(errors),
         "worst_prediction_error": max(errors),
         "policies": summary,

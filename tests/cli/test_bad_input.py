@@ -41,6 +41,8 @@ def make_inputs(d: Path) -> None:
                                            + "\n" for s in (1, 2, 3)))
     (d / "run_b.jsonl").write_text((d / "run_a.jsonl").read_text())
     (d / "cal_words.json").write_text('{"rows": [{"batch": "x", "context": 0, "step_ms": 1}]}')
+    (d / "cal_ok.json").write_text('{"rows": [{"batch": 1, "context": 0, "step_ms": 1}, '
+                                   '{"batch": 2, "context": 0, "step_ms": 2}]}')
     (d / "cal_nan.json").write_text('{"rows": [{"batch": 1, "context": 0, "step_ms": NaN}, '
                                     '{"batch": 2, "context": 0, "step_ms": 1}]}')
 
@@ -128,6 +130,16 @@ CASES = [
     ("unknown-command", "frobnicate", "invalid choice: 'frobnicate'"),
     ("unknown-flag", "simulate --plot x.png", "unrecognized arguments: --plot x.png"),
     ("bench-q-without-m", f"bench --trace ok.jsonl -R 2 --url {SERVER} --q 2", "give --q and --m together"),
+    # closed-loop: everything checked before a server is contacted
+    ("closed-loop-calibration-binary", f"closed-loop --url {SERVER} --calibration binary.jsonl", "not UTF-8 text"),
+    ("closed-loop-out-is-calibration", f"closed-loop --url {SERVER} --calibration cal_nan.json --out cal_nan.json",
+     "refusing to overwrite an input"),
+    ("closed-loop-warmup-all-steps", f"closed-loop --url {SERVER} --calibration cal_ok.json --steps 4 --warmup 4",
+     "leaves no step"),
+    ("closed-loop-pool-too-small", f"closed-loop --url {SERVER} --calibration cal_ok.json -B 16 --pool-size 20",
+     "below 2 x --batch"),
+    ("closed-loop-baseline-missing", f"closed-loop --url {SERVER} --calibration cal_ok.json --policies tailsieve",
+     "must include verl"),
 ]
 
 
