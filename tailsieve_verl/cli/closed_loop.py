@@ -69,8 +69,7 @@ def run(args: argparse.Namespace) -> int:
     servers = [OpenAIServer(url, args.model) for url in args.url]
     with progress_bar("closed loop", cfg.steps * len(cfg.policies), quiet=args.json) as advance:
         report = closed_loop(cfg, pool, servers, perf, warmup=args.warmup, max_num_seqs=args.max_num_seqs,
-                             on_step=lambda name, step, meas, pred:
-                             advance(f"{name} step {step}: {meas:.2f}s (predicted {pred:.2f}s)"))
+                             on_step=lambda name, step, seconds: advance(f"{name} step {step}: {seconds:.2f}s"))
     report["calibration"] = args.calibration
     return write_report(report, out, args.json, print_report)
 

@@ -96,15 +96,23 @@ def calibration_row(model: str, batch: int, prompt_len: int, plan: SweepPlan, st
     }
 
 
+# Vector extensions that decide CPU decode speed (vLLM's bf16 matmuls need AVX-512 or AMX; with AVX2
+# alone it falls back to a slow path), best first.
+SIMD_LEVELS = ("amx_bf16", "avx512_bf16", "avx512f", "avx2")
+
+
 def describe_local_host() -> str:
-    cpu = platform.processor() or platform.machine()
+    cpu, simd = platform.processor() or platform.machine(), ""
     try:
         with open("/proc/cpuinfo") as f:
-            names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
+            lines = f.read().splitlines()
+        names = [line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")]
+        flags = next((set(line.split(":", 1)[1].split()) for line in lines if line.startswith("flags")), set())
         cpu = names[0] if names else cpu
+        simd = next((f", {level}" for level in SIMD_LEVELS if level in flags), "")
     except OSError:
         pass
-    return f"{cpu}, {os.cpu_count()} cores (host of the client)"
+    return f"{cpu}, {os.cpu_count()} cores{simd} (host of the client)"
 
 
 def calibrate(server: OpenAIServer, plan: SweepPlan, device: str | None = None,

@@ -58,57 +58,45 @@ def check_policies(policies: Sequence[str]) -> None:
 
 def closed_loop(cfg: SimConfig, pool: PromptPool, servers: Sequence[OpenAIServer], perf: PerfModel,
                 warmup: int = 0, max_num_seqs: int | None = None,
-                on_step: Callable[[str, int, float, float], None] | None = None) -> dict:
+                on_step: Callable[[str, int, float], None] | None = None) -> dict:
     """Run ``cfg``'s policies on the servers; a JSON-able report (see the module docstring).
     ``max_num_seqs`` caps a replica's concurrent requests in the prediction (FIFO admission; a crude
     stand-in for a KV cache that holds only that many requests — the model has no preemption).
-    ``on_step(policy, step, measured_s, predicted_s)`` after every step's run (until its last replica
-    is done; the step's makespan, cut at the abort, is in the report)."""
+    ``on_step(policy, step, seconds)`` after every step's run (until its last replica is done; the
+    step's makespan, cut at the abort, is in the report)."""
     check_policies(cfg.policies)
     if not servers:
         raise ClosedLoopError("need at least one server URL")
     if not 0 <= warmup < cfg.steps:
         raise ClosedLoopError(f"warmup must be in 0..{cfg.steps - 1} steps, got {warmup}")
-    predicted: dict[str, list[Evaluation]] = {p: [] for p in cfg.policies}
     measured: dict[str, list[Evaluation]] = {p: [] for p in cfg.policies}
+    runs: dict[str, list[tuple[list, list, list]]] = {p: [] for p in cfg.policies}  # groups and assignment per step
 
     def execute(name: str, groups: Sequence[Group], samples: np.ndarray) -> Evaluation:
         step = len(measured[name])
-        predicted[name].append(evaluate_samples(groups, samples, cfg.n_replicas, perf, max_num_seqs))
+        runs[name].append(([list(g.lengths) for g in groups], [g.prompt_len for g in groups], [int(r) for r in samples]))
         run = run_assignment(servers, groups, samples, cfg.n_replicas, run_key=f"{name}:{step}")
         measured[name].append(run.evaluation(groups, samples))
         if on_step:
-            on_step(name, step, run.makespan_s, predicted[name][-1].makespan_s)
+            on_step(name, step, run.makespan_s)
         return measured[name][-1]
 
     result = simulate(cfg, pool, perf, execute=execute)
     modelled = simulate(cfg, pool, perf)  # the same stream with the model in place of the engine
-    rows, summary = [], {}
+    rows, audit = [], {}
     for name, res in result.policies.items():
-        for rec, pred, meas in zip(res.records, predicted[name], measured[name]):
+        for rec, meas, (lengths, prompt_lens, replicas) in zip(res.records, measured[name], runs[name]):
             tail_s, cutoff, _ = step_times(meas, rec.n_tail, cfg.batch_size - rec.n_tail)
             if not np.isclose(max(tail_s, cutoff), rec.makespan_s):
                 raise ClosedLoopError(f"{name} step {rec.step}: the recorded makespan {rec.makespan_s:.3f}s is not "
                                       f"the measured step's {max(tail_s, cutoff):.3f}s (a cutoff rule out of step)")
-            tail_s, cutoff, _ = step_times(pred, rec.n_tail, cfg.batch_size - rec.n_tail)
-            predicted_s = max(tail_s, cutoff)
             rows.append({"policy": name, "step": rec.step, "measured_makespan_s": rec.makespan_s,
-                         "predicted_makespan_s": predicted_s,
-                         "prediction_error": (predicted_s - rec.makespan_s) / rec.makespan_s,
                          "q": rec.q, "m": rec.m, "tail_groups": rec.n_tail, "tail_s": rec.tail_s,
                          "bulk_cutoff_s": rec.bulk_s, "wasted_tokens": rec.wasted_tokens,
                          "measured_replica_s": list(meas.replica_times_s),
-                         "predicted_replica_s": list(pred.replica_times_s)})
-        mine = [r for r in rows if r["policy"] == name]
-        kept = mine[warmup:]
-        summary[name] = {
-            "mean_measured_makespan_s": statistics.fmean(r["measured_makespan_s"] for r in kept),
-            "mean_predicted_makespan_s": statistics.fmean(r["predicted_makespan_s"] for r in kept),
-            "mean_simulated_makespan_s": float(np.mean(modelled.policies[name].makespans[warmup:])),
-            "median_prediction_error": statistics.median(abs(r["prediction_error"]) for r in mine),
-            "lost": res.lost, "duplicated": res.duplicated,
-        }
-    errors = [abs(r["prediction_error"]) for r in rows]
+                         "group_lengths": lengths, "group_prompt_len": prompt_lens, "sample_replica": replicas})
+        audit[name] = {"lost": res.lost, "duplicated": res.duplicated,
+                       "mean_simulated_makespan_s": float(np.mean(modelled.policies[name].makespans[warmup:]))}
     report = {
         "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "config": {k: v for k, v in asdict(cfg).items() if k != "controller"} | {"warmup": warmup},
@@ -116,18 +104,41 @@ def closed_loop(cfg: SimConfig, pool: PromptPool, servers: Sequence[OpenAIServer
         "workload": asdict(pool.spec) | {"prompts": len(pool)},
         "servers": [s.url for s in servers],
         "server_model": servers[0].model,
-        "perf_model": perf.name,
-        "max_num_seqs": max_num_seqs,
-        "median_prediction_error": statistics.median(errors),
-        "worst_prediction_error": max(errors),
-        "policies": summary,
         "steps": rows,
+        "policies": audit,
     }
+    return predict(report, perf, max_num_seqs)
+
+
+def predict(report: dict, perf: PerfModel, max_num_seqs: int | None = None) -> dict:
+    """Fill ``report``'s predictions, errors and speedups from its recorded steps (lengths,
+    assignment, tail groups) under ``perf``: how :func:`closed_loop` scores a run, and how a recorded
+    run is scored again under another model (e.g. a calibration that covers more contexts)."""
+    cfg, warmup = report["config"], report["config"]["warmup"]
+    for row in report["steps"]:
+        # reports recorded before group_prompt_len existed: a preset pool's prompts all have its prompt_len
+        prompt_lens = row.get("group_prompt_len") or [report["workload"]["prompt_len"]] * len(row["group_lengths"])
+        groups = [Group(f"g{i}", tuple(lengths), prompt_len)
+                  for i, (lengths, prompt_len) in enumerate(zip(row["group_lengths"], prompt_lens))]
+        pred = evaluate_samples(groups, np.asarray(row["sample_replica"]), cfg["n_replicas"], perf, max_num_seqs)
+        tail_s, cutoff, _ = step_times(pred, row["tail_groups"], cfg["batch_size"] - row["tail_groups"])
+        row["predicted_makespan_s"] = max(tail_s, cutoff)
+        row["prediction_error"] = (row["predicted_makespan_s"] - row["measured_makespan_s"]) / row["measured_makespan_s"]
+        row["predicted_replica_s"] = list(pred.replica_times_s)
+    summary = report["policies"]
+    for name, s in summary.items():
+        mine = [r for r in report["steps"] if r["policy"] == name]
+        kept = mine[warmup:]
+        s["mean_measured_makespan_s"] = statistics.fmean(r["measured_makespan_s"] for r in kept)
+        s["mean_predicted_makespan_s"] = statistics.fmean(r["predicted_makespan_s"] for r in kept)
+        s["median_prediction_error"] = statistics.median(abs(r["prediction_error"]) for r in mine)
+    errors = [abs(r["prediction_error"]) for r in report["steps"]]
+    report.update({"perf_model": perf.name, "max_num_seqs": max_num_seqs,
+                   "median_prediction_error": statistics.median(errors), "worst_prediction_error": max(errors)})
     base = summary[BASELINE]
-    for name in cfg.policies:
+    for name, s in summary.items():
         if name == BASELINE:
             continue
-        s = summary[name]
         s["measured_speedup"] = base["mean_measured_makespan_s"] / s["mean_measured_makespan_s"]
         s["predicted_speedup"] = base["mean_predicted_makespan_s"] / s["mean_predicted_makespan_s"]
         s["simulated_speedup"] = base["mean_simulated_makespan_s"] / s["mean_simulated_makespan_s"]

@@ -13,7 +13,7 @@ from tailsieve_verl.core.sim import SimConfig, simulate, step_times
 from tailsieve_verl.core.trace import Group
 from tailsieve_verl.core.workload import PromptPool, get_preset
 from tailsieve_verl.tools.bench import run_assignment
-from tailsieve_verl.tools.closed_loop import ClosedLoopError, closed_loop
+from tailsieve_verl.tools.closed_loop import ClosedLoopError, closed_loop, predict
 from tailsieve_verl.tools.openai_client import OpenAIServer
 
 PERF = LinearPerf(a=0.0002, c=0.0)  # the fake sleeps 0.2 ms per token: the model it follows
@@ -78,6 +78,18 @@ def test_closed_loop_report_measures_every_step_next_to_its_prediction():
     assert report["median_prediction_error"] == pytest.approx(float(np.median(errors)))
     assert report["worst_prediction_error"] == max(errors)
     assert all(r["measured_makespan_s"] > 0 and r["predicted_makespan_s"] > 0 for r in report["steps"])
+
+
+def test_a_recorded_run_is_scored_again_under_another_model():
+    cfg = SimConfig(steps=3, n_replicas=2, batch_size=4, n=2, seed=3, policies=("verl", "tailsieve"))
+    with FakeOpenAIServer(seconds_per_token=0.0002) as fake:
+        report = closed_loop(cfg, PromptPool(SPEC, 12, seed=3), [OpenAIServer(fake.url)], PERF)
+    first = [r["predicted_makespan_s"] for r in report["steps"]]
+    again = predict(json.loads(json.dumps(report)), PERF)  # as read back from its JSON
+    assert [r["predicted_makespan_s"] for r in again["steps"]] == first
+    slower = predict(json.loads(json.dumps(report)), LinearPerf(a=0.0004, c=0.0))
+    assert [r["predicted_makespan_s"] for r in slower["steps"]] == pytest.approx([2 * x for x in first])
+    assert slower["perf_model"] != report["perf_model"] or slower["median_prediction_error"] != 0
 
 
 def test_closed_loop_refuses_clairvoyant_policies_and_a_missing_baseline():

@@ -1,0 +1,39 @@
+"""Score a recorded `tailsieve closed-loop` run again under another performance model.
+
+    python scripts/closed_loop_rescore.py RUN.json --calibration cal.json [--max-num-seqs N] --out RUN_rescored.json
+
+The run's steps keep their measured makespans; predictions, errors and speedups are recomputed from
+the recorded lengths and assignments (tools.closed_loop.predict), e.g. with a calibration that
+covers the contexts the run reached, or with a concurrency cap standing in for a small KV cache.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from tailsieve_verl.core.perf import Calibration, TablePerf
+from tailsieve_verl.tools.closed_loop import predict
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("run", type=Path, help="a closed-loop report JSON")
+    parser.add_argument("--calibration", required=True, help="calibration JSON for the prediction")
+    parser.add_argument("--max-num-seqs", type=int, help="cap on a replica's concurrent requests in the prediction")
+    parser.add_argument("--out", type=Path, required=True, help="report JSON to write (not the run itself)")
+    args = parser.parse_args()
+    if args.out.resolve() == args.run.resolve():
+        parser.error("--out is the recorded run; write the rescored report elsewhere")
+    report = predict(json.loads(args.run.read_text()), TablePerf(Calibration.load(args.calibration)),
+                     args.max_num_seqs)
+    report["calibration"], report["rescored_from"] = args.calibration, str(args.run)
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"{args.run.name} under {report['perf_model']}: median prediction error "
+          f"{report['median_prediction_error']:.1%}, worst {report['worst_prediction_error']:.1%}, TailSieve "
+          f"measured {report.get('measured_speedup', 1.0):.3f}x vs predicted {report.get('predicted_speedup', 1.0):.3f}x")
+
+
+if __name__ == "__main__":
+    main()
