@@ -3,10 +3,11 @@
 It is verl's synchronous trainer (``PPOTrainerSync``: colocated rollout, weights synced every step)
 with TailSieve's rollout step in place of "submit B prompts, wait for B groups":
 
-1. ``prepare_step``: the controller's (q, m) picks the pools; the selector's plan sends the top-q
-   carried candidates (regenerated from scratch, new verl uid) to the tail pool and the other
-   candidates plus fresh prompts, ``B − T + a`` groups, to the bulk pool; the router learns each
-   group's pool.
+1. ``prepare_step``: the step's fresh prompts are fetched, then the controller's (q, m) picks the
+   pools (:class:`core.cycle.TailSieveCycle`, the step logic the simulator runs too): the q heaviest
+   carried candidates by abort score, and fresh prompts the per-prompt length record knows to be
+   heavier, are regenerated from scratch (new verl uid) in the tail pool; the other candidates and
+   fresh prompts, ``B − T + a`` groups, go to the bulk pool; the router learns each group's pool.
 2. ``replay_buffer.sample`` (:class:`TailSieveReplayBuffer`): as soon as ``B − T`` bulk groups have
    finished, the bulk replicas are aborted; the step waits until every tail group finished and every
    bulk group settled (the engines drained), clears the unselected bulk groups from TransferQueue,
@@ -21,12 +22,14 @@ same path runs with (q, m) = (0, 0): one pool of all replicas, B fresh groups, n
 stock verl's routing on TailSieve's code path (uniform group routing with ``group_atomic``). The
 baseline to compare against is stock verl itself (``trainer.v1.trainer_mode=sync``).
 
-Carried prompt rows and the selector/controller state are saved next to verl's checkpoint
+Carried prompt rows and the selector/controller/record state are saved next to verl's checkpoint
 (``global_step_N/tailsieve.pt``) and restored on resume.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import os
 import time
@@ -48,9 +51,9 @@ from verl.utils.transferqueue_utils import KVBatchMeta
 
 from tailsieve_verl.core.bias import LengthBiasMonitor
 from tailsieve_verl.core.kinds import Pool
-from tailsieve_verl.core.controller import Decision, GroupRecord, HierarchicalController, StepObservation
-from tailsieve_verl.core.prompt_record import PromptLengthRecord
-from tailsieve_verl.core.selector import StepOutcome, StepPlan, TailSelector
+from tailsieve_verl.core.controller import GroupRecord
+from tailsieve_verl.core.cycle import TailSieveCycle
+from tailsieve_verl.core.selector import StepOutcome, StepPlan
 from tailsieve_verl.integration.config import TRAINER_MODE, TailSieveConfig, rollout_replica_count, wire_verl_config
 from tailsieve_verl.integration.engine_config import has_pool_engine_settings, install_pool_specialised_vllm
 from tailsieve_verl.integration.group_status import GroupStatus
@@ -85,7 +88,6 @@ class ActiveStep:
     m_used: int
     tail_addresses: list[str]
     bulk_addresses: list[str]
-    fresh_ids: list[str]
     groups: dict[str, InflightGroup] = field(default_factory=dict)  # by attempt uid
     started: float = field(default_factory=time.monotonic)
     cutoff_s: float | None = None
@@ -100,6 +102,26 @@ def _abort_score(report: dict) -> int:
 
 def _row(batch: TensorDict, index: int) -> TensorDict:
     return batch[index : index + 1]
+
+
+def _plain(value):
+    """Chat messages as plain lists and dicts, whatever container a fetch or a checkpoint left them in."""
+    if hasattr(value, "tolist"):  # numpy arrays, tensordict's non-tensor stacks
+        value = value.tolist()
+    elif type(value).__name__ == "NonTensorData":
+        value = value.data
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def prompt_key(row: TensorDict) -> str:
+    """The prompt itself, stable across epochs and resumes (verl gives every fetch a fresh uid): a
+    digest of its chat messages, which key the per-prompt length record."""
+    text = json.dumps(_plain(row["raw_prompt"]), sort_keys=True, default=str)
+    return hashlib.sha1(text.encode()).hexdigest()[:20]
 
 
 class TailSieveReplayBuffer(ReplayBuffer):
@@ -137,15 +159,12 @@ class TailSieveTrainer(PPOTrainerSync):
         self.batch_size = int(config.data.train_batch_size)
         self.n_replicas = rollout_replica_count(config)
         self.samples_per_group = int(config.actor_rollout_ref.rollout.n)
-        controller_config = self.settings.controller_config()
-        self.selector = TailSelector(self.batch_size, controller_config.candidate_factor)
-        self.prompt_record = PromptLengthRecord()  # per prompt identity; checkpointed with the carried queue
-        self.controller: HierarchicalController | None = None
-        if self.settings.active:
-            self.controller = HierarchicalController(
-                controller_config, self.n_replicas, self.batch_size, self.settings.perf())
-        self.decision = self.controller.decision if self.controller else Decision(0, 0, "uniform")
+        # selector, controller and per-prompt length record: the step logic the simulator runs too
+        self.cycle = TailSieveCycle(self.batch_size, self.n_replicas, self.settings.controller_config(),
+                                    self.settings.perf(), per_sample=not self.settings.group_atomic,
+                                    adaptive=self.settings.active, prompt_key=lambda identity: self.prompt_keys[identity])
         self.carried_rows: dict[str, TensorDict] = {}
+        self.prompt_keys: dict[str, str] = {}  # identity -> prompt_key of its row, for the carried and this step
         self.step_state: ActiveStep | None = None
         self.paused_addresses: list[str] = []
         self.tailsieve_metrics: dict[str, float] = {}
@@ -210,19 +229,20 @@ class TailSieveTrainer(PPOTrainerSync):
     def begin_rollout_step(self) -> None:
         if self.step_state is not None:
             raise RolloutStepError("a TailSieve step is already in flight")
-        plan = self.selector.plan_step(self.decision.q)
+        n_fresh = self.cycle.n_fresh()
+        fresh = self._next_train_batch(n_fresh) if n_fresh else None
+        fresh_rows = {str(uid): _row(fresh, i) for i, uid in enumerate(fresh["uid"])} if fresh is not None else {}
+        self.prompt_keys.update({identity: prompt_key(row) for identity, row in fresh_rows.items()})
         addresses = list(self._replicas_by_address())
-        m = min(self.decision.m, len(addresses) - 1) if plan.tail_ids else 0
+        plan, m = self.cycle.plan(list(fresh_rows), len(addresses))
         tail_addresses, bulk_addresses = addresses[:m], addresses[m:]
         ray.get(self.router.set_pools.remote(tail_addresses, self.settings.group_atomic))
 
-        fresh = self._next_train_batch(plan.n_fresh) if plan.n_fresh else None
-        fresh_ids = [str(uid) for uid in fresh["uid"]] if fresh is not None else []
-        state = ActiveStep(plan, m, tail_addresses, bulk_addresses, fresh_ids)
-        rows = [(identity, Pool.TAIL, self.carried_rows.pop(identity)) for identity in plan.tail_ids]
-        rows += [(identity, Pool.BULK, self.carried_rows.pop(identity)) for identity in plan.requeued_ids]
-        rows += [(identity, Pool.BULK, _row(fresh, i)) for i, identity in enumerate(fresh_ids)]
-        self._dispatch(state, rows)
+        state = ActiveStep(plan, m, tail_addresses, bulk_addresses)
+        rows = {**self.carried_rows, **fresh_rows}
+        self.carried_rows = {}
+        self._dispatch(state, [(identity, Pool.TAIL, rows[identity]) for identity in plan.tail_ids]
+                       + [(identity, Pool.BULK, rows[identity]) for identity in plan.requeued_ids + plan.bulk_fresh_ids])
         self.step_state = state
 
     def _dispatch(self, state: ActiveStep, rows: list[tuple[str, Pool, TensorDict]], attempt: int = 1) -> None:
@@ -402,37 +422,32 @@ class TailSieveTrainer(PPOTrainerSync):
             if reports.get(uid, {}).get("aborted"):
                 raise RolloutStepError(f"group {state.groups[uid].identity} was aborted but selected for training")
         identity = {uid: g.identity for uid, g in state.groups.items()}
-        scores = {identity[u]: _abort_score(reports.get(u, {})) for u in dropped}
-        outcome = self.selector.finish_step(plan, state.fresh_ids, [identity[u] for u in state.selected_bulk],
-                                            policy_version=self.global_steps, scores=scores)
-        self.last_outcome = outcome
-        for uid in tail_uids + state.selected_bulk:  # the per-prompt length record (counts only)
-            if uid in reports:
-                self.prompt_record.observe(identity[uid], reports[uid]["tokens"])
-        for pid, tokens in scores.items():
-            self.prompt_record.observe_aborted(pid, tokens)
         rows = {g.identity: g.row for g in state.groups.values()}
-        self.carried_rows = {pid: rows[pid] for pid in outcome.carried_ids}
+        scores = {identity[u]: _abort_score(reports.get(u, {})) for u in dropped}
         aborted_tokens = sum(reports.get(uid, {}).get("aborted_tokens", 0) for uid in dropped)
         self._forget(state, dropped)
         batch = buffer.selected_batch(tail_uids + state.selected_bulk)
         ray.get(self.router.forget_groups.remote(tail_uids + state.selected_bulk))
 
+        def measured(uids: list[str]) -> list[tuple[str, GroupRecord]]:
+            return [(identity[u], GroupRecord(tuple(reports[u]["tokens"]), reports[u]["duration_s"]))
+                    for u in uids if u in reports]
+
+        tail, bulk = measured(tail_uids), measured(state.selected_bulk)
+        outcome, observation = self.cycle.finish(
+            plan, [identity[u] for u in state.selected_bulk], scores, tail=tail, bulk=bulk, m=state.m_used,
+            cutoff_s=max((g.finish_s for _, g in bulk), default=0.0), prompt_len=self._mean_prompt_len(batch),
+            policy_version=self.global_steps)
+        self.last_outcome = outcome
+        self.carried_rows = {pid: rows[pid] for pid in outcome.carried_ids}
+        self.prompt_keys = {pid: self.prompt_keys[pid] for pid in outcome.carried_ids}
         measurement = StepMeasurement(
-            q=plan.q, m=state.m_used, carried=len(plan.tail_ids), requeued=len(plan.requeued_ids),
+            q=plan.q, m=state.m_used, carried=len(plan.tail_ids) - len(plan.fresh_tail_ids),
+            requeued=len(plan.requeued_ids), from_record=len(plan.fresh_tail_ids),
             aborted=len(dropped), aborted_tokens=aborted_tokens, cutoff_s=state.cutoff_s or 0.0,
-            tail=[GroupRecord(tuple(reports[u]["tokens"]), reports[u]["duration_s"]) for u in tail_uids if u in reports],
-            bulk=[GroupRecord(tuple(reports[u]["tokens"]), reports[u]["duration_s"]) for u in state.selected_bulk if u in reports],
+            tail=[g for _, g in tail], bulk=[g for _, g in bulk],
             redispatched=state.redispatched, live_replicas=len(self._replicas_by_address()))
-        observation = StepObservation(
-            m=state.m_used,
-            tail_makespan_s=max((g.finish_s for g in measurement.tail), default=0.0),
-            bulk_cutoff_s=max((g.finish_s for g in measurement.bulk), default=0.0),
-            tail_groups=tuple(measurement.tail), bulk_groups=tuple(measurement.bulk), n_aborted=len(dropped),
-            prompt_len=self._mean_prompt_len(batch))
-        if self.controller is not None:
-            self.decision = self.controller.observe(observation)
-        self.tailsieve_metrics = step_metrics(measurement, observation, self.decision, self.n_replicas,
+        self.tailsieve_metrics = step_metrics(measurement, observation, self.cycle.decision, self.n_replicas,
                                               self.settings.perf(), self.settings.group_atomic)
         consumed_lengths = [g.lengths for g in measurement.tail + measurement.bulk if g.lengths]
         if self.bias_monitor is not None and consumed_lengths:
@@ -459,23 +474,15 @@ class TailSieveTrainer(PPOTrainerSync):
 
     # ---- checkpoint / resume -------------------------------------------------------------------
     def tailsieve_state(self) -> dict:
-        return {"selector": self.selector.state_dict(),
-                "controller": self.controller.state_dict() if self.controller else None,
-                "decision": {"q": self.decision.q, "m": self.decision.m},
-                "carried_rows": {pid: row for pid, row in self.carried_rows.items()},
-                "prompt_record": self.prompt_record.state_dict()}
+        return self.cycle.state_dict() | {"carried_rows": dict(self.carried_rows)}
 
     def load_tailsieve_state(self, state: dict) -> None:
-        self.selector.load_state_dict(state["selector"])
-        if self.controller is not None and state.get("controller") is not None:
-            self.controller.load_state_dict(state["controller"])
-            self.decision = self.controller.decision
+        self.cycle.load_state_dict(state)
         self.carried_rows = dict(state["carried_rows"])
-        if state.get("prompt_record") is not None:
-            self.prompt_record.load_state_dict(state["prompt_record"])
-        missing = set(self.selector.carried) - set(self.carried_rows)
+        missing = set(self.cycle.selector.carried) - set(self.carried_rows)
         if missing:
             raise RolloutStepError(f"checkpoint is missing the prompt rows of carried groups {sorted(missing)[:3]}")
+        self.prompt_keys = {identity: prompt_key(row) for identity, row in self.carried_rows.items()}
 
     def _save_checkpoint(self):
         folder = os.path.join(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}")

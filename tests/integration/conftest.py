@@ -39,14 +39,14 @@ def _write_tiny_model(out: Path) -> Path:
     return out
 
 
-def _write_prompts(path: Path) -> Path:
+def _write_prompts(path: Path, n_prompts: int = N_PROMPTS) -> Path:
     import pandas as pd
 
     rows = [{"data_source": "tailsieve_test",
              "prompt": [{"role": "user", "content": f"prompt number {i}: the sum of {i} and {i * 7 % 13}"}],
              "ability": "math", "reward_model": {"style": "rule", "ground_truth": str(i)},
              "extra_info": {"split": "train", "index": 0, "prompt_id": f"p{i}"}}  # index deliberately not unique
-            for i in range(N_PROMPTS)]
+            for i in range(n_prompts)]
     pd.DataFrame(rows).to_parquet(path)
     return path
 
@@ -55,7 +55,7 @@ def _write_prompts(path: Path) -> Path:
 def assets(tmp_path_factory):
     root = tmp_path_factory.mktemp("tailsieve_integration")
     return SimpleNamespace(model=_write_tiny_model(root / "model"), data=_write_prompts(root / "train.parquet"),
-                           root=root)
+                           small_data=_write_prompts(root / "small.parquet", 12), root=root)
 
 
 @pytest.fixture(scope="session")
@@ -91,6 +91,8 @@ def compose(assets, overrides: list[str]):
         "+tailsieve.sim.prompt_sigma=0.8", "+tailsieve.sim.sample_sigma=0.2", "+tailsieve.poll_interval_s=0.02",
         "+tailsieve.drain_timeout_s=120", "+tailsieve.sim.time_scale=10",
     ]
+    given = {o.split("=", 1)[0] for o in overrides}
+    base = [o for o in base if o.split("=", 1)[0] not in given]  # a test's override replaces the default
     with initialize_config_module("verl.trainer.config", version_base=None):
         return hydra_compose("ppo_trainer", overrides=base + overrides)
 
