@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 
-from ..core.controller import ControllerConfig
 from ..core.perf import Calibration, TablePerf
 from ..core.sim import SimConfig
 from ..core.workload import PRESETS, PromptPool, get_preset
@@ -48,22 +47,19 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..tools.closed_loop import check_policies, closed_loop
+    from ..tools.closed_loop import check_run, closed_loop
     from ..tools.openai_client import OpenAIServer
 
     out = output_file(args.out, "--out", inputs=[("--calibration", args.calibration)])
-    if args.warmup >= args.steps:
-        raise CLIError(f"--warmup {args.warmup} leaves no step of --steps {args.steps} to measure speedups on")
     if args.pool_size < 2 * args.batch:
         raise CLIError(f"--pool-size {args.pool_size} is below 2 x --batch ({2 * args.batch}): a prompt is in flight "
                        "at most once, so the dataset needs at least two batches")
     spec = get_preset(args.workload, median_len=args.median_len, max_response_length=args.max_len,
                       prompt_len=args.prompt_len)
     cfg = SimConfig(steps=args.steps, n_replicas=args.replicas, batch_size=args.batch, n=args.n, seed=args.seed,
-                    policies=tuple(p.strip() for p in args.policies.split(",") if p.strip()),
-                    controller=ControllerConfig())
+                    policies=tuple(p.strip() for p in args.policies.split(",") if p.strip()))
     cfg.validate()
-    check_policies(cfg.policies)
+    check_run(cfg, args.warmup)
     pool = PromptPool(spec, args.pool_size, seed=args.seed)
     perf = TablePerf(Calibration.load(args.calibration))  # before any server is contacted
     servers = [OpenAIServer(url, args.model) for url in args.url]

@@ -53,10 +53,9 @@ class TailSieveCycle:
         carried candidates go straight to the tail pool."""
         predicted: dict[str, float] = {}
         if self.record is not None:
-            for identity in list(self.selector.carried) + list(fresh_ids):
-                work = self.record.predict(self.prompt_key(identity))
-                if work is not None:
-                    predicted[identity] = work
+            keys = {identity: self.prompt_key(identity) for identity in list(self.selector.carried) + list(fresh_ids)}
+            known = self.record.predictions(keys.values())
+            predicted = {identity: known[key] for identity, key in keys.items() if key in known}
         plan = self.selector.plan_step(self.decision.q, fresh_ids, predicted)
         return plan, (min(self.decision.m, n_replicas - 1) if plan.tail_ids else 0)
 

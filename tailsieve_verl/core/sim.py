@@ -42,7 +42,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from .controller import ControllerConfig, Decision, GroupRecord
+from .controller import ControllerConfig, GroupRecord
 from .cycle import TailSieveCycle
 from .errors import TailSieveError
 from .perf import PerfModel
@@ -347,7 +347,6 @@ class TailSieveRunner(_Runner):
         self.cycle = TailSieveCycle(cfg.batch_size, cfg.n_replicas, controller_cfg, perf,
                                     per_sample=not cfg.group_atomic, record=cfg.prompt_record, prompt_key=prompt_of)
         self.generated: dict[str, int] = {}
-        self.decisions: list[Decision] = []
 
     def in_flight(self) -> list[str]:
         return list(self.cycle.selector.carried)
@@ -381,8 +380,6 @@ class TailSieveRunner(_Runner):
         self.ledger.consume(outcome.consumed_ids, self.generated, t)
         for pid in outcome.consumed_ids:
             del self.generated[pid]
-        self.decision = self.cycle.decision
-        self.decisions.append(self.decision)
         consumed = tail + [bulk[i] for i in done]
         lengths = tuple(x for g in consumed for x in g.lengths)
         busy = [min(x, cutoff) if r >= m else x for r, x in enumerate(ev.replica_times_s)]
@@ -393,7 +390,7 @@ class TailSieveRunner(_Runner):
         self.result.records.append(StepRecord(
             step=t, makespan_s=makespan, q=plan.q, m=m, n_tail=len(tail), tail_s=tail_s, bulk_s=cutoff,
             wasted_tokens=int(sum(scores.values())), consumed_tokens=sum(lengths), consumed_lengths=lengths,
-            replica_busy_s=tuple(busy), next_q=self.decision.q, next_m=self.decision.m, spans=spans))
+            replica_busy_s=tuple(busy), next_q=self.cycle.decision.q, next_m=self.cycle.decision.m, spans=spans))
 
 
 def static_grid(n_replicas: int, batch_size: int, max_q_fraction: float = 0.5) -> list[tuple[int, int]]:

@@ -49,11 +49,15 @@ class ClosedLoopError(TailSieveError):
     """A closed-loop run that cannot go as asked."""
 
 
-def check_policies(policies: Sequence[str]) -> None:
-    unknown = [p for p in policies if p not in POLICIES]
-    if unknown or BASELINE not in policies:
+def check_run(cfg: SimConfig, warmup: int) -> None:
+    """What :func:`closed_loop` refuses, checkable before any server is contacted."""
+    unknown = [p for p in cfg.policies if p not in POLICIES]
+    if unknown or BASELINE not in cfg.policies:
         raise ClosedLoopError(f"policies must include {BASELINE} (stock verl, the baseline) and come from "
-                              f"{', '.join(POLICIES)}; got {', '.join(policies)}")
+                              f"{', '.join(POLICIES)}; got {', '.join(cfg.policies)}")
+    if not 0 <= warmup < cfg.steps:
+        raise ClosedLoopError(f"warmup {warmup} leaves no step of {cfg.steps} to measure speedups on; "
+                              f"give 0..{cfg.steps - 1}")
 
 
 def closed_loop(cfg: SimConfig, pool: PromptPool, servers: Sequence[OpenAIServer], perf: PerfModel,
@@ -64,11 +68,9 @@ def closed_loop(cfg: SimConfig, pool: PromptPool, servers: Sequence[OpenAIServer
     stand-in for a KV cache that holds only that many requests — the model has no preemption).
     ``on_step(policy, step, seconds)`` after every step's run (until its last replica is done; the
     step's makespan, cut at the abort, is in the report)."""
-    check_policies(cfg.policies)
+    check_run(cfg, warmup)
     if not servers:
         raise ClosedLoopError("need at least one server URL")
-    if not 0 <= warmup < cfg.steps:
-        raise ClosedLoopError(f"warmup must be in 0..{cfg.steps - 1} steps, got {warmup}")
     measured: dict[str, list[Evaluation]] = {p: [] for p in cfg.policies}
     runs: dict[str, list[tuple[list, list, list]]] = {p: [] for p in cfg.policies}  # groups and assignment per step
 
