@@ -1,11 +1,14 @@
 """Controller v2 against stock verl and the hindsight best static split (issue 11).
 
 For each cell (setup × tail preset × batch shape) and seed, one 30-step `core.sim` run of
-verl, tailsieve (adaptive), tailsieve-fixed and best-static (optionally clairvoyant-sample, and
-controller ablations as extra TailSieve runs on the same stream). Prints, per cell, the mean
-speedup vs stock verl of every policy, the worst seed, and adaptive / best-static.
+verl, verl-redraw (the noise floor: stock verl with its own draws), tailsieve (adaptive),
+tailsieve-fixed and best-static; optionally the clairvoyant references, controller ablations as extra
+TailSieve runs on the same stream, and TailSieve under other draws for its regenerated groups.
+Prints, per cell, the mean speedup vs stock verl of every policy, the worst seed, and adaptive /
+best-static.
 
     python scripts/controller_v2_eval.py [--seeds 8] [--cells dense-weak,...] [--jobs 2] [--ablation ablation|sweep]
+    python scripts/controller_v2_eval.py --cells dense-weak,moe-weak --no-best-static --regeneration-draws 8
     # 4 epochs of a 256-prompt pool, with the oracle and TailSieve without the per-prompt record:
     python scripts/controller_v2_eval.py --pool 256 --steps 16 --no-best-static --oracle --no-record-variant
 
@@ -48,7 +51,7 @@ def run(job: dict) -> dict:
     perf_name, R = SETUPS[setup]
     perf = parse_perf_model(perf_name)
     pool = PromptPool(preset, job["pool"], seed=job["seed"])
-    policies = ["verl", "tailsieve", "tailsieve-fixed"] + job["extra"]
+    policies = ["verl", "verl-redraw", "tailsieve", "tailsieve-fixed"] + job["extra"]
     cfg = sim.SimConfig(steps=job["steps"], n_replicas=R, batch_size=job["batch"], n=job["n"], seed=job["seed"],
                         policies=tuple(policies), oracle_time_limit_s=job["oracle_s"], best_static_screen=(5, 4))
     runners = sim.build_runners(cfg, pool, perf)
@@ -58,6 +61,9 @@ def run(job: dict) -> dict:
             override.update(m_init=R // 2, q_init=job["batch"] // 8)
         ctl = replace(cfg.controller, fixed_tail_replicas=None, **override)
         runners.append(sim.TailSieveRunner(cfg, pool, perf, ctl, name))
+    for k in range(1, job["regeneration_draws"]):
+        runners.append(sim.TailSieveRunner(replace(cfg, regeneration_draws=k), pool, perf,
+                                           replace(cfg.controller, fixed_tail_replicas=None), f"tailsieve (regen {k})"))
     if job["no_record"]:
         runners.append(sim.TailSieveRunner(replace(cfg, prompt_record=False), pool, perf,
                                            replace(cfg.controller, fixed_tail_replicas=None), "tailsieve (no record)"))
@@ -73,6 +79,15 @@ def run(job: dict) -> dict:
     for r in runners:
         if isinstance(r, sim.BestStaticRunner):
             out["best_split"] = list(r.split)
+            # Chosen as the best of many noisy runs, best-static is optimistic on its own draws: its split
+            # again under the other sets of regeneration draws is the out-of-sample reference.
+            again = [sim.static_split_runner(replace(cfg, regeneration_draws=k), pool, perf, r.split, f"again {k}")
+                     for k in range(1, job["regeneration_draws"])]
+            for t in range(cfg.steps):
+                for twin in again:
+                    twin.step(t, keep=False)
+            for twin in again:
+                out["speedup"][f"best-static (regen {twin.name.split()[-1]})"] = base / twin.finish().mean_makespan_s
     ts = results["tailsieve"].records
     reference = np.concatenate([x.consumed_lengths for x in results["verl"].records])
     consumed = np.concatenate([x.consumed_lengths for x in ts])
@@ -93,18 +108,21 @@ def main() -> None:
     ap.add_argument("--pool", type=int, default=4096)
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--no-best-static", action="store_true")
-    ap.add_argument("--oracle", action="store_true", help="also clairvoyant-sample")
+    ap.add_argument("--oracle", action="store_true", help="also clairvoyant-group and clairvoyant-sample")
     ap.add_argument("--oracle-s", type=float, default=0.5)
     ap.add_argument("--ablation", default="", choices=["", "ablation", "sweep"])
     ap.add_argument("--no-record-variant", action="store_true", help="also TailSieve without the per-prompt record")
+    ap.add_argument("--regeneration-draws", type=int, default=1, help="run TailSieve under this many sets of draws "
+                    "for its regenerated groups (same stream otherwise): how much of one run is regeneration luck")
     ap.add_argument("--out", default="")
     ap.add_argument("--best-static-from", default="", help="a JSON of an earlier run: take best-static from it "
                     "(it depends only on the stream and the mechanism, not on the controller's settings)")
     ap.add_argument("--table-only", default="", help="print the table of a saved JSON and exit")
     args = ap.parse_args()
-    extra = ([] if args.no_best_static else ["best-static"]) + (["clairvoyant-sample"] if args.oracle else [])
+    extra = (([] if args.no_best_static else ["best-static"])
+             + (["clairvoyant-group", "clairvoyant-sample"] if args.oracle else []))
     jobs = [dict(cell=c, seed=s, steps=args.steps, batch=args.batch, n=args.n, pool=args.pool, extra=extra,
-                 oracle_s=args.oracle_s, ablation=args.ablation,
+                 oracle_s=args.oracle_s, ablation=args.ablation, regeneration_draws=args.regeneration_draws,
                  no_record=args.no_record_variant)
             for c in args.cells.split(",") for s in range(args.seed0, args.seed0 + args.seeds)]
     if args.table_only:
@@ -121,8 +139,9 @@ def main() -> None:
         print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()
                           if k != "speedup"}), {k: round(v, 3) for k, v in row["speedup"].items()}, flush=True)
     print(f"\n{args.batch}×{args.n}, {args.steps} steps, {args.seeds} seeds; speedup vs stock verl: mean (worst seed)")
-    names = list(rows[0]["speedup"])
-    print(f"{'cell':<14}" + "".join(f"{n[:22]:>24}" for n in names) + f"{'ts/best-static':>16}{'worst':>8}")
+    names = [n for n in rows[0]["speedup"] if "(regen" not in n]  # the other draws are summarised below
+    print(f"{'cell':<14}" + "".join(f"{n[:22]:>24}" for n in names)
+          + (f"{'ts/best-static':>16}{'worst':>8}" if "best-static" in names else "") + f"{'ts runs >= .99':>16}")
     for cell in args.cells.split(","):
         cr = [r for r in rows if r["cell"] == cell]
         line = f"{cell:<14}"
@@ -132,7 +151,24 @@ def main() -> None:
         if "best-static" in names:
             ratio = np.array([r["speedup"]["tailsieve"] / r["speedup"]["best-static"] for r in cr])
             line += f"{ratio.mean():>16.3f}{ratio.min():>8.3f}"
-        print(line)
+        print(line + f"{sum(r['speedup']['tailsieve'] >= 0.99 for r in cr):>13}/{len(cr)}")
+    if args.regeneration_draws > 1:
+        print(f"\nregeneration luck: tailsieve under {args.regeneration_draws} sets of draws for its regenerated groups")
+        for cell in args.cells.split(","):
+            cr = [r for r in rows if r["cell"] == cell]
+            draws = np.array([[v for n, v in r["speedup"].items() if n == "tailsieve" or n.startswith("tailsieve (regen")]
+                              for r in cr])  # seeds × draws
+            line = (f"{cell:<14} mean {draws.mean():.3f}, std within a seed {draws.std(axis=1, ddof=1).mean():.3f}, "
+                    f"runs >= 0.99: {(draws >= 0.99).sum()}/{draws.size}, seeds whose mean over the draws >= 0.99: "
+                    f"{(draws.mean(axis=1) >= 0.99).sum()}/{len(draws)} (worst {draws.mean(axis=1).min():.3f})")
+            if "best_split" in cr[0]:  # both on the regeneration draws best-static was not chosen on
+                adaptive = np.array([[r["speedup"][f"tailsieve (regen {k})"] for k in range(1, args.regeneration_draws)]
+                                     for r in cr]).mean(axis=1)
+                again = np.array([[r["speedup"][f"best-static (regen {k})"] for k in range(1, args.regeneration_draws)]
+                                  for r in cr]).mean(axis=1)
+                line += (f"; out of sample: best-static {again.mean():.3f}, adaptive {adaptive.mean():.3f}, "
+                         f"adaptive / best-static {(adaptive / again).mean():.3f}")
+            print(line)
     ks = np.array([r["ks"] / r["ks_noise"] for r in rows])
     print(f"length bias of tailsieve vs stock verl (pooled KS / its noise): mean {ks.mean():.2f}, max {ks.max():.2f}")
     if args.out and not args.table_only:

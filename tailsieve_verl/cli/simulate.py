@@ -35,7 +35,8 @@ def register(subparsers) -> None:
     p.add_argument("--seed", type=int, default=DEFAULTS.seed)
     p.add_argument("--policies", default=",".join(POLICIES),
                    help="comma-separated subset of " + ", ".join(ALL_POLICIES) + " (best-static, the best fixed (q, m) "
-                        "in hindsight, runs a grid of TailSieve runs: opt-in)")
+                        "in hindsight, runs a grid of TailSieve runs: opt-in; verl-redraw, stock verl with its own length "
+                        "draws, shows the run's noise floor)")
     p.add_argument("--fixed-tail-replicas", type=int, default=None,
                    help="tail replicas of tailsieve-fixed (default replicas // 2)")
     p.add_argument("--group-atomic", action="store_true",
@@ -113,10 +114,13 @@ def _print_summary(result: SimResult, out: Path, plots: list) -> None:
                       f"{vs_uniform[name]:.3f}×" if name in vs_uniform else "-",
                       str(last.next_q) if tailsieve else "-", str(last.next_m) if tailsieve else "-",
                       f"{100 * r.wasted_fraction:.1f} %", f"{r.lost} / {r.duplicated} / {r.stale}")
-    console = Console(width=max(Console().width, 110))  # a pipe reports 80 columns: keep rows on one line
+    console = Console(width=max(Console().width, 130))  # a pipe reports 80 columns: keep rows on one line
     console.print(table)
     if any(name.startswith("clairvoyant") for name in result.policies):
         console.print("clairvoyant-* know each step's lengths and route one step at a time: references, not "
                       "deployable; TailSieve can beat them because it defers long groups to the next step.")
+    if "verl-redraw" in vs_verl:
+        console.print(f"verl-redraw is stock verl with its own length draws: {vs_verl['verl-redraw']:.3f}× is how far "
+                      "one run of this length can be off by sampling alone; the other policies share their draws.")
     console.print(f"wrote {out / 'simulate.json'}" + "".join(f", {p}" for p in plots))
 

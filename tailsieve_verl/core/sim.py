@@ -9,6 +9,9 @@ Policies:
 
 * ``verl`` — stock verl 0.9.1: B fresh groups, every sample to the least-in-flight replica (a group
   spreads over all replicas). The baseline: speedups are reported against it first.
+* ``verl-redraw`` — stock verl on the same prompt stream with its own, independent length draws:
+  how far two runs of one policy differ by sampling alone, the noise floor of every speedup
+  (opt-in). All other policies share their draws (see ``_Runner.sample``).
 * ``uniform`` — B fresh groups round-robin over all replicas, groups atomic (the paper's baseline).
 * ``tailsieve-fixed`` — TailSieve with the tail pool pinned (``fixed_tail_replicas``, default R/2)
   and only the inner q loop.
@@ -36,6 +39,7 @@ version of its step.
 
 from __future__ import annotations
 
+import zlib
 from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import Callable, Sequence
@@ -54,8 +58,9 @@ from .trace import Group
 from .workload import PromptPool
 
 POLICIES = ("verl", "uniform", "tailsieve-fixed", "tailsieve", "clairvoyant-group", "clairvoyant-sample")
-# opt-in (``--policies ...,best-static``): one TailSieve run per grid point, ~50 runs at R = 8
-ALL_POLICIES = POLICIES + ("best-static",)
+# opt-in (``--policies ...,best-static``): one TailSieve run per grid point, ~50 runs at R = 8;
+# ``verl-redraw``: the noise floor, stock verl again with an independent set of length draws
+ALL_POLICIES = POLICIES + ("best-static", "verl-redraw")
 BASELINE = "verl"  # every speedup is measured against stock verl first
 
 # Runs one step's samples (policy name, groups, replica of every sample) and reports when each
@@ -82,6 +87,8 @@ class SimConfig:
     group_atomic: bool = False  # TailSieve pools keep a group's samples on one replica (the paper's setting)
     oracle_time_limit_s: float = 2.0  # per step, for each clairvoyant (k, m) search
     prompt_record: bool = True  # TailSieve keeps a per-prompt length record (core.prompt_record) across epochs
+    regeneration_draws: int = 0  # TailSieve's regenerated groups take this set of draws (0 = the shared one;
+    #   other values give a run that differs only in its regeneration luck)
     best_static_screen: tuple[int, int] = (8, 6)  # best-static: after this many steps keep this many best
     #   grid points (and (0, 0)) running; (0, 0) = run the whole grid every step
 
@@ -93,6 +100,8 @@ class SimConfig:
         unknown = [p for p in self.policies if p not in ALL_POLICIES]
         if unknown or not self.policies:
             raise SimError(f"unknown policy {unknown[0] if unknown else '(none)'}; choose from {', '.join(ALL_POLICIES)}")
+        if self.regeneration_draws < 0:
+            raise SimError(f"regeneration_draws must be >= 0, got {self.regeneration_draws}")
         if not 1 <= self.fixed_m < self.n_replicas:
             raise SimError(f"fixed tail replicas must be in 1..{self.n_replicas - 1}, got {self.fixed_m}")
 
@@ -274,13 +283,21 @@ class _Runner:
         self.cfg, self.pool, self.perf = cfg, pool, perf
         self.execute = execute or (lambda name, groups, samples: evaluate_samples(groups, samples, cfg.n_replicas, perf))
         self.stream = PromptStream(pool.prompt_ids, cfg.seed)
-        self.rng = np.random.default_rng([cfg.seed, 11])
+        self.draw_stream = 12 if self.name == "verl-redraw" else 11
         self.routing_rng = np.random.default_rng([cfg.seed, 13])  # verl's random tie-breaks, apart from lengths
         self.ledger = Ledger()
         self.result = PolicyResult(self.name)
 
     def sample(self, ids: Sequence[str], step: int) -> list[Group]:
-        return [self.pool.sample_group(prompt_of(i), self.cfg.n, step, self.rng) for i in ids]
+        """Fresh lengths of each prompt at this step, drawn with :meth:`draw_key`."""
+        return [self.pool.sample_group(prompt_of(i), self.cfg.n, step, np.random.default_rng(self.draw_key(i, step)))
+                for i in ids]
+
+    def draw_key(self, instance_id: str, step: int) -> list[int]:
+        """A draw is keyed by (seed, prompt, step), not by the order of calls, so every policy that
+        generates a prompt at a step gets the same lengths (common random numbers): a difference
+        between policies is their routing, not their luck."""
+        return [self.cfg.seed, self.draw_stream, step, zlib.crc32(prompt_of(instance_id).encode())]
 
     def in_flight(self) -> list[str]:
         return []
@@ -297,7 +314,7 @@ class StaticRunner(_Runner):
     ``clairvoyant-*`` know this step's lengths (references, not deployable); TailSieve can beat
     them because it defers groups across steps, which a one-step router cannot."""
 
-    NAMES = ("verl", "uniform", "clairvoyant-group", "clairvoyant-sample")
+    NAMES = ("verl", "verl-redraw", "uniform", "clairvoyant-group", "clairvoyant-sample")
 
     def __init__(self, cfg: SimConfig, pool: PromptPool, perf: PerfModel, name: str, execute: Execute | None = None):
         self.name = name
@@ -325,7 +342,7 @@ class StaticRunner(_Runner):
     def assign(self, groups: list[Group]) -> tuple[np.ndarray, int]:
         """Replica of every sample and the tail pool's size (replicas 0..m-1; 0 = one pool)."""
         R = self.cfg.n_replicas
-        if self.name == "verl":
+        if self.name in ("verl", "verl-redraw"):
             return least_inflight_assignment(sum(g.n for g in groups), R, rng=self.routing_rng), 0
         if self.name == "uniform":
             return route("uniform", groups, R, self.perf).sample_assignment, 0
@@ -350,6 +367,12 @@ class TailSieveRunner(_Runner):
 
     def in_flight(self) -> list[str]:
         return list(self.cycle.selector.carried)
+
+    def draw_key(self, instance_id: str, step: int) -> list[int]:
+        key = super().draw_key(instance_id, step)
+        if self.cfg.regeneration_draws and instance_id in self.generated:  # generated before: a regeneration
+            key.append(self.cfg.regeneration_draws)
+        return key
 
     def step(self, t: int, keep: bool) -> None:
         cfg, R = self.cfg, self.cfg.n_replicas
@@ -405,6 +428,16 @@ def static_grid(n_replicas: int, batch_size: int, max_q_fraction: float = 0.5) -
     return points
 
 
+def static_split_runner(cfg: SimConfig, pool: PromptPool, perf: PerfModel, split: tuple[int, int], name: str,
+                        execute: Execute | None = None) -> TailSieveRunner:
+    """TailSieve pinned at (q, m): no inner or outer loop; (0, 0) is one shared pool."""
+    q, m = split
+    pinned = (replace(cfg.controller, fixed_tail_replicas=m, q_init=q, inner_loop=False) if m else
+              replace(cfg.controller, fixed_tail_replicas=None, m_init=0, q_init=0, inner_loop=False,
+                      settle_steps=10 ** 9))  # (0, 0): the outer loop never decides
+    return TailSieveRunner(cfg, pool, perf, pinned, name, execute)
+
+
 class BestStaticRunner:
     """``best-static``: one TailSieve run per fixed (q, m) of :func:`static_grid` on the same stream
     (same prompt order, length draws and routing tie-breaks as ``tailsieve``); the best in hindsight."""
@@ -412,12 +445,8 @@ class BestStaticRunner:
     def __init__(self, cfg: SimConfig, pool: PromptPool, perf: PerfModel, name: str = "best-static",
                  execute: Execute | None = None):
         self.name = name
-        self.runners: dict[tuple[int, int], TailSieveRunner] = {}
-        for q, m in static_grid(cfg.n_replicas, cfg.batch_size, cfg.controller.max_q_fraction):
-            pinned = (replace(cfg.controller, fixed_tail_replicas=m, q_init=q, inner_loop=False) if m else
-                      replace(cfg.controller, fixed_tail_replicas=None, m_init=0, q_init=0, inner_loop=False,
-                              settle_steps=10 ** 9))  # (0, 0): the outer loop never decides
-            self.runners[q, m] = TailSieveRunner(cfg, pool, perf, pinned, name, execute)
+        self.runners = {split: static_split_runner(cfg, pool, perf, split, name, execute)
+                        for split in static_grid(cfg.n_replicas, cfg.batch_size, cfg.controller.max_q_fraction)}
         self.screen = cfg.best_static_screen
 
     def step(self, t: int, keep: bool) -> None:

@@ -203,6 +203,20 @@ class PromptPool:
         mean = np.log(self.spec.median_len) + self.difficulty[i] + checkpoint + interaction[i]
         return mean + rng.normal(0.0, self._sd["sampling"], n)
 
+    def typical_length(self, prompt_id: str, step: int) -> int:
+        """The prompt's median response length under the checkpoint of ``step``: all that can be known
+        of its lengths before sampling (prompt and checkpoint effects, no sampling noise), so the best
+        any per-prompt predictor can do. A trace-backed pool gives the median it observed."""
+        i = self._prompt_index(prompt_id)
+        if self._observed is not None:
+            raw = float(np.median(self._observed[i]))
+        else:
+            checkpoint, interaction = self._effects_at(step)
+            raw = float(np.exp(np.log(self.spec.median_len) + self.difficulty[i] + checkpoint + interaction[i]))
+        if self._transform is not None:
+            raw = float(self._transform(np.array([raw]))[0])  # monotone: the median maps to the median
+        return int(np.clip(np.rint(raw), 1, self.spec.max_response_length))
+
     def sample_group(self, prompt_id: str, n: int, step: int, rng: np.random.Generator) -> Group:
         """n fresh response lengths for ``prompt_id`` under the checkpoint of ``step``."""
         if n < 1:

@@ -38,11 +38,12 @@ def test_simulate_json_and_plots(tmp_path, capsys):
 def test_simulate_table_from_observed_prompts(tmp_path, capsys):
     prompts = tmp_path / "prompts.jsonl"
     write_trace([Group(f"q{i}", (100 + 40 * i, 80, 3000 if i % 7 == 0 else 90)) for i in range(40)], prompts)
-    args = _parse(simulate_cli, ["simulate", *SMALL, "--prompts", str(prompts), "--policies", "verl,uniform,tailsieve",
-                                 "--out", str(tmp_path / "out"), "--no-plots"])
+    args = _parse(simulate_cli, ["simulate", *SMALL, "--prompts", str(prompts), "--policies",
+                                 "verl,uniform,tailsieve,verl-redraw", "--out", str(tmp_path / "out"), "--no-plots"])
     assert simulate_cli.run(args) == 0
     out = capsys.readouterr().out
     assert "tailsieve" in out and "uniform" in out and "vs stock verl" in out
+    assert "verl-redraw is stock verl with its own length draws" in out  # the noise floor is explained
     assert not list((tmp_path / "out").glob("*.png"))
 
 

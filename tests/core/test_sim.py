@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from tailsieve_verl.core.controller import ControllerConfig
@@ -109,8 +111,37 @@ def test_policies_share_the_prompt_stream_and_report_json():
     assert len({tuple(r.stream.take(8)) for r in runners}) == 1
 
 
+def test_policies_share_length_draws_and_verl_redraw_does_not():
+    """Common random numbers: a prompt generated at the same step gets the same lengths under every
+    policy, whatever was generated before; ``verl-redraw`` has draws of its own (the noise floor)."""
+    perf = LinearPerf(0.01, 0.0001)
+    pool = PromptPool("real", 128, seed=2)
+    cfg = SimConfig(steps=1, n_replicas=4, batch_size=8, n=4, policies=("verl", "tailsieve", "verl-redraw"))
+    verl, tailsieve, redraw = build_runners(cfg, pool, perf)
+    ids = verl.stream.take(8)
+    tailsieve.sample(ids[5:], 3)  # other draws first: the order of calls must not matter
+    assert verl.sample(ids, 3) == tailsieve.sample(ids, 3)
+    assert verl.sample(ids, 3) != verl.sample(ids, 4)
+    assert [g.lengths for g in redraw.sample(ids, 3)] != [g.lengths for g in verl.sample(ids, 3)]
+
+
+def test_regeneration_draws_change_only_regenerated_groups():
+    """``regeneration_draws`` re-runs TailSieve with other luck for its regenerated groups alone: the
+    steps before the first regeneration are identical, the runs differ after, and both stay exactly-once."""
+    perf = parse_perf_model("table:h200-dense")
+    pool = PromptPool("weak", 1024, seed=1)
+    cfg = SimConfig(steps=8, batch_size=32, policies=("tailsieve-fixed",))
+    first, other = (simulate(replace(cfg, regeneration_draws=k), pool, perf).policies["tailsieve-fixed"]
+                    for k in (0, 1))
+    assert first.records[0].makespan_s == other.records[0].makespan_s  # step 0 regenerates nothing
+    assert [r.makespan_s for r in first.records] != [r.makespan_s for r in other.records]
+    for r in (first, other):
+        assert (r.lost, r.duplicated, r.stale) == (0, 0, 0)
+
+
 @pytest.mark.parametrize("kwargs, match", [({"n_replicas": 1}, "2 replicas"), ({"policies": ("best",)}, "unknown"),
-                                           ({"fixed_tail_replicas": 4, "n_replicas": 4}, "fixed tail")])
+                                           ({"fixed_tail_replicas": 4, "n_replicas": 4}, "fixed tail"),
+                                           ({"regeneration_draws": -1}, "regeneration_draws")])
 def test_bad_settings(kwargs, match):
     with pytest.raises(SimError, match=match):
         simulate(SimConfig(**kwargs), PromptPool("real", 256), LinearPerf(0.01, 0.0))

@@ -108,6 +108,17 @@ def test_checkpoint_effects_do_not_depend_on_call_order():
     assert first_a == first_b
 
 
+def test_typical_length_is_the_median_of_a_prompts_draws():
+    """What a perfect per-prompt predictor knows: the median of the prompt's lengths at that step."""
+    pool, rng = PromptPool("strong", 40, seed=3), np.random.default_rng(0)
+    for pid in pool.prompt_ids[:5]:
+        draws = pool.sample_group(pid, 4001, 6, rng).lengths
+        assert abs(np.log(pool.typical_length(pid, 6) / np.median(draws))) < 0.1
+    assert len({pool.typical_length(pid, 6) for pid in pool.prompt_ids}) > 20  # prompts differ
+    observed = PromptPool.from_trace(Trace((Group("x", (10, 20, 90)),), name="obs"))
+    assert observed.typical_length("x", 0) == 20
+
+
 def test_generate_trace_is_deterministic():
     t1, t2 = generate_trace("strong", 20, 8, seed=3), generate_trace("strong", 20, 8, seed=3)
     assert t1.groups == t2.groups and len(t1) == 20 and all(g.n == 8 for g in t1)
