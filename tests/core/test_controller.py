@@ -137,9 +137,11 @@ def test_smoothed_helper_on_scalars_and_partly_measured_curves():
     assert _Smoothed.from_json(0.5, json.loads(json.dumps(curve.to_json()))).value.tolist() == [2.0, 2.0, 5.0]
 
 
-def _plant_obs(q: int, m: int, rng: np.random.Generator, makespan_s: float) -> StepObservation:
-    """A step whose consumed batch is the same population at every split; only the makespan differs."""
-    groups = [tuple(int(x) for x in rng.integers(200, 4000, 8)) for _ in range(B)]
+def _plant_obs(q: int, m: int, rng: np.random.Generator, makespan_s: float, long_groups: int = 0) -> StepObservation:
+    """A step whose consumed batch is the same population at every split; only the makespan differs.
+    ``long_groups`` of them run 8–12k tokens: a tail that isolation can pay for."""
+    groups = [tuple(int(x) for x in rng.integers(200, 4000, 8)) for _ in range(B - long_groups)]
+    groups = [tuple(int(x) for x in rng.integers(8000, 12000, 8)) for _ in range(long_groups)] + groups
     n_tail = q if m else 0
     return StepObservation(m=m, tail_makespan_s=makespan_s if n_tail else 0.0, bulk_cutoff_s=makespan_s,
                            tail_groups=tuple(GroupRecord(g, makespan_s) for g in groups[:n_tail]),
@@ -190,9 +192,20 @@ def test_first_move_probes_half_the_replicas_after_measuring_one_shared_pool(per
     splits = []
     for _ in range(12):
         splits.append(ctl.decision.split)
-        ctl.observe(_plant_obs(ctl.state.q, ctl.state.m, rng, 40.0 if ctl.state.m == 0 else 48.0))
+        ctl.observe(_plant_obs(ctl.state.q, ctl.state.m, rng, 40.0 if ctl.state.m == 0 else 48.0, long_groups=4))
     assert splits[:2] == [(0, 0), (0, 0)] and splits[2] == (B // 8, R // 2), splits
     assert splits[-1] == (0, 0), splits
+
+
+def test_no_probe_where_the_perf_model_predicts_no_gain(perf):
+    """Without a tail the prior predicts no split near the probe beating one shared pool: the
+    controller does not pay for a probe (on strong tails at 256 × 16 a probe cost 3–6 % of a run)."""
+    rng = np.random.default_rng(8)
+    for long_groups, probes in ((0, False), (4, True)):
+        ctl = HierarchicalController(ControllerConfig(settle_steps=2), R, B, perf)
+        for _ in range(2):
+            ctl.observe(_plant_obs(0, 0, rng, 40.0, long_groups=long_groups))
+        assert (ctl.decision.split == (B // 8, R // 2)) is probes, (long_groups, ctl.decision)
 
 
 def test_a_transition_step_measures_no_split(perf):
