@@ -219,13 +219,12 @@ class _Segments(NamedTuple):
     grid: np.ndarray  # points, 0 .. s_max
     mid: np.ndarray  # segment midpoints: a response is active on the segments with mid < its length
     seg: np.ndarray  # segment lengths
-    ctx: np.ndarray  # each segment's context column in the step table
     whole_mid: np.ndarray  # floor(mid): lengths are integers, so length > mid exactly when length > floor(mid)
     seg_end_of: np.ndarray  # [l]: segments with mid < l, i.e. the first segment a response of l tokens is not active on
 
 
 @lru_cache(maxsize=8)
-def _segments(s_max: float, prompt_len: float) -> _Segments:
+def _segments(s_max: float) -> _Segments:
     """Cached (read-only): the yardstick and the prior of a step, and consecutive steps, mostly share
     the longest response (the length cap)."""
     grid = np.unique(np.concatenate([s_max * _UNIT_GRID, 16.0 * (max(s_max, 17.0) / 16.0) ** _UNIT_GRID]))
@@ -233,33 +232,56 @@ def _segments(s_max: float, prompt_len: float) -> _Segments:
     mid = 0.5 * (grid[:-1] + grid[1:])
     whole_mid = np.floor(mid).astype(np.int64)
     seg_end_of = np.cumsum(np.bincount(whole_mid + 1, minlength=int(s_max) + 1))
-    segments = _Segments(grid, mid, np.diff(grid), _StepTable.context_index(mid + prompt_len), whole_mid, seg_end_of)
+    segments = _Segments(grid, mid, np.diff(grid), whole_mid, seg_end_of)
     for array in segments:
         array.flags.writeable = False
     return segments
 
 
+@lru_cache(maxsize=8)
+def _context_columns(s_max: float, prompt_len: float) -> np.ndarray:
+    """Each segment's context column in the step table (cached and read-only, as the grid; the prompt
+    length, unlike the grid, changes every step)."""
+    ctx = _StepTable.context_index(_segments(s_max).mid + prompt_len)
+    ctx.flags.writeable = False
+    return ctx
+
+
 class _ConsumedBatch:
     """One consumed batch's response lengths (integer tokens) and the summaries the fluid model
-    reads, each computed once: a batch serves the yardstick of its step and the prior of the next
-    ``history_steps`` steps, and a fixed-split controller (no outer loop) needs none of them."""
+    reads, each computed once (per step grid): a batch serves the yardstick of its step and the prior
+    of the next ``history_steps`` steps, mostly on one grid (the length cap's), and a fixed-split
+    controller (no outer loop) needs none of them."""
 
     def __init__(self, lengths: np.ndarray, sizes: np.ndarray):
         self.lengths = lengths  # flat, group after group
         self.sizes = sizes  # samples per group
+        self._segment_ends_on: dict[float, np.ndarray] = {}  # per grid (s_max), see segment_ends_on
+        self._active_on: dict[float, np.ndarray] = {}  # per grid (s_max), see active_on
 
     @cached_property
     def longest(self) -> int:
         return int(self.lengths.max())
 
-    @cached_property
-    def _at_most(self) -> np.ndarray:
-        """[l]: responses with at most l tokens."""
-        return np.cumsum(np.bincount(self.lengths))
+    def segment_ends_on(self, s_max: float) -> np.ndarray:
+        """(group × sample): the first segment of the step grid for ``s_max`` (>= the batch's longest
+        response) that each response is not active on; 0 for padding (read-only)."""
+        if s_max not in self._segment_ends_on:
+            ends = _segments(s_max).seg_end_of[self.by_group]
+            ends.flags.writeable = False
+            self._segment_ends_on[s_max] = ends
+        return self._segment_ends_on[s_max]
 
-    def longer_than(self, whole: np.ndarray) -> np.ndarray:
-        """Responses longer than each integer in ``whole`` (>= 0)."""
-        return len(self.lengths) - self._at_most[np.minimum(whole, self.longest)]
+    def active_on(self, s_max: float) -> np.ndarray:
+        """Responses active on each segment of the step grid for ``s_max``: those whose segment end lies
+        past it (read-only)."""
+        if s_max not in self._active_on:
+            ends = self.segment_ends_on(s_max)
+            n_seg = len(_segments(s_max).mid)
+            active = ends.size - np.cumsum(np.bincount(ends.ravel(), minlength=n_seg + 1))[:n_seg]
+            active.flags.writeable = False
+            self._active_on[s_max] = active
+        return self._active_on[s_max]
 
     @cached_property
     def by_group(self) -> np.ndarray:
@@ -277,6 +299,30 @@ class _ConsumedBatch:
         return self.by_group.max(axis=1)
 
 
+class _Candidates:
+    """The q' a fluid model evaluates and what they fix for a batch size and a history length — the
+    same every decision, so computed once per controller rather than per model."""
+
+    def __init__(self, q: np.ndarray, batch_size: int, candidate_factor: float):
+        self.q = q
+        self.batch_size = batch_size
+        # the bulk pool runs B − q' + a' groups (a' = candidate_factor · q' aborted): a load B'/B times
+        # the history's, cut when B − q' of them have finished (that quantile of the history's groups)
+        self.held = batch_size + (candidate_factor - 1.0) * q
+        self.bulk_scale = self.held / batch_size
+        self._ranks: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
+
+    def ranks(self, h: int, n_groups: int) -> tuple[np.ndarray, np.ndarray]:
+        """For ``n_groups`` groups of ``h`` batches, longest first: per candidate, the rank of the group
+        whose finish cuts the bulk pool; per rank, the first candidate isolating that group (len(q): none)."""
+        if (h, n_groups) not in self._ranks:
+            cut = (n_groups * (self.batch_size - self.q) / self.held).astype(np.int64) - 1
+            cut = np.minimum(np.maximum(cut, 0), n_groups - 1)
+            first = np.searchsorted(self.q * h, np.arange(n_groups), side="right")
+            self._ranks[h, n_groups] = cut, first
+        return self._ranks[h, n_groups]
+
+
 class _FluidModel:
     """Predicted pool times for a response-work population (the last ``H`` consumed batches).
 
@@ -288,48 +334,44 @@ class _FluidModel:
     """
 
     def __init__(self, history: Sequence[_ConsumedBatch], batch_size: int, prompt_len: float,
-                 table: _StepTable, q_candidates: np.ndarray, candidate_factor: float, per_sample: bool,
-                 shared_only: bool = False):
-        """``shared_only``: only :meth:`bulk_full` will be asked (the yardstick): skip the split tables."""
+                 table: _StepTable, candidates: _Candidates, per_sample: bool, shared_only: bool = False):
+        """``shared_only``: only :meth:`bulk_full` will be asked (the yardstick): skip the split tables;
+        ``candidates`` then need only hold q' = 1 (the longest group: all group routing needs)."""
         self.h = len(history)
         self.per_sample = per_sample
         self.batch_size = batch_size
-        self.q_candidates = q_candidates
+        self.q_candidates = candidates.q
         s_max = float(max(batch.longest for batch in history))
-        segments = _segments(s_max, prompt_len)
-        self.grid, self.mid, self.seg, self._ctx = segments.grid, segments.mid, segments.seg, segments.ctx
+        segments = _segments(s_max)
+        self.grid, self.mid, self.seg = segments.grid, segments.mid, segments.seg
+        self._ctx = _context_columns(s_max, prompt_len)
         self._table, self._rise = table.flat(sum(len(batch.lengths) for batch in history) / self.h)
         self._memo: dict[tuple[str, int], np.ndarray | float] = {}
         # responses active on each segment (longer than its mid), per batch of the history
-        self.bulk_active = sum(batch.longer_than(segments.whole_mid) for batch in history) / self.h
+        self.bulk_active = sum(batch.active_on(s_max) for batch in history) / self.h
         if shared_only and per_sample:
             return
-        if shared_only:
-            q_candidates = self.q_candidates = np.array([1])  # the longest group: all group routing needs
         gmax = np.concatenate([batch.group_max for batch in history])
         n_groups = len(gmax)
         # longest group first, ties in history order: a stable sort, done as one sort of unique keys
         order = np.sort((int(s_max) - gmax) * n_groups + np.arange(n_groups)) % n_groups
-        # the bulk pool runs B − q' + a' groups (a' = candidate_factor · q' aborted): a load B'/B times
-        # the history's, cut when B − q' of them have finished (that quantile of the history's groups)
-        held = batch_size + (candidate_factor - 1.0) * q_candidates
-        self.bulk_scale = held / batch_size
-        ranks = np.clip((n_groups * (batch_size - q_candidates) / held).astype(np.int64) - 1, 0, n_groups - 1)
-        self.cut_step = gmax[order[::-1][ranks]].astype(float)  # step at which the (B − q')-th bulk group finishes
+        self.bulk_scale = candidates.bulk_scale
+        cut_rank, first_row_of_rank = candidates.ranks(self.h, n_groups)
+        self.cut_step = gmax[order[::-1][cut_rank]].astype(float)  # step at which the (B − q')-th bulk group finishes
         # Tail: the q' groups with the longest samples; responses counted per (candidate, segment).
-        rows = q_candidates * self.h
-        rank_of_group = np.empty(n_groups, dtype=np.int64)
-        rank_of_group[order] = np.arange(n_groups)
-        first_row = np.searchsorted(rows, rank_of_group, side="right")  # first candidate holding each group
+        n_rows = len(self.q_candidates)
+        first_row = np.empty(n_groups, dtype=np.int64)  # first candidate holding each group
+        first_row[order] = first_row_of_rank
         n_seg = len(self.mid)
-        flat, start = [], 0  # (candidate, segment a response stops being active on) of each isolated response
+        # (candidate, segment a response stops being active on) of each response; groups no candidate
+        # isolates have row n_rows, which the cumulative count below leaves out
+        flat, start = [], 0
         for batch in history:
             row = first_row[start: start + len(batch.sizes)]
-            isolated = row < len(rows)
-            flat.append((row[isolated, None] * (n_seg + 1) + segments.seg_end_of[batch.by_group[isolated]]).ravel())
+            flat.append((row[:, None] * (n_seg + 1) + batch.segment_ends_on(s_max)).ravel())
             start += len(batch.sizes)
-        counts = np.bincount(np.concatenate(flat), minlength=(len(rows) + 1) * (n_seg + 1))
-        counts = np.cumsum(counts.reshape(len(rows) + 1, n_seg + 1), axis=0)[: len(rows)]
+        counts = np.bincount(np.concatenate(flat), minlength=(n_rows + 1) * (n_seg + 1))
+        counts = np.cumsum(counts.reshape(n_rows + 1, n_seg + 1), axis=0)[:n_rows]
         self.tail_active = np.cumsum(counts[:, ::-1], axis=1)[:, ::-1][:, 1:] / self.h
 
     def _step_time(self, active: np.ndarray) -> np.ndarray:
@@ -338,12 +380,24 @@ class _FluidModel:
         busy = np.maximum(active, 1.0)  # a busy replica runs >= 1 request
         lo = busy.astype(np.int64)
         at = lo * len(_StepTable.CONTEXTS) + self._ctx
-        return np.where(active > 0, self._table[at] + (busy - lo) * self._rise[at], 0.0)
+        seconds = self._rise[at]  # in place from here: these arrays are large enough for allocation to count
+        seconds *= busy - lo
+        seconds += self._table[at]
+        seconds[~(active > 0)] = 0.0
+        return seconds
 
-    def _clock(self, active: np.ndarray, replicas) -> np.ndarray:
-        """Clock at each grid point; ``replicas`` may be a column of several pool sizes."""
-        clock = np.cumsum(self.seg * self._step_time(active / replicas), axis=-1)
-        return np.concatenate([np.zeros(clock.shape[:-1] + (1,)), clock], axis=-1)
+    def _segment_seconds(self, active: np.ndarray) -> np.ndarray:
+        """Seconds each segment (last axis) takes at ``active`` responses per replica."""
+        seconds = self._step_time(active)
+        seconds *= self.seg
+        return seconds
+
+    @staticmethod
+    def _clock(segment_seconds: np.ndarray) -> np.ndarray:
+        """Clock at each grid point (last axis)."""
+        clock = np.zeros(segment_seconds.shape[:-1] + (segment_seconds.shape[-1] + 1,))
+        np.cumsum(segment_seconds, axis=-1, out=clock[..., 1:])
+        return clock
 
     def _critical(self, n_groups: np.ndarray, replicas: int, active: np.ndarray) -> np.ndarray:
         """Active responses on the replica that holds the longest group. Per-sample routing spreads
@@ -356,24 +410,29 @@ class _FluidModel:
         return top + (np.ceil(n_groups[:, None] / replicas) - 1) * others
 
     def prepare(self, tail_sizes: Sequence[int] = (), bulk_sizes: Sequence[int] = ()) -> None:
-        """Evaluate tail and bulk predictions for several pool sizes in one vectorised pass each."""
+        """Evaluate tail and bulk predictions for several pool sizes in one vectorised pass."""
         tails = np.array([k for k in tail_sizes if ("tail", k) not in self._memo], dtype=float)
-        if len(tails):
-            crit = self._critical(self.q_candidates, tails[:, None, None], self.tail_active[None])
-            times = (self._step_time(crit) * self.seg).sum(axis=-1)
-            for i, k in enumerate(tails.astype(int)):
-                self._memo[("tail", k)] = times[i]
         bulks = np.array([k for k in bulk_sizes if ("cut", k) not in self._memo], dtype=float)
+        # active responses per replica, [pool size, q' candidate, segment]: a tail pool runs the
+        # candidate's groups; a bulk pool runs the history's load scaled by the candidate's own aborts
+        tail_load = self._critical(self.q_candidates, tails[:, None, None], self.tail_active[None])
+        bulk_load = self.bulk_active[None, None, :] * self.bulk_scale[None, :, None] / bulks[:, None, None]
+        seconds = self._segment_seconds(np.concatenate([tail_load, bulk_load]))  # both pools in one pass
+        times = seconds[: len(tails)].sum(axis=-1)
+        for i, k in enumerate(tails.astype(int)):
+            self._memo[("tail", k)] = times[i]
         if len(bulks):
             # one clock per q' candidate (its own bulk load), read at that candidate's cut step
-            j = np.clip(np.searchsorted(self.grid, self.cut_step, side="right"), 1, len(self.grid) - 1)
-            frac = np.clip((self.cut_step - self.grid[j - 1]) / (self.grid[j] - self.grid[j - 1]), 0.0, 1.0)
+            # (np.minimum / np.maximum: np.clip's Python wrapper costs more than these small arrays)
+            j = np.minimum(np.maximum(np.searchsorted(self.grid, self.cut_step, side="right"), 1), len(self.grid) - 1)
+            frac = (self.cut_step - self.grid[j - 1]) / (self.grid[j] - self.grid[j - 1])
+            frac = np.minimum(np.maximum(frac, 0.0), 1.0)
             rows = np.arange(len(self.cut_step))
-            loads = self.bulk_active[None, None, :] * self.bulk_scale[None, :, None]
-            clocks = self._clock(loads, bulks[:, None, None])
+            clocks = self._clock(seconds[len(tails):])
             lo, hi = clocks[:, rows, j - 1], clocks[:, rows, j]
+            cuts = lo + frac * (hi - lo)
             for i, k in enumerate(bulks.astype(int)):
-                self._memo[("cut", k)] = lo[i] + frac * (hi[i] - lo[i])
+                self._memo[("cut", k)] = cuts[i]
 
     def bulk_cutoff(self, replicas: int) -> np.ndarray:
         """Predicted bulk cutoff per q candidate on ``replicas`` replicas (all fresh groups spread evenly)."""
@@ -386,7 +445,7 @@ class _FluidModel:
         key = ("full", replicas)
         if key not in self._memo:
             crit = self._critical(np.array([self.batch_size]), replicas, self.bulk_active[None, :])[0]
-            self._memo[key] = float(self._clock(crit, 1.0)[-1])
+            self._memo[key] = float(self._clock(self._segment_seconds(crit))[-1])
         return self._memo[key]
 
     def tail_time(self, replicas: int) -> np.ndarray:
@@ -416,7 +475,7 @@ class _Smoothed:
                 old = np.concatenate([old, np.full(len(x) - len(old), np.nan)])
             head = old[: len(x)]
             mixed = np.where(np.isnan(head), x, np.where(np.isnan(x), head, (1 - self.weight) * head + self.weight * x))
-            self.value = np.concatenate([mixed, old[len(x):]])
+            self.value = np.concatenate([mixed, old[len(x):]]) if len(old) > len(x) else mixed
         else:
             self.value = (1 - self.weight) * self.value + self.weight * x
         return self.value
@@ -480,6 +539,8 @@ class HierarchicalController:
         self._table = _StepTable(perf, batch_size * 16)
         step = max(1, self.q_max // 32)
         self._q_candidates = np.unique(np.concatenate([np.arange(1, self.q_max + 1, step), [self.q_max]]))
+        self._candidates = _Candidates(self._q_candidates, batch_size, config.candidate_factor)
+        self._longest_group = _Candidates(np.array([1]), batch_size, config.candidate_factor)  # the yardstick's
         self._every_q = np.arange(1, self.q_max + 1)  # the inner loop's rate model sizes its step over all q
         self._bulk_quota_at_q = self.batch_size - self._every_q.astype(float)  # bulk groups a step needs at each q
 
@@ -566,8 +627,8 @@ class HierarchicalController:
 
     def yardstick_s(self, consumed: _ConsumedBatch, prompt_len: float) -> float:
         """The perf model's predicted time of one shared pool (stock verl) running ``consumed``."""
-        model = _FluidModel([consumed], self.batch_size, prompt_len, self._table, np.array([1]),
-                            self.config.candidate_factor, self.per_sample, shared_only=True)
+        model = _FluidModel([consumed], self.batch_size, prompt_len, self._table, self._longest_group,
+                            self.per_sample, shared_only=True)
         return model.bulk_full(self.n_replicas)
 
     def _measure_split(self, obs: StepObservation, consumed: _ConsumedBatch) -> None:
@@ -610,28 +671,32 @@ class HierarchicalController:
             return Decision(s.q, s.m, f"inner: balanced (gap {gap:+.1%})", DecisionKind.BALANCED)
         qs = self._every_q
         predicted = np.maximum(qs * s.tail_s_per_group.value, self._bulk_finish_at(self._bulk_quota_at_q))
-        balancing_q = int(qs[int(np.nanargmin(predicted))])
+        best = int(np.argmin(predicted))
+        if math.isnan(predicted[best]):  # argmin stops at a NaN; nanargmin skips them (or raises if all are)
+            best = int(np.nanargmin(predicted))
+        balancing_q = int(qs[best])
         direction = 1 if gap < 0 else -1  # bulk slower: isolate more
         if (balancing_q - s.q) * direction <= 0:
             balancing_q = s.q + direction  # the measurement decides the direction; the model only the size
         step = min(self.max_q_step, max(1, int(round(cfg.q_gain * abs(balancing_q - s.q)))))
-        s.q = int(np.clip(s.q + direction * step, min(s.m, self.q_max), self.q_max))  # no idle tail replica
+        s.q = min(max(s.q + direction * step, min(s.m, self.q_max)), self.q_max)  # no idle tail replica
         return Decision(s.q, s.m, f"inner: tail {tail_s:.1f}s vs bulk {bulk_s:.1f}s -> q {s.q}", DecisionKind.INNER)
 
     # ------------------------------------------------------------------ outer loop
     def _prior(self, obs: StepObservation, splits: Sequence[int]) -> tuple[_FluidModel, dict[int, tuple[float, int]]]:
         """The perf model's relative makespan (to one shared pool) and its best q, per split."""
-        model = _FluidModel(self.state.history, self.batch_size, obs.prompt_len, self._table, self._q_candidates,
-                            self.config.candidate_factor, self.per_sample)
+        model = _FluidModel(self.state.history, self.batch_size, obs.prompt_len, self._table, self._candidates,
+                            self.per_sample)
         tails = [m for m in splits if m > 0]
         model.prepare(tail_sizes=tails, bulk_sizes=[self.n_replicas - m for m in tails])
         shared = model.bulk_full(self.n_replicas)
         prior = {0: (1.0, 0)}
-        for m in tails:
-            span = np.maximum(model.tail_time(m), model.bulk_cutoff(self.n_replicas - m))
-            span = np.where(self._q_candidates >= min(m, self.q_max), span, np.inf)
-            i = int(np.argmin(span))
-            prior[m] = (float(span[i]) / shared, int(self._q_candidates[i]))
+        if tails:  # [split, q' candidate]: the makespan, infinite where q' < m (an idle tail replica)
+            span = np.maximum([model.tail_time(m) for m in tails],
+                              [model.bulk_cutoff(self.n_replicas - m) for m in tails])
+            span[self._q_candidates < np.minimum(tails, self.q_max)[:, None]] = np.inf
+            for m, span_m, i in zip(tails, span, np.argmin(span, axis=1)):
+                prior[m] = (float(span_m[i]) / shared, int(self._q_candidates[i]))
         return model, prior
 
     def _estimate(self, m: int, prior_relative: float) -> tuple[float, float]:
@@ -675,7 +740,7 @@ class HierarchicalController:
         target = min(scores, key=scores.get, default=None)
         if target is None or scores[target] >= here * (1 - cfg.switch_threshold):
             return None
-        new_m = target if target == 0 else s.m + int(np.clip(target - s.m, -cfg.max_replica_step, cfg.max_replica_step))
+        new_m = target if target == 0 else s.m + min(max(target - s.m, -cfg.max_replica_step), cfg.max_replica_step)
         if cfg.check_feasibility and not self._feasible(new_m, obs.makespan_s, model):
             return None
         if new_m == 0:
@@ -685,7 +750,7 @@ class HierarchicalController:
         else:
             new_q = prior[new_m][1]
         old = s.q, s.m
-        s.m, s.q = new_m, int(np.clip(new_q, min(new_m, self.q_max), self.q_max)) if new_m else 0
+        s.m, s.q = new_m, int(min(max(new_q, min(new_m, self.q_max)), self.q_max)) if new_m else 0
         s.steps_at_split = 0
         s.pool_times = None
         return Decision(s.q, s.m, f"outer: (q, m) {old} -> {(s.q, s.m)} (score {scores[target]:.3f} vs {here:.3f})",
