@@ -11,7 +11,7 @@ Policies:
   spreads over all replicas). The baseline: speedups are reported against it first.
 * ``verl-redraw`` — stock verl on the same prompt stream with its own, independent length draws:
   how far two runs of one policy differ by sampling alone, the noise floor of every speedup
-  (opt-in). All other policies share their draws (see ``_Runner.sample``).
+  (opt-in). All other policies share their draws (see ``_Runner.draw_key``).
 * ``uniform`` — B fresh groups round-robin over all replicas, groups atomic (the paper's baseline).
 * ``tailsieve-fixed`` — TailSieve with the tail pool pinned (``fixed_tail_replicas``, default R/2)
   and only the inner q loop.
