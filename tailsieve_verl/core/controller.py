@@ -219,7 +219,6 @@ class _Segments(NamedTuple):
     grid: np.ndarray  # points, 0 .. s_max
     mid: np.ndarray  # segment midpoints: a response is active on the segments with mid < its length
     seg: np.ndarray  # segment lengths
-    whole_mid: np.ndarray  # floor(mid): lengths are integers, so length > mid exactly when length > floor(mid)
     seg_end_of: np.ndarray  # [l]: segments with mid < l, i.e. the first segment a response of l tokens is not active on
 
 
@@ -230,9 +229,9 @@ def _segments(s_max: float) -> _Segments:
     grid = np.unique(np.concatenate([s_max * _UNIT_GRID, 16.0 * (max(s_max, 17.0) / 16.0) ** _UNIT_GRID]))
     grid = grid[grid <= s_max] if s_max > 0 else np.array([0.0, 1.0])
     mid = 0.5 * (grid[:-1] + grid[1:])
-    whole_mid = np.floor(mid).astype(np.int64)
+    whole_mid = np.floor(mid).astype(np.int64)  # lengths are integers: length > mid exactly when length > floor(mid)
     seg_end_of = np.cumsum(np.bincount(whole_mid + 1, minlength=int(s_max) + 1))
-    segments = _Segments(grid, mid, np.diff(grid), whole_mid, seg_end_of)
+    segments = _Segments(grid, mid, np.diff(grid), seg_end_of)
     for array in segments:
         array.flags.writeable = False
     return segments
