@@ -744,8 +744,8 @@ class HierarchicalController:
             return None
         if new_m == 0:
             new_q = 0
-        elif s.m > 0 and prior[s.m][1] > 0:  # keep the inner loop's correction of the prior's q
-            new_q = round(s.q * prior[new_m][1] / prior[s.m][1])
+        elif s.m > 0:  # keep the tail load per replica the inner loop found
+            new_q = round(s.q * new_m / s.m)
         else:
             new_q = prior[new_m][1]
         old = s.q, s.m

@@ -167,12 +167,17 @@ def test_outer_loop_climbs_to_the_measured_best_split(perf):
     ctl = HierarchicalController(ControllerConfig(settle_steps=1, exploration_bonus=0.2, probe_tail_replicas=0), R, B, perf)
     rng = np.random.default_rng(6)
     cost = {0: 50.0, 1: 46.0, 2: 42.0, 3: 38.0, 4: 44.0, 5: 50.0, 6: 55.0, 7: 60.0}
-    ms = []
+    ms, moves = [], []
     for _ in range(40):
         ms.append(ctl.state.m)
-        ctl.observe(_plant_obs(ctl.state.q, ctl.state.m, rng, cost[ctl.state.m]))
+        before = ctl.decision.split
+        decision = ctl.observe(_plant_obs(ctl.state.q, ctl.state.m, rng, cost[ctl.state.m]))
+        if decision.kind is DecisionKind.OUTER and before[1] and decision.m:
+            moves.append((before, decision.split))
     assert ms[-10:].count(3) >= 8, ms
     assert all(abs(a - b) <= 1 or b == 0 for a, b in zip(ms, ms[1:])), ms  # bounded steps
+    # a move between tail-pool sizes keeps the inner loop's tail load per replica: q scales with m
+    assert moves and all(q1 == min(max(round(q0 * m1 / m0), m1), ctl.q_max) for (q0, m0), (q1, m1) in moves), moves
 
 
 def test_decisions_keep_q_at_least_m(perf):
