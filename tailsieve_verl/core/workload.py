@@ -198,24 +198,27 @@ class PromptPool:
         """Untransformed, untruncated log lengths (the variance-share model; for diagnostics)."""
         if self._observed is not None:
             raise WorkloadError("a trace-backed pool has no length model; use sample_group")
-        i = self._prompt_index(prompt_id)
+        return self._log_median(self._prompt_index(prompt_id), step) + rng.normal(0.0, self._sd["sampling"], n)
+
+    def _log_median(self, i: int, step: int) -> float:
+        """Log median length of prompt ``i`` under the checkpoint of ``step``: its prompt and checkpoint
+        effects, no sampling noise."""
         checkpoint, interaction = self._effects_at(step)
-        mean = np.log(self.spec.median_len) + self.difficulty[i] + checkpoint + interaction[i]
-        return mean + rng.normal(0.0, self._sd["sampling"], n)
+        return np.log(self.spec.median_len) + self.difficulty[i] + checkpoint + interaction[i]
+
+    def _as_lengths(self, raw: np.ndarray) -> np.ndarray:
+        """Raw lengths as the pool hands them out: transformed, whole tokens, 1..max_response_length."""
+        if self._transform is not None:
+            raw = self._transform(raw)
+        return np.clip(np.rint(raw), 1, self.spec.max_response_length).astype(np.int64)
 
     def typical_length(self, prompt_id: str, step: int) -> int:
         """The prompt's median response length under the checkpoint of ``step``: all that can be known
         of its lengths before sampling (prompt and checkpoint effects, no sampling noise), so the best
         any per-prompt predictor can do. A trace-backed pool gives the median it observed."""
         i = self._prompt_index(prompt_id)
-        if self._observed is not None:
-            raw = float(np.median(self._observed[i]))
-        else:
-            checkpoint, interaction = self._effects_at(step)
-            raw = float(np.exp(np.log(self.spec.median_len) + self.difficulty[i] + checkpoint + interaction[i]))
-        if self._transform is not None:
-            raw = float(self._transform(np.array([raw]))[0])  # monotone: the median maps to the median
-        return int(np.clip(np.rint(raw), 1, self.spec.max_response_length))
+        raw = np.median(self._observed[i]) if self._observed is not None else np.exp(self._log_median(i, step))
+        return int(self._as_lengths(np.array([raw], dtype=float))[0])  # the transform is monotone: median to median
 
     def sample_group(self, prompt_id: str, n: int, step: int, rng: np.random.Generator) -> Group:
         """n fresh response lengths for ``prompt_id`` under the checkpoint of ``step``."""
@@ -230,10 +233,7 @@ class PromptPool:
         else:
             raw = np.exp(self.log_lengths(prompt_id, n, step, rng))
             prompt_len = self.spec.prompt_len
-        if self._transform is not None:
-            raw = self._transform(raw)
-        lengths = np.clip(np.rint(raw), 1, self.spec.max_response_length).astype(np.int64)
-        return Group(prompt_id, tuple(int(v) for v in lengths), int(prompt_len))
+        return Group(prompt_id, tuple(int(v) for v in self._as_lengths(raw)), int(prompt_len))
 
     def sample_groups(self, prompt_ids: Sequence[str], n: int, step: int, rng: np.random.Generator) -> list[Group]:
         return [self.sample_group(pid, n, step, rng) for pid in prompt_ids]
