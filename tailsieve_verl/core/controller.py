@@ -138,13 +138,18 @@ def max_q(config: ControllerConfig, batch_size: int) -> int:
     return max(1, min(batch_size - 1, int(config.max_q_fraction * batch_size)))
 
 
+def _bounded_q(q: int, m: int, q_max: int) -> int:
+    """q within min(m, q_max)..q_max: a tail pool of m replicas needs a group per replica (none idles)."""
+    return int(min(max(q, min(m, q_max)), q_max))
+
+
 def initial_split(config: ControllerConfig, n_replicas: int, batch_size: int) -> tuple[int, int]:
     """(q, m) of the first step: defaults filled in, q >= m (a tail pool needs a group per replica)."""
     m = config.m_init if config.fixed_tail_replicas is None else config.fixed_tail_replicas
     if m == 0:
         return 0, 0
     q = batch_size // 8 if config.q_init is None else config.q_init
-    return min(max(m, q), max_q(config, batch_size)), m
+    return _bounded_q(q, m, max_q(config, batch_size)), m
 
 
 @dataclass(frozen=True)
@@ -678,7 +683,7 @@ class HierarchicalController:
         if (balancing_q - s.q) * direction <= 0:
             balancing_q = s.q + direction  # the measurement decides the direction; the model only the size
         step = min(self.max_q_step, max(1, int(round(cfg.q_gain * abs(balancing_q - s.q)))))
-        s.q = min(max(s.q + direction * step, min(s.m, self.q_max)), self.q_max)  # no idle tail replica
+        s.q = _bounded_q(s.q + direction * step, s.m, self.q_max)
         return Decision(s.q, s.m, f"inner: tail {tail_s:.1f}s vs bulk {bulk_s:.1f}s -> q {s.q}", DecisionKind.INNER)
 
     # ------------------------------------------------------------------ outer loop
@@ -749,7 +754,7 @@ class HierarchicalController:
         else:
             new_q = prior[new_m][1]
         old = s.q, s.m
-        s.m, s.q = new_m, int(min(max(new_q, min(new_m, self.q_max)), self.q_max)) if new_m else 0
+        s.m, s.q = new_m, _bounded_q(new_q, new_m, self.q_max) if new_m else 0
         s.steps_at_split = 0
         s.pool_times = None
         return Decision(s.q, s.m, f"outer: (q, m) {old} -> {(s.q, s.m)} (score {scores[target]:.3f} vs {here:.3f})",
