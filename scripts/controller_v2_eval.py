@@ -81,13 +81,13 @@ def run(job: dict) -> dict:
             out["best_split"] = list(r.split)
             # Chosen as the best of many noisy runs, best-static is optimistic on its own draws: its split
             # again under the other sets of regeneration draws is the out-of-sample reference.
-            again = [sim.static_split_runner(replace(cfg, regeneration_draws=k), pool, perf, r.split, f"again {k}")
-                     for k in range(1, job["regeneration_draws"])]
+            again = {k: sim.static_split_runner(replace(cfg, regeneration_draws=k), pool, perf, r.split, f"again {k}")
+                     for k in range(1, job["regeneration_draws"])}
             for t in range(cfg.steps):
-                for twin in again:
+                for twin in again.values():
                     twin.step(t, keep=False)
-            for twin in again:
-                out["speedup"][f"best-static (regen {twin.name.split()[-1]})"] = base / twin.finish().mean_makespan_s
+            for k, twin in again.items():
+                out["speedup"][f"best-static (regen {k})"] = base / twin.finish().mean_makespan_s
     ts = results["tailsieve"].records
     reference = np.concatenate([x.consumed_lengths for x in results["verl"].records])
     consumed = np.concatenate([x.consumed_lengths for x in ts])
@@ -162,10 +162,10 @@ def main() -> None:
                     f"runs >= 0.99: {(draws >= 0.99).sum()}/{draws.size}, seeds whose mean over the draws >= 0.99: "
                     f"{(draws.mean(axis=1) >= 0.99).sum()}/{len(draws)} (worst {draws.mean(axis=1).min():.3f})")
             if "best_split" in cr[0]:  # both on the regeneration draws best-static was not chosen on
-                adaptive = np.array([[r["speedup"][f"tailsieve (regen {k})"] for k in range(1, args.regeneration_draws)]
+                def over_other_draws(policy: str) -> np.ndarray:  # per seed, the mean over draws 1..K-1
+                    return np.array([[r["speedup"][f"{policy} (regen {k})"] for k in range(1, args.regeneration_draws)]
                                      for r in cr]).mean(axis=1)
-                again = np.array([[r["speedup"][f"best-static (regen {k})"] for k in range(1, args.regeneration_draws)]
-                                  for r in cr]).mean(axis=1)
+                adaptive, again = over_other_draws("tailsieve"), over_other_draws("best-static")
                 line += (f"; out of sample: best-static {again.mean():.3f}, adaptive {adaptive.mean():.3f}, "
                          f"adaptive / best-static {(adaptive / again).mean():.3f}")
             print(line)
