@@ -111,7 +111,7 @@ class ControllerConfig:
     def validate(self, n_replicas: int, batch_size: int) -> None:
         if n_replicas < 1 or batch_size < 2:
             raise ControllerError(f"need n_replicas >= 1 and batch_size >= 2, got {n_replicas}, {batch_size}")
-        q_max = max_q(self, batch_size)
+        q_max = max_q(self.max_q_fraction, batch_size)
         m = initial_split(self, n_replicas, batch_size)[1]
         if not 0 <= m < n_replicas:
             raise ControllerError(f"tail replicas must be in 0..{n_replicas - 1} (the bulk pool needs one), got {m}")
@@ -134,8 +134,9 @@ class ControllerConfig:
                                   "history_steps >= 1, max_q_step >= 0")
 
 
-def max_q(config: ControllerConfig, batch_size: int) -> int:
-    return max(1, min(batch_size - 1, int(config.max_q_fraction * batch_size)))
+def max_q(max_q_fraction: float, batch_size: int) -> int:
+    """The largest q: that fraction of the batch, at least 1, and at least one bulk group left."""
+    return max(1, min(batch_size - 1, int(max_q_fraction * batch_size)))
 
 
 def _bounded_q(q: int, m: int, q_max: int) -> int:
@@ -149,7 +150,7 @@ def initial_split(config: ControllerConfig, n_replicas: int, batch_size: int) ->
     if m == 0:
         return 0, 0
     q = batch_size // 8 if config.q_init is None else config.q_init
-    return _bounded_q(q, m, max_q(config, batch_size)), m
+    return _bounded_q(q, m, max_q(config.max_q_fraction, batch_size)), m
 
 
 @dataclass(frozen=True)
@@ -536,7 +537,7 @@ class HierarchicalController:
         self.per_sample = per_sample
         self.n_replicas = n_replicas
         self.batch_size = batch_size
-        self.q_max = max_q(config, batch_size)
+        self.q_max = max_q(config.max_q_fraction, batch_size)
         self.max_q_step = config.max_q_step or max(1, batch_size // 16)
         q0, m0 = initial_split(config, n_replicas, batch_size)
         self.state = _State(q=q0, m=m0)

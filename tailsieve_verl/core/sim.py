@@ -46,7 +46,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from .controller import ControllerConfig, GroupRecord
+from .controller import ControllerConfig, GroupRecord, max_q
 from .cycle import TailSieveCycle
 from .errors import TailSieveError
 from .perf import PerfModel
@@ -419,7 +419,7 @@ class TailSieveRunner(_Runner):
 def static_grid(n_replicas: int, batch_size: int, max_q_fraction: float = 0.5) -> list[tuple[int, int]]:
     """The (q, m) points ``best-static`` tries: (0, 0), and for every m in 1..R−1 the q of a
     geometric-ish grid of batch fractions with m <= q <= the controller's q bound."""
-    q_max = max(1, min(batch_size - 1, int(max_q_fraction * batch_size)))
+    q_max = max_q(max_q_fraction, batch_size)
     fractions = (1 / 64, 1 / 32, 1 / 16, 3 / 32, 1 / 8, 3 / 16, 1 / 4, 3 / 8, 1 / 2)
     points = [(0, 0)]
     for m in range(1, n_replicas):
