@@ -49,12 +49,10 @@ def main() -> None:
                 for step in range(args.steps):
                     groups = pool.sample_batch(args.batch, args.n, step, rng)
                     verl = route("verl", groups, R, perf).makespan_s
-                    samples = singletons(groups)
-                    clairvoyant.append(verl / balanced_makespan(groups, samples, R, perf))
-                    lengths = [pool.typical_length(g.prompt_id, step) for g in groups]  # one per prompt
-                    predicted = [Group(s.prompt_id, (lengths[i],), s.prompt_len)
-                                 for i, s in zip(np.repeat(np.arange(len(groups)), [g.n for g in groups]), samples)]
-                    typical.append(verl / balanced_makespan(groups, predicted, R, perf))
+                    clairvoyant.append(verl / balanced_makespan(groups, singletons(groups), R, perf))
+                    predicted = [Group(g.prompt_id, (pool.typical_length(g.prompt_id, step),) * g.n, g.prompt_len)
+                                 for g in groups]  # every sample of a prompt at its typical length
+                    typical.append(verl / balanced_makespan(groups, singletons(predicted), R, perf))
             print(f"{setup + ' ' + preset:<16}{np.mean(clairvoyant):>14.3f} ({min(clairvoyant):.3f})"
                   f"{np.mean(typical):>16.3f} ({min(typical):.3f})")
 
