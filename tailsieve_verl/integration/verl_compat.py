@@ -70,6 +70,8 @@ INTERNALS: tuple[Internal, ...] = (
     Internal(_TRAINER, "get_llm_client", ("self",), "overridden: group-tagged LLM client"),
     Internal("verl.trainer.ppo.v1.trainer_sync:PPOTrainerSync", "on_step_end", ("self",),
              "extended: weight update, then resume the aborted replicas"),
+    Internal("verl.trainer.ppo.v1.trainer_sync:PPOTrainerSync", "on_sample_end", ("self",),
+             "wrapped: a dead replica's error names it"),
     Internal(_BUFFER, "__init__", ("trainer_mode", "trainer_config", "max_off_policy_threshold",
                                    "max_off_policy_strategy", "sampler_kwargs", "poll_interval", "refill_fn",
                                    "train_batch_size", "gen_batch_size"),

@@ -14,7 +14,8 @@ Runs (session fixtures, one at a time, in this order):
 * ``tailsieve_killed``: TailSieve (q = 1 on m = 1 tail replica of 2, held fixed; 2 bulk groups aborted
   per step), checkpoint every 2 steps, the whole run SIGKILLed once step 3 is logged.
 * ``tailsieve_resumed``: the same command again: resumes from ``global_step_2`` and runs steps 3-5.
-* ``replica_killed``: TailSieve, 3 steps; the bulk vLLM replica is SIGKILLed while it generates step 2.
+* ``replica_killed``: TailSieve, 3 steps; the bulk vLLM replica is SIGKILLed when it is seen decoding after
+  step 1 is logged (step 2's generation or a later one; the kill can land as its last request finishes).
 
 What is asserted is structure, never speed (2 shared cores): exit status, every step logged, grad_norm,
 the rollout/actor log-prob gap against the control, the ``tailsieve/*`` counts, B groups per step
@@ -104,7 +105,7 @@ def tailsieve_resumed(assets, e2e_root, tailsieve_killed):
 
 @pytest.fixture(scope="session")
 def replica_killed(assets, e2e_root):
-    def kill_bulk_replica_mid_step_2(watch: RunWatch) -> None:
+    def kill_bulk_replica_when_decoding(watch: RunWatch) -> None:
         if "killed" in watch.done or 1 not in watch.steps_logged():
             return
         replicas = replica_processes(watch.run_tag)
@@ -123,9 +124,10 @@ def replica_killed(assets, e2e_root):
                     os.kill(pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
-            watch.event(f"bulk replica (rank 1) generating step 2: SIGKILL {replicas[1]}")
+            step = max(watch.steps_logged()) + 1
+            watch.event(f"bulk replica (rank 1) decoding, step {step} not logged yet: SIGKILL {replicas[1]}")
 
-    return _run(assets, e2e_root, "replica_killed", "tailsieve", STEPS, watcher=kill_bulk_replica_mid_step_2)
+    return _run(assets, e2e_root, "replica_killed", "tailsieve", STEPS, watcher=kill_bulk_replica_when_decoding)
 
 
 # ---- helpers ---------------------------------------------------------------------------------------
@@ -253,8 +255,9 @@ def test_a_replica_killed_mid_step_does_not_hang(replica_killed):
     if replica_killed.returncode == 0:
         # re-dispatched on the surviving replica and trained on
         assert sorted(metrics) == [1, 2, 3]
-        assert metrics[2]["tailsieve/redispatched_groups"] > 0
+        assert any(m["tailsieve/redispatched_groups"] > 0 for m in metrics.values())
         assert metrics[3]["tailsieve/live_replicas"] == 1
     else:
-        # failed fast, with one line that names the dead replica
+        # failed fast, with one line that names the dead replica (in the rollout step, when verl puts the
+        # replicas to sleep, or before the weight update: wherever the kill landed)
         assert re.search(r"RolloutStepError: .*replica", replica_killed.log), _tail(replica_killed)

@@ -138,3 +138,19 @@ def test_replica_failure_mid_step_redispatches_its_groups(harness_factory, tmp_p
     result = h.step()  # the next step runs on the survivors
     _check_whole_batch(result)
     assert result["metrics"]["tailsieve/live_replicas"] == R - 1
+
+
+def test_a_replica_dead_after_its_last_request_stops_the_step_naming_it(harness_factory, tmp_path):
+    """A replica that dies between the rollout's end and verl's sleep call (nothing of the step is
+    left to re-dispatch) stops the run with the trainer's one-line error, not a bare actor error."""
+    from tailsieve_verl.integration.trainer import RolloutStepError
+
+    h = harness_factory([f"trainer.default_local_dir={tmp_path}"])
+    h.step()
+    victim = h.trainer.llm_server_manager.get_replicas()[-1]
+    ray.kill(victim.server_handle)
+    with pytest.raises(RolloutStepError, match=f"rank {victim.replica_rank} at .* is down when verl put the replicas"):
+        h.trainer.on_sample_end()  # verl's hook after the rollout: it sleeps every replica
+    with pytest.raises(RolloutStepError, match=f"rank {victim.replica_rank} at .* is down before the weight update"):
+        h.trainer.on_step_end()
+
