@@ -19,10 +19,10 @@ response lengths and finish times, abort counts — never future lengths.
   A replica moves (``max_replica_step``) only when a feasible neighbour's score beats the current
   split by ``switch_threshold``; (0, 0) is always a candidate, reached in one move, so a run that
   finds no split better than one shared pool returns to stock verl's routing. The controller starts
-  at (0, 0) to measure that fallback, then probes (B/8, R/2) — the region where the hindsight grid's
-  best split lies in most cells — and searches from there; it probes only when the prior predicts
-  a split near the probe beating one shared pool (on strong tails at 256 × 16 it does not, and a
-  probe there costs 3–6 % of a 30-step run).
+  at (0, 0) to measure that fallback, then probes the split the prior ranks best among m = 1..R/2,
+  with the prior's q there, and searches from there; it probes only when the prior predicts that
+  split beating one shared pool (on strong tails at 256 × 16 it does not, and a probe there costs
+  3–6 % of a 30-step run).
 
 Why measured and not modelled: the fluid model assumes perfect tail precision and a noiseless step;
 the rollout layer's tail signal is a low-precision filter and steps are noisy, so the prior ranks
@@ -62,13 +62,14 @@ class ControllerConfig:
     """Every knob of the controller; the defaults are the ones the simulations use."""
 
     q_init: int | None = None
-    """Groups isolated per step at the start (and at the probe); None = batch_size // 8 (at least m)."""
+    """Groups isolated per step at the start when m_init > 0; None = batch_size // 8 (at least m)."""
     m_init: int = 0
     """Tail-pool replicas at the start; 0 = one shared pool (stock verl's routing), measured first."""
     probe_tail_replicas: int | None = None
-    """The outer loop's first move from a measured shared pool: straight to this m (with q_init groups);
-    None = n_replicas // 2, the region of the hindsight grid's best split in most cells; 0 = climb
-    from (0, 0) one neighbour at a time."""
+    """The outer loop's first move from a measured shared pool: straight to this m, with the perf model's
+    best q there; None = the m in 1..n_replicas // 2 that the perf model ranks best; 0 = climb from
+    (0, 0) one neighbour at a time. Capped at R/2 because the model, which assumes a perfect tail
+    signal, overrates large tail pools (probing its best m overall lost 3.5 points at 64 × 8)."""
     fixed_tail_replicas: int | None = None
     """Pin m (the fixed-allocation variant, e.g. 2 for 2:2) and run only the inner loop; None = outer loop on."""
     max_q_fraction: float = 0.5
@@ -704,6 +705,13 @@ class HierarchicalController:
                 prior[m] = (float(span_m[i]) / shared, int(self._q_candidates[i]))
         return model, prior
 
+    def _probe_range(self) -> range:
+        """The tail-pool sizes the outer loop's first move may probe: 1..R/2, or the one configured."""
+        m, R = self.config.probe_tail_replicas, self.n_replicas
+        if m is None:
+            return range(1, R // 2 + 1)
+        return range(m, m + 1) if 0 < m < R else range(0)
+
     def _estimate(self, m: int, prior_relative: float) -> tuple[float, float]:
         """(estimate, score) of a split's relative makespan: the measured value weighed against the
         bias-corrected prior; the score subtracts the exploration bonus of an under-measured split."""
@@ -724,18 +732,17 @@ class HierarchicalController:
         s, cfg, R = self.state, self.config, self.n_replicas
         lo, hi = max(0, s.m - cfg.search_radius), min(R - 1, s.m + cfg.search_radius)
         neighbours = sorted(set(range(lo, hi + 1)) | {0})
-        probe = self.n_replicas // 2 if cfg.probe_tail_replicas is None else cfg.probe_tail_replicas
-        probing = s.m == 0 and set(s.splits) == {0} and 0 < probe < R  # only the shared pool measured yet
-        near_probe = range(max(1, probe - cfg.search_radius), min(R - 1, probe + cfg.search_radius) + 1)
-        model, prior = self._prior(obs, sorted(set(neighbours) | (set(near_probe) if probing else set())))
+        probe_range = self._probe_range() if s.m == 0 and set(s.splits) == {0} else range(0)  # only (0, 0) measured
+        model, prior = self._prior(obs, sorted(set(neighbours) | set(probe_range)))
         current = s.splits.get(s.m)
         if current is not None and current.visits:
             bias = current.relative_makespan.value / max(prior[s.m][0], 1e-9)
             s.prior_bias = s.prior_bias or self._smoothed()
             s.prior_bias.update(bias)
-        # Probe only where the perf model sees a split beating one shared pool; else search step by step.
-        if probing and min(prior[m][0] for m in near_probe) < 1.0:
-            s.m, s.q = probe, initial_split(replace(cfg, m_init=probe), R, self.batch_size)[0]
+        # Probe the split the perf model ranks best, only where it beats one shared pool; else search step by step.
+        probe = min(probe_range, key=lambda m: prior[m][0], default=None)
+        if probe is not None and prior[probe][0] < 1.0:
+            s.m, s.q = probe, _bounded_q(prior[probe][1], probe, self.q_max)
             s.steps_at_split = 0
             s.pool_times = None
             return Decision(s.q, s.m, f"outer: probe (q, m) = {(s.q, s.m)} after measuring one shared pool",

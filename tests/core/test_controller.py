@@ -189,17 +189,32 @@ def test_decisions_keep_q_at_least_m(perf):
         assert d.m == 0 and d.q == 0 or d.q >= d.m >= 1
 
 
-def test_first_move_probes_half_the_replicas_after_measuring_one_shared_pool(perf):
-    """Start (0, 0) for the settle period (the fallback is measured), then straight to (B/8, R/2);
-    a probe that measures worse than the shared pool sends the controller back to (0, 0)."""
+def test_first_move_probes_the_priors_best_split_up_to_half_the_replicas(perf):
+    """Start (0, 0) for the settle period (the fallback is measured), then straight to the split the
+    perf model ranks best among m = 1..R/2, with its q; a probe that measures worse than the shared
+    pool sends the controller back to (0, 0)."""
     ctl = HierarchicalController(ControllerConfig(settle_steps=2), R, B, perf)
     rng = np.random.default_rng(8)
-    splits = []
+    splits, observed = [], []
     for _ in range(12):
         splits.append(ctl.decision.split)
-        ctl.observe(_plant_obs(ctl.state.q, ctl.state.m, rng, 40.0 if ctl.state.m == 0 else 48.0, long_groups=4))
-    assert splits[:2] == [(0, 0), (0, 0)] and splits[2] == (B // 8, R // 2), splits
+        observed.append(_plant_obs(ctl.state.q, ctl.state.m, rng, 40.0 if ctl.state.m == 0 else 48.0, long_groups=4))
+        ctl.observe(observed[-1])
+        if len(splits) == 2:
+            _, prior = ctl._prior(observed[-1], range(1, R // 2 + 1))  # what the probe decision saw
+    best = min(range(1, R // 2 + 1), key=lambda m: prior[m][0])
+    assert splits[:2] == [(0, 0), (0, 0)] and splits[2] == (max(prior[best][1], best), best), (splits, prior)
+    assert prior[best][0] < 1.0
     assert splits[-1] == (0, 0), splits
+
+
+def test_an_explicit_probe_size_is_probed_and_zero_climbs(perf):
+    rng = np.random.default_rng(8)
+    for probe, expected_m in ((3, 3), (0, 1)):
+        ctl = HierarchicalController(ControllerConfig(settle_steps=2, probe_tail_replicas=probe, exploration_bonus=0.5), R, B, perf)
+        for _ in range(2):
+            ctl.observe(_plant_obs(0, 0, rng, 40.0, long_groups=4))
+        assert ctl.decision.m == expected_m, (probe, ctl.decision)
 
 
 def test_no_probe_where_the_perf_model_predicts_no_gain(perf):
@@ -210,7 +225,7 @@ def test_no_probe_where_the_perf_model_predicts_no_gain(perf):
         ctl = HierarchicalController(ControllerConfig(settle_steps=2), R, B, perf)
         for _ in range(2):
             ctl.observe(_plant_obs(0, 0, rng, 40.0, long_groups=long_groups))
-        assert (ctl.decision.split == (B // 8, R // 2)) is probes, (long_groups, ctl.decision)
+        assert (ctl.decision.m > 0) is probes, (long_groups, ctl.decision)
 
 
 def test_a_transition_step_measures_no_split(perf):
