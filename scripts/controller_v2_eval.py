@@ -133,7 +133,8 @@ def main() -> None:
     if args.best_static_from:
         earlier = {(r["cell"], r["seed"]): r for r in json.loads(Path(args.best_static_from).read_text())}
         for r in rows:
-            r["speedup"]["best-static"] = earlier[r["cell"], r["seed"]]["speedup"]["best-static"]
+            r["speedup"].update({k: v for k, v in earlier[r["cell"], r["seed"]]["speedup"].items()
+                                 if k.startswith("best-static")})  # and its re-runs on other draws
             r["best_split"] = earlier[r["cell"], r["seed"]]["best_split"]
     for row in rows:
         print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()

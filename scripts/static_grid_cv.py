@@ -1,0 +1,110 @@
+"""How much of best-static is hindsight on the stream: every static split, cross-validated over seeds.
+
+``best-static`` (``controller_v2_eval.py``) picks the best fixed (q, m) on the very stream it is scored
+on. This runs **every** split of ``sim.static_grid`` to the end (no screening) on each seed, under
+``--draws`` sets of regeneration draws, next to adaptive TailSieve, and prints per cell:
+
+* per-seed best: the best split on draw 0 of that seed, scored on the other draws (out of sample);
+* cross-validated: the split with the best mean over the *other* seeds (draw 0), scored on this seed's
+  other draws — a split a user could have fixed in advance for this workload;
+* adaptive on the other draws, and its ratio to both.
+
+    python scripts/static_grid_cv.py --cells dense-weak --batch 256 --n 16 --seeds 0,1,2,3,4,5,6,7 --out cv.json
+    python scripts/static_grid_cv.py --table-only cv.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+from controller_v2_eval import SETUPS  # scripts/ is this script's import path
+from tailsieve_verl.core import sim
+from tailsieve_verl.core.perf import parse_perf_model
+from tailsieve_verl.core.workload import PromptPool
+
+
+def run(job: dict) -> dict:
+    setup, preset = job["cell"].split("-")
+    perf_name, R = SETUPS[setup]
+    perf = parse_perf_model(perf_name)
+    pool = PromptPool(preset, job["pool"], seed=job["seed"])
+    cfg = sim.SimConfig(steps=job["steps"], n_replicas=R, batch_size=job["batch"], n=job["n"], seed=job["seed"],
+                        policies=("verl",))
+    runners = sim.build_runners(cfg, pool, perf)
+    for k in range(job["draws"]):
+        drawn = replace(cfg, regeneration_draws=k)
+        runners.append(sim.TailSieveRunner(drawn, pool, perf, replace(cfg.controller, fixed_tail_replicas=None),
+                                           f"adaptive|{k}"))
+        runners += [sim.static_split_runner(drawn, pool, perf, split, f"{split[0]},{split[1]}|{k}")
+                    for split in sim.static_grid(R, job["batch"], cfg.controller.max_q_fraction)]
+    for t in range(cfg.steps):
+        for runner in runners:
+            runner.step(t, keep=False)
+    results = {runner.name: runner.finish() for runner in runners}
+    base = results["verl"].mean_makespan_s
+    return {"cell": job["cell"], "seed": job["seed"],
+            "speedup": {name: base / r.mean_makespan_s for name, r in results.items() if name != "verl"}}
+
+
+def summarise(rows: list[dict]) -> None:
+    for cell in dict.fromkeys(r["cell"] for r in rows):
+        cr = [r for r in rows if r["cell"] == cell]
+        draws = sorted({int(k.split("|")[1]) for k in cr[0]["speedup"]})
+        if len(draws) < 2:
+            raise SystemExit("need --draws >= 2: draw 0 chooses, the others score")
+        splits = [k.split("|")[0] for k in cr[0]["speedup"] if k.endswith("|0") and not k.startswith("adaptive")]
+        chosen_on = np.array([[r["speedup"][f"{s}|0"] for s in splits] for r in cr])  # seeds × splits
+        scored = np.array([[np.mean([r["speedup"][f"{s}|{k}"] for k in draws[1:]]) for s in splits] for r in cr])
+        adaptive = np.array([np.mean([r["speedup"][f"adaptive|{k}"] for k in draws[1:]]) for r in cr])
+        own = chosen_on.argmax(axis=1)
+        others = [np.delete(chosen_on, i, axis=0).mean(axis=0).argmax() for i in range(len(cr))]
+        per_seed, cross = scored[np.arange(len(cr)), own], scored[np.arange(len(cr)), others]
+
+        def ratio(a: np.ndarray, b: np.ndarray) -> str:
+            x = a / b
+            return f"{x.mean():.3f} ± {x.std(ddof=1) / np.sqrt(len(x)):.3f}"
+
+        print(f"{cell}, {len(cr)} seeds, {len(splits)} splits, scored on draws {draws[1:]}: speedup vs stock verl")
+        print(f"  per-seed best static {per_seed.mean():.3f} (on its own draw {chosen_on.max(axis=1).mean():.3f}); "
+              f"cross-validated static {cross.mean():.3f} (splits {sorted({splits[i] for i in others})}); "
+              f"adaptive {adaptive.mean():.3f}")
+        print(f"  adaptive / per-seed best {ratio(adaptive, per_seed)}; adaptive / cross-validated "
+              f"{ratio(adaptive, cross)}; cross-validated / per-seed best {ratio(cross, per_seed)}")
+        for i, r in enumerate(cr):
+            print(f"    seed {r['seed']:>4}: best {splits[own[i]]:>6} {per_seed[i]:.3f}, cross-validated "
+                  f"{splits[others[i]]:>6} {cross[i]:.3f}, adaptive {adaptive[i]:.3f}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cells", default="dense-weak")
+    ap.add_argument("--seeds", default="0,1,2,3,4,5,6,7", help="comma-separated stream seeds")
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--n", type=int, default=16)
+    ap.add_argument("--pool", type=int, default=4096)
+    ap.add_argument("--draws", type=int, default=3, help="sets of regeneration draws (draw 0 chooses)")
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--out", default="")
+    ap.add_argument("--table-only", default="", help="summarise a saved JSON and exit")
+    args = ap.parse_args()
+    if args.table_only:
+        summarise(json.loads(Path(args.table_only).read_text()))
+        return
+    jobs = [dict(cell=c, seed=int(s), steps=args.steps, batch=args.batch, n=args.n, pool=args.pool, draws=args.draws)
+            for c in args.cells.split(",") for s in args.seeds.split(",")]
+    with ProcessPoolExecutor(args.jobs) as ex:
+        rows = list(ex.map(run, jobs))
+    if args.out:
+        Path(args.out).write_text(json.dumps(rows, indent=1))
+    summarise(rows)
+
+
+if __name__ == "__main__":
+    main()
