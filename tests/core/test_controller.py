@@ -218,7 +218,7 @@ def test_an_explicit_probe_size_is_probed_and_zero_climbs(perf):
 
 
 def test_no_probe_where_the_perf_model_predicts_no_gain(perf):
-    """Without a tail the prior predicts no split near the probe beating one shared pool: the
+    """Without a tail the prior predicts no split with m <= R/2 beating one shared pool: the
     controller does not pay for a probe (on strong tails at 256 × 16 a probe cost 3–6 % of a run)."""
     rng = np.random.default_rng(8)
     for long_groups, probes in ((0, False), (4, True)):
