@@ -64,3 +64,9 @@ def test_plan_cli(tmp_path, capsys):
     report = json.loads(capsys.readouterr().out)
     assert report["band"][0] <= report["predicted_speedup"] <= report["band"][1]
     assert report["prompts"] == 64
+    assert (report["fixed_q"] == 0) == (report["fixed_m"] == 0)
+    plan_cli.run(_parse(plan_cli, ["plan", "--trace", str(trace), "--replicas", "4", "--batch", "16", "--steps", "4",
+                                   "--seeds", "2"]))
+    out = capsys.readouterr().out
+    pinned = f"+tailsieve.mode=fixed +tailsieve.q0={report['fixed_q']} +tailsieve.tail_replicas={report['fixed_m']}"
+    assert "best fixed split: " in out and (report["fixed_m"] == 0 or pinned in out)

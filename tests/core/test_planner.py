@@ -15,7 +15,17 @@ def test_plan_reports_speedup_band_and_start_point():
     assert 0 <= plan.initial_m < 4 and plan.initial_q >= 0
     assert (plan.initial_q == 0) == (plan.initial_m == 0)
     assert plan.n == 4 and plan.prompts == 96
-    assert set(plan.to_json()) >= {"predicted_speedup", "band", "initial_q", "initial_m"}
+    assert set(plan.to_json()) >= {"predicted_speedup", "band", "initial_q", "initial_m", "fixed_q", "fixed_m",
+                                   "fixed_speedup"}
+
+
+def test_the_fixed_split_is_never_worse_than_one_shared_pool_on_the_planned_streams():
+    """One shared pool is always a candidate, so the pinned split's mean speedup is at least its ~1.0;
+    on weak tails, where isolation pays, a split with a tail pool wins."""
+    trace = generate_trace("weak", 96, 4, seed=0)
+    plan = plan_from_trace(trace, 4, parse_perf_model("table:h200-moe"), batch_size=16, steps=9, seeds=2)
+    assert (plan.fixed_q == 0) == (plan.fixed_m == 0) and 0 <= plan.fixed_m < 4
+    assert plan.fixed_speedup >= 0.999
 
 
 def test_plan_refuses_a_trace_too_small_for_the_batch():
