@@ -7,10 +7,12 @@ on. This runs **every** split of ``sim.static_grid`` to the end (no screening) o
 * per-seed best: the best split on draw 0 of that seed, scored on the other draws (out of sample);
 * cross-validated: the split with the best mean over the *other* seeds (draw 0), scored on this seed's
   other draws — a split a user could have fixed in advance for this workload;
-* adaptive on the other draws, and its ratio to both.
+* adaptive on the other draws, and its ratio to both;
+* with ``--plan-traces K``: the fixed split ``tailsieve plan`` picks from each of K logged stock-verl
+  runs (``--plan-log-steps`` steps of the cell's preset on prompt pools of their own), scored on this grid.
 
     python scripts/static_grid_cv.py --cells dense-weak --batch 256 --n 16 --seeds 0,1,2,3,4,5,6,7 --out cv.json
-    python scripts/static_grid_cv.py --table-only cv.json
+    python scripts/static_grid_cv.py --table-only cv.json --plan-traces 6
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ import numpy as np
 from controller_v2_eval import SETUPS  # scripts/ is this script's import path
 from tailsieve_verl.core import sim
 from tailsieve_verl.core.perf import parse_perf_model
-from tailsieve_verl.core.workload import PromptPool
+from tailsieve_verl.core.planner import plan_from_trace
+from tailsieve_verl.core.workload import PromptPool, generate_trace
 
 
 def run(job: dict) -> dict:
@@ -52,7 +55,17 @@ def run(job: dict) -> dict:
             "speedup": {name: base / r.mean_makespan_s for name, r in results.items() if name != "verl"}}
 
 
-def summarise(rows: list[dict]) -> None:
+def plan_pick(job: dict) -> dict:
+    """The fixed split ``tailsieve plan`` picks from a logged stock-verl run of the cell's preset."""
+    setup, preset = job["cell"].split("-")
+    perf_name, R = SETUPS[setup]
+    logged = generate_trace(preset, job["log_steps"] * job["batch"], job["n"], seed=job["seed"])
+    plan = plan_from_trace(logged, R, parse_perf_model(perf_name), batch_size=job["batch"], steps=job["steps"])
+    return {"cell": job["cell"], "trace_seed": job["seed"], "log_steps": job["log_steps"], "split": f"{plan.fixed_q},{plan.fixed_m}",
+            "predicted": plan.fixed_speedup}
+
+
+def summarise(rows: list[dict], picks: list[dict]) -> None:
     for cell in dict.fromkeys(r["cell"] for r in rows):
         cr = [r for r in rows if r["cell"] == cell]
         draws = sorted({int(k.split("|")[1]) for k in cr[0]["speedup"]})
@@ -79,6 +92,10 @@ def summarise(rows: list[dict]) -> None:
         for i, r in enumerate(cr):
             print(f"    seed {r['seed']:>4}: best {splits[own[i]]:>6} {per_seed[i]:.3f}, cross-validated "
                   f"{splits[others[i]]:>6} {cross[i]:.3f}, adaptive {adaptive[i]:.3f}")
+        for pick in (p for p in picks if p["cell"] == cell):
+            pinned = scored[:, splits.index(pick["split"])]
+            print(f"  `tailsieve plan` on logged run {pick['trace_seed']} ({pick['log_steps']} steps): pin {pick['split']:>6} (predicted "
+                  f"{pick['predicted']:.3f}): {pinned.mean():.3f}, / per-seed best {ratio(pinned, per_seed)}")
 
 
 def main() -> None:
@@ -92,18 +109,22 @@ def main() -> None:
     ap.add_argument("--draws", type=int, default=3, help="sets of regeneration draws (draw 0 chooses)")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--out", default="")
-    ap.add_argument("--table-only", default="", help="summarise a saved JSON and exit")
+    ap.add_argument("--plan-traces", type=int, default=0, help="also score the split `tailsieve plan` picks "
+                    "from this many logged stock-verl runs of each cell (prompt pools 1000, 1001, ...)")
+    ap.add_argument("--plan-log-steps", type=int, default=4, help="steps of each logged run (of --batch prompts)")
+    ap.add_argument("--table-only", default="", help="summarise a saved JSON (and plan picks) and exit")
     args = ap.parse_args()
-    if args.table_only:
-        summarise(json.loads(Path(args.table_only).read_text()))
-        return
+    cells = args.cells.split(",")
     jobs = [dict(cell=c, seed=int(s), steps=args.steps, batch=args.batch, n=args.n, pool=args.pool, draws=args.draws)
-            for c in args.cells.split(",") for s in args.seeds.split(",")]
+            for c in cells for s in args.seeds.split(",")]
+    plans = [dict(cell=c, seed=1000 + k, steps=args.steps, batch=args.batch, n=args.n, log_steps=args.plan_log_steps)
+             for c in cells for k in range(args.plan_traces)]
     with ProcessPoolExecutor(args.jobs) as ex:
-        rows = list(ex.map(run, jobs))
-    if args.out:
+        picks = list(ex.map(plan_pick, plans))
+        rows = json.loads(Path(args.table_only).read_text()) if args.table_only else list(ex.map(run, jobs))
+    if args.out and not args.table_only:
         Path(args.out).write_text(json.dumps(rows, indent=1))
-    summarise(rows)
+    summarise(rows, picks)
 
 
 if __name__ == "__main__":
