@@ -30,7 +30,7 @@ import numpy as np
 
 from tailsieve_verl.core import sim
 from tailsieve_verl.core.bias import ks_distance, ks_noise
-from tailsieve_verl.core.perf import parse_perf_model
+from tailsieve_verl.core.perf import PerfModel, parse_perf_model
 from tailsieve_verl.core.workload import PromptPool
 
 SETUPS = {"dense": ("table:h200-dense", 8), "moe": ("table:h200-moe", 4)}
@@ -46,19 +46,24 @@ SWEEP = {
 }
 
 
-def run(job: dict) -> dict:
+def cell_setup(job: dict, **config) -> tuple[sim.SimConfig, PromptPool, PerfModel]:
+    """Simulator config, prompt pool and perf model of one (cell, seed) job; ``config``: more SimConfig fields."""
     setup, preset = job["cell"].split("-")
-    perf_name, R = SETUPS[setup]
-    perf = parse_perf_model(perf_name)
-    pool = PromptPool(preset, job["pool"], seed=job["seed"])
+    perf_name, n_replicas = SETUPS[setup]
+    cfg = sim.SimConfig(steps=job["steps"], n_replicas=n_replicas, batch_size=job["batch"], n=job["n"],
+                        seed=job["seed"], **config)
+    return cfg, PromptPool(preset, job["pool"], seed=job["seed"]), parse_perf_model(perf_name)
+
+
+def run(job: dict) -> dict:
     policies = ["verl", "verl-redraw", "tailsieve", "tailsieve-fixed"] + job["extra"]
-    cfg = sim.SimConfig(steps=job["steps"], n_replicas=R, batch_size=job["batch"], n=job["n"], seed=job["seed"],
-                        policies=tuple(policies), oracle_time_limit_s=job["oracle_s"], best_static_screen=(5, 4))
+    cfg, pool, perf = cell_setup(job, policies=tuple(policies), oracle_time_limit_s=job["oracle_s"],
+                                 best_static_screen=(5, 4))
     runners = sim.build_runners(cfg, pool, perf)
     for name, override in ({"ablation": ABLATIONS, "sweep": SWEEP}.get(job["ablation"], {})).items():
         override = dict(override)
         if override.get("m_init") == "half":
-            override.update(m_init=R // 2, q_init=job["batch"] // 8)
+            override.update(m_init=cfg.n_replicas // 2, q_init=job["batch"] // 8)
         ctl = replace(cfg.controller, fixed_tail_replicas=None, **override)
         runners.append(sim.TailSieveRunner(cfg, pool, perf, ctl, name))
     for k in range(1, job["regeneration_draws"]):

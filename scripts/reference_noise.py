@@ -28,11 +28,9 @@ from pathlib import Path
 
 import numpy as np
 
-from controller_v2_eval import SETUPS  # scripts/ is this script's import path
+from controller_v2_eval import cell_setup  # scripts/ is this script's import path
 from tailsieve_verl.core import sim
 from tailsieve_verl.core.controller import HierarchicalController, _ConsumedBatch
-from tailsieve_verl.core.perf import parse_perf_model
-from tailsieve_verl.core.workload import PromptPool
 
 VARIANTS = {  # name -> (controller overrides, exact reference)
     "adaptive": ({}, False),
@@ -54,12 +52,7 @@ class ExactReference(HierarchicalController):
 
 
 def run(job: dict) -> dict:
-    setup, preset = job["cell"].split("-")
-    perf_name, R = SETUPS[setup]
-    perf = parse_perf_model(perf_name)
-    pool = PromptPool(preset, job["pool"], seed=job["seed"])
-    cfg = sim.SimConfig(steps=job["steps"], n_replicas=R, batch_size=job["batch"], n=job["n"], seed=job["seed"],
-                        policies=("verl",))
+    cfg, pool, perf = cell_setup(job, policies=("verl",))
     others = [sim.StaticRunner(replace(cfg, seed=10_000 + 100 * job["seed"] + k), pool, perf, "verl")
               for k in range(job["mc"])]  # independent stock-verl streams of the same pool
     for t in range(cfg.steps):
@@ -73,7 +66,7 @@ def run(job: dict) -> dict:
                                                               inner_loop=False), "pinned")
         runners.append(pinned)
     for name, (override, exact) in VARIANTS.items():
-        override = {k: R - 1 if v == "R-1" else v for k, v in override.items()}
+        override = {k: cfg.n_replicas - 1 if v == "R-1" else v for k, v in override.items()}
         for k in range(job["draws"]):
             runner = sim.TailSieveRunner(replace(cfg, regeneration_draws=k), pool, perf,
                                          replace(cfg.controller, fixed_tail_replicas=None, **override), f"{name}|{k}")

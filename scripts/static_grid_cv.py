@@ -25,27 +25,22 @@ from pathlib import Path
 
 import numpy as np
 
-from controller_v2_eval import SETUPS  # scripts/ is this script's import path
+from controller_v2_eval import SETUPS, cell_setup  # scripts/ is this script's import path
 from tailsieve_verl.core import sim
 from tailsieve_verl.core.perf import parse_perf_model
 from tailsieve_verl.core.planner import plan_from_trace
-from tailsieve_verl.core.workload import PromptPool, generate_trace
+from tailsieve_verl.core.workload import generate_trace
 
 
 def run(job: dict) -> dict:
-    setup, preset = job["cell"].split("-")
-    perf_name, R = SETUPS[setup]
-    perf = parse_perf_model(perf_name)
-    pool = PromptPool(preset, job["pool"], seed=job["seed"])
-    cfg = sim.SimConfig(steps=job["steps"], n_replicas=R, batch_size=job["batch"], n=job["n"], seed=job["seed"],
-                        policies=("verl",))
+    cfg, pool, perf = cell_setup(job, policies=("verl",))
     runners = sim.build_runners(cfg, pool, perf)
     for k in range(job["draws"]):
         drawn = replace(cfg, regeneration_draws=k)
         runners.append(sim.TailSieveRunner(drawn, pool, perf, replace(cfg.controller, fixed_tail_replicas=None),
                                            f"adaptive|{k}"))
         runners += [sim.static_split_runner(drawn, pool, perf, split, f"{split[0]},{split[1]}|{k}")
-                    for split in sim.static_grid(R, job["batch"], cfg.controller.max_q_fraction)]
+                    for split in sim.static_grid(cfg.n_replicas, job["batch"], cfg.controller.max_q_fraction)]
     for t in range(cfg.steps):
         for runner in runners:
             runner.step(t, keep=False)
