@@ -7,7 +7,8 @@ adaptive TailSieve on the streams of ``controller_v2_eval.py`` next to the same 
 **exact reference** in place of the yardstick: the mean stock-verl makespan at that step over ``--mc``
 independent streams of the same prompt pool. That reference is unbiased but, unlike the yardstick,
 does not follow the step's own luck; no rollout layer has it. Two controllers that trust the perf model
-over measurements are run too: one that stays at its probe, one that probes m = R − 1 and stays there.
+over measurements are run too: one that stays at its probe, one that probes m = R − 1 and stays there;
+and the shipped controller with its probe range widened from m = 1..R/2 to 1..R − 1.
 ``--pinned Q,M`` also pins that split (inner loop off) and prints, per step, makespan / yardstick and
 makespan / exact reference for it and for stock verl: the yardstick's bias and both references' noise.
 
@@ -32,13 +33,6 @@ from controller_v2_eval import cell_setup  # scripts/ is this script's import pa
 from tailsieve_verl.core import sim
 from tailsieve_verl.core.controller import HierarchicalController, _ConsumedBatch
 
-VARIANTS = {  # name -> (controller overrides, exact reference)
-    "adaptive": ({}, False),
-    "adaptive, exact reference": ({}, True),
-    "stay at the probe": ({"switch_threshold": 0.5}, False),
-    "probe m = R-1, stay": ({"switch_threshold": 0.5, "probe_tail_replicas": "R-1"}, False),
-}
-
 
 class ExactReference(HierarchicalController):
     """The controller with the mean stock-verl makespan of each step in place of its yardstick."""
@@ -49,6 +43,25 @@ class ExactReference(HierarchicalController):
 
     def yardstick_s(self, consumed, prompt_len: float) -> float:
         return float(self.stock_s[self.state.steps - 1])  # observe() has counted the step already
+
+
+class ProbeAnySplit(HierarchicalController):
+    """The controller probing the split the perf model ranks best among m = 1..R − 1, not 1..R/2."""
+
+    def __init__(self, like: HierarchicalController, perf, stock_s: np.ndarray):  # stock_s: unused, same signature
+        super().__init__(like.config, like.n_replicas, like.batch_size, perf, like.per_sample)
+
+    def _probe_range(self) -> range:
+        return range(1, self.n_replicas)
+
+
+VARIANTS = {  # name -> (controller overrides, controller class, built from the shipped one; None = the shipped one)
+    "adaptive": ({}, None),
+    "adaptive, exact reference": ({}, ExactReference),
+    "stay at the probe": ({"switch_threshold": 0.5}, None),
+    "probe m = R-1, stay": ({"switch_threshold": 0.5, "probe_tail_replicas": "R-1"}, None),
+    "probe best m < R": ({}, ProbeAnySplit),
+}
 
 
 def run(job: dict) -> dict:
@@ -65,13 +78,13 @@ def run(job: dict) -> dict:
         pinned = sim.TailSieveRunner(cfg, pool, perf, replace(cfg.controller, fixed_tail_replicas=m, q_init=q,
                                                               inner_loop=False), "pinned")
         runners.append(pinned)
-    for name, (override, exact) in VARIANTS.items():
+    for name, (override, controller) in VARIANTS.items():
         override = {k: cfg.n_replicas - 1 if v == "R-1" else v for k, v in override.items()}
         for k in range(job["draws"]):
             runner = sim.TailSieveRunner(replace(cfg, regeneration_draws=k), pool, perf,
                                          replace(cfg.controller, fixed_tail_replicas=None, **override), f"{name}|{k}")
-            if exact:
-                runner.cycle.controller = ExactReference(runner.cycle.controller, perf, stock_s)
+            if controller:
+                runner.cycle.controller = controller(runner.cycle.controller, perf, stock_s)
             runners.append(runner)
     for t in range(cfg.steps):
         for r in runners:
