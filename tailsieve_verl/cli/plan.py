@@ -46,6 +46,6 @@ def run(args: argparse.Namespace) -> int:
         print(f"best fixed split: q={plan.fixed_q}, m={plan.fixed_m}, predicted {plan.fixed_speedup:.3f}×; to pin it: "
               f"+tailsieve.mode=fixed +tailsieve.q0={plan.fixed_q} +tailsieve.tail_replicas={plan.fixed_m} "
               "+tailsieve.controller.inner_loop=false")
-        print("  the plan resamples each prompt's logged lengths, which overrates isolation on strong tails (there "
-              "7 of 10 picked splits lost 3-12 %): check it against stock verl with `tailsieve compare` before keeping it")
+        print("  on strong tails the plan can overrate isolation (there 4 of 10 picked splits lost 3.4 %): "
+              "check it against stock verl with `tailsieve compare` before keeping it")
     return 0

@@ -2,15 +2,21 @@
 
 The trace's prompts become a prompt pool (each regeneration resamples that prompt's observed
 lengths with replacement, so prompt difficulty persists as it did in the log). The closed-loop
-simulator then runs ``verl`` (stock per-sample routing) and ``tailsieve`` side by side for several seeds; the predicted
-speedup is the mean over seeds of the steady-state speedup (steps after the first third), the band
-its 10th–90th percentile across seeds, and the initial (q, m) the controller's median final choice.
+simulator runs ``verl`` (stock per-sample routing) and ``tailsieve`` side by side for several seeds;
+the predicted speedup is the mean over seeds of the steady-state speedup (steps after the first
+third), the band its 10th–90th percentile across seeds, and the initial (q, m) the controller's
+median final choice.
+
+TailSieve runs there without the per-prompt length record, as in a first epoch. A logged run is a
+sample of the dataset: in a pool of its prompts each one recurs every few steps (every 4 steps from
+a 4-step log), far more often than in training, and the record would exploit recurrences the real
+run does not have (on strong tails it made 5 of 6 picks from 4-step logs lose 3.4–12 %).
 
 It also names a fixed split to pin: each seed's best-static split (and one shared pool) is run on
 every seed and the one with the best mean steady-state speedup wins. Where a split pays only a few
 per cent the adaptive controller cannot resolve it from 30 noisy steps; a split planned this way
-reaches 0.98–1.00 of the best on weak and real tails, but on strong tails the resampled lengths
-overrate isolation (``scripts/results/controller_v2.md``, 2026-12-01 session 8).
+reaches 0.94–1.00 of the best on weak and real tails; on strong tails 4 of 10 picks isolate and
+lose 3.4 % against stock verl (``scripts/results/controller_v2.md``, sessions 8 and 9).
 """
 
 from __future__ import annotations
@@ -71,7 +77,8 @@ def plan_from_trace(trace: Trace, n_replicas: int, perf: PerfModel, *, batch_siz
     for seed in range(seeds):
         pool = PromptPool.from_trace(trace, seed=seed)
         cfg = SimConfig(steps=steps, n_replicas=n_replicas, batch_size=batch, n=group_size, seed=seed,
-                        policies=("verl", "tailsieve", "best-static"), controller=controller or ControllerConfig())
+                        policies=("verl", "tailsieve", "best-static"), controller=controller or ControllerConfig(),
+                        prompt_record=False)
         result = simulate(cfg, pool, perf, workload_name=trace.name)
         speedups.append(result.speedup_vs("verl", steady)["tailsieve"])
         last = result.policies["tailsieve"].records[-1]

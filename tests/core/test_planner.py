@@ -29,6 +29,24 @@ def test_the_fixed_split_is_never_worse_than_one_shared_pool_on_the_planned_stre
     assert plan.fixed_m > 0  # the docstring's second half: a tail pool wins on weak tails
 
 
+def test_the_planned_runs_do_not_use_the_per_prompt_record(monkeypatch):
+    """A logged run's prompts recur every few steps in the planner's pool, far more often than in training;
+    the record would exploit that (scripts/results/controller_v2.md, session 9), so the plan is a first epoch."""
+    from tailsieve_verl.core import planner
+
+    configs = []
+
+    def spy(cfg, *args, **kwargs):
+        configs.append(cfg)
+        return simulate(cfg, *args, **kwargs)
+
+    simulate = planner.simulate
+    monkeypatch.setattr(planner, "simulate", spy)
+    plan_from_trace(generate_trace("weak", 64, 4, seed=0), 4, parse_perf_model("table:h200-moe"), batch_size=16,
+                    steps=3, seeds=2)
+    assert len(configs) == 2 and not any(cfg.prompt_record for cfg in configs)
+
+
 def test_plan_refuses_a_trace_too_small_for_the_batch():
     trace = generate_trace("real", 20, 4, seed=0)
     with pytest.raises(PlanError, match="at least 32"):
