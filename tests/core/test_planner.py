@@ -34,13 +34,12 @@ def test_the_planned_runs_do_not_use_the_per_prompt_record(monkeypatch):
     the record would exploit that (scripts/results/controller_v2.md, session 9), so the plan is a first epoch."""
     from tailsieve_verl.core import planner
 
-    configs = []
+    configs, real_simulate = [], planner.simulate
 
     def spy(cfg, *args, **kwargs):
         configs.append(cfg)
-        return simulate(cfg, *args, **kwargs)
+        return real_simulate(cfg, *args, **kwargs)
 
-    simulate = planner.simulate
     monkeypatch.setattr(planner, "simulate", spy)
     plan_from_trace(generate_trace("weak", 64, 4, seed=0), 4, parse_perf_model("table:h200-moe"), batch_size=16,
                     steps=3, seeds=2)
