@@ -46,13 +46,19 @@ SWEEP = {
 }
 
 
+def cell_parts(cell: str) -> tuple[str, PerfModel, int]:
+    """A cell's workload preset, perf model and replica count, e.g. "moe-real" -> ("real", MoE model, 4)."""
+    setup, preset = cell.split("-")
+    perf_name, n_replicas = SETUPS[setup]
+    return preset, parse_perf_model(perf_name), n_replicas
+
+
 def cell_setup(job: dict, **config) -> tuple[sim.SimConfig, PromptPool, PerfModel]:
     """Simulator config, prompt pool and perf model of one (cell, seed) job; ``config``: more SimConfig fields."""
-    setup, preset = job["cell"].split("-")
-    perf_name, n_replicas = SETUPS[setup]
+    preset, perf, n_replicas = cell_parts(job["cell"])
     cfg = sim.SimConfig(steps=job["steps"], n_replicas=n_replicas, batch_size=job["batch"], n=job["n"],
                         seed=job["seed"], **config)
-    return cfg, PromptPool(preset, job["pool"], seed=job["seed"]), parse_perf_model(perf_name)
+    return cfg, PromptPool(preset, job["pool"], seed=job["seed"]), perf
 
 
 def run(job: dict) -> dict:

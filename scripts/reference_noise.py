@@ -34,22 +34,23 @@ from tailsieve_verl.core import sim
 from tailsieve_verl.core.controller import HierarchicalController, _ConsumedBatch
 
 
-class ExactReference(HierarchicalController):
-    """The controller with the mean stock-verl makespan of each step in place of its yardstick."""
+class _Variant(HierarchicalController):
+    """A controller variant built like the runner's shipped one; ``stock_s``: the step's exact reference."""
 
     def __init__(self, like: HierarchicalController, perf, stock_s: np.ndarray):
         super().__init__(like.config, like.n_replicas, like.batch_size, perf, like.per_sample)
         self.stock_s = stock_s
 
+
+class ExactReference(_Variant):
+    """The controller with the mean stock-verl makespan of each step in place of its yardstick."""
+
     def yardstick_s(self, consumed, prompt_len: float) -> float:
         return float(self.stock_s[self.state.steps - 1])  # observe() has counted the step already
 
 
-class ProbeAnySplit(HierarchicalController):
+class ProbeAnySplit(_Variant):
     """The controller probing the split the perf model ranks best among m = 1..R − 1, not 1..R/2."""
-
-    def __init__(self, like: HierarchicalController, perf, stock_s: np.ndarray):  # stock_s: unused, same signature
-        super().__init__(like.config, like.n_replicas, like.batch_size, perf, like.per_sample)
 
     def _probe_range(self) -> range:
         return range(1, self.n_replicas)

@@ -25,9 +25,8 @@ from pathlib import Path
 
 import numpy as np
 
-from controller_v2_eval import SETUPS, cell_setup  # scripts/ is this script's import path
+from controller_v2_eval import cell_parts, cell_setup  # scripts/ is this script's import path
 from tailsieve_verl.core import sim
-from tailsieve_verl.core.perf import parse_perf_model
 from tailsieve_verl.core.planner import plan_from_trace
 from tailsieve_verl.core.workload import generate_trace
 
@@ -52,10 +51,9 @@ def run(job: dict) -> dict:
 
 def plan_pick(job: dict) -> dict:
     """The fixed split ``tailsieve plan`` picks from a logged stock-verl run of the cell's preset."""
-    setup, preset = job["cell"].split("-")
-    perf_name, R = SETUPS[setup]
+    preset, perf, n_replicas = cell_parts(job["cell"])
     logged = generate_trace(preset, job["log_steps"] * job["batch"], job["n"], seed=job["seed"])
-    plan = plan_from_trace(logged, R, parse_perf_model(perf_name), batch_size=job["batch"], steps=job["steps"])
+    plan = plan_from_trace(logged, n_replicas, perf, batch_size=job["batch"], steps=job["steps"])
     return {"cell": job["cell"], "trace_seed": job["seed"], "log_steps": job["log_steps"], "split": f"{plan.fixed_q},{plan.fixed_m}",
             "predicted": plan.fixed_speedup}
 
