@@ -15,7 +15,7 @@ makespan / exact reference for it and for stock verl: the yardstick's bias and b
 Ratios are to best-static out of sample (both on the regeneration draws best-static was not chosen on),
 read from a ``controller_v2_eval.py --regeneration-draws`` JSON of the same cells and seeds:
 
-    python scripts/reference_noise.py --best-static-from scripts/results/controller_v2_64x8_probe.json \
+    python scripts/experiments/reference_noise.py --best-static-from scripts/results/controller_vs_stock_verl/controller_v2_64x8_probe.json \
         --seeds 16 --out reference.json
 """
 

@@ -13,7 +13,7 @@ plots under ``OUT``):
   after q is raised / lowered (mean consumed-length shift per step, averaged over seeds).
 * ``plan`` — the planner's prediction from a logged uniform run vs the simulated outcome.
 
-    python scripts/experiments.py [--out experiments_out] [--only tails,bias] [--steps 40] [--seeds 3]
+    python scripts/experiments/experiments.py [--out experiments_out] [--only tails,bias] [--steps 40] [--seeds 3]
 """
 
 from __future__ import annotations

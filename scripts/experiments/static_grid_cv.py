@@ -11,8 +11,8 @@ on. This runs **every** split of ``sim.static_grid`` to the end (no screening) o
 * with ``--plan-traces K``: the fixed split ``tailsieve plan`` picks from each of K logged stock-verl
   runs (``--plan-log-steps`` steps of the cell's preset on prompt pools of their own), scored on this grid.
 
-    python scripts/static_grid_cv.py --cells dense-weak --batch 256 --n 16 --seeds 0,1,2,3,4,5,6,7 --out cv.json
-    python scripts/static_grid_cv.py --table-only cv.json --plan-traces 6
+    python scripts/experiments/static_grid_cv.py --cells dense-weak --batch 256 --n 16 --seeds 0,1,2,3,4,5,6,7 --out cv.json
+    python scripts/experiments/static_grid_cv.py --table-only cv.json --plan-traces 6
 """
 
 from __future__ import annotations
