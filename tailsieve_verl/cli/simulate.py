@@ -13,6 +13,7 @@ from ..core.sim import ALL_POLICIES, POLICIES, SimConfig, SimResult, simulate
 from ..core.trace import read_trace
 from ..core.workload import PRESETS, PromptPool
 from .checks import output_dir, perf_model_file
+from .recommend import from_simulation
 
 DEFAULTS = SimConfig()
 
@@ -69,6 +70,7 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     report = result.to_json()
+    report["recommendation"] = from_simulation(result, args.perf_model)
     (out / "simulate.json").write_text(json.dumps(report, indent=1), encoding="utf-8")
     plots = []
     if not args.no_plots:
@@ -79,6 +81,7 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(report))
     else:
         _print_summary(result, out, plots)
+        print(report["recommendation"])
     return 0
 
 
