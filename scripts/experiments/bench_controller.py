@@ -7,6 +7,8 @@ observation's groups into arrays. Targets (issue 11): inner + outer < 1 ms media
 < 5 ms at 64 × 4,096.
 
     python scripts/experiments/bench_controller.py [--shapes 8x512,64x4096] [--n 8] [--decisions 200]
+
+Recorded results: scripts/results/controller_decision_time/; every table and its command: docs/results.md.
 """
 
 from __future__ import annotations

@@ -2,6 +2,8 @@
 
 Prints measurements side by side (no pass/fail: machines are noisy). Run from the repo root:
     .venv/bin/python scripts/experiments/bench_core.py [--quick] [--study-instances N]
+
+A developer benchmark: prints only, records nothing (docs/development.md).
 """
 
 from __future__ import annotations

@@ -5,6 +5,8 @@
 The run's steps keep their measured makespans; predictions, errors and speedups are recomputed from
 the recorded lengths and assignments (tools.closed_loop.predict), e.g. with a calibration that
 covers the contexts the run reached, or with a concurrency cap standing in for a small KV cache.
+
+Recorded results: scripts/results/real_engine_vllm_cpu/ (re-scores the closed-loop runs there); every table and its command: docs/results.md.
 """
 
 from __future__ import annotations

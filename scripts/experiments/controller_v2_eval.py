@@ -15,6 +15,8 @@ best-static.
 ``best-static`` runs a screened grid (every grid point for 5 steps, the best 4 and (0, 0) to the end);
 ``--best-static-from`` reuses it from an earlier JSON of the same cells and seeds (it depends only on
 the stream and the mechanism, not on the controller's settings).
+
+Recorded results: scripts/results/controller_vs_stock_verl/ (and per_prompt_record/ for --pool 256); every table and its command: docs/results.md.
 """
 
 from __future__ import annotations

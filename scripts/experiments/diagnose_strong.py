@@ -13,6 +13,8 @@ on one prompt stream:
   share of steps each pool was the bottleneck.
 
     python scripts/experiments/diagnose_strong.py [--workload strong] [--setups dense,moe] [--seeds 2] [--steps 20]
+
+Recorded results: scripts/results/strong_tails_ceiling/; every table and its command: docs/results.md.
 """
 
 from __future__ import annotations

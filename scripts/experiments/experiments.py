@@ -14,6 +14,8 @@ plots under ``OUT``):
 * ``plan`` — the planner's prediction from a logged uniform run vs the simulated outcome.
 
     python scripts/experiments/experiments.py [--out experiments_out] [--only tails,bias] [--steps 40] [--seeds 3]
+
+Recorded results: scripts/results/stock_verl_vs_group_routing/ (--only tails); every table and its command: docs/results.md.
 """
 
 from __future__ import annotations
