@@ -97,3 +97,62 @@ def test_a_result_file_added_without_a_mention_is_caught(tmp_path):
     assert unmentioned_results(tmp_path, doc) == ["question/new.json"]
     assert unmentioned_results(tmp_path, doc.replace("`run/`", "elsewhere")) == ["question/new.json",
                                                                                  "question/run/cal.json"]
+
+
+def _headline_cells() -> dict[str, dict[str, float]]:
+    """Per cell of the headline table, the numbers its files hold: mean (and worst seed) speedup over stock
+    verl of verl-redraw, tailsieve-fixed and tailsieve, best-static re-run on other draws, and the
+    clairvoyant references."""
+    import json
+
+    import numpy as np
+
+    folder = ROOT / "scripts" / "results" / "controller_vs_stock_verl"
+    cells = {}
+    for scale, name in (("64x8", "controller_v2_64x8_probe.json"), ("256x16", "controller_v2_256x16_probe.json"),
+                        ("oracle", "controller_v2_64x8_oracle_crn.json")):
+        rows = json.loads((folder / name).read_text())
+        for cell in {r["cell"] for r in rows}:
+            speedups = [r["speedup"] for r in rows if r["cell"] == cell]
+            stats = cells.setdefault(f"{'64x8' if scale == 'oracle' else scale} {cell}", {})
+            policies = (("clairvoyant-group", "clairvoyant-sample") if scale == "oracle" else
+                        ("verl-redraw", "tailsieve-fixed", "tailsieve"))
+            for policy in policies:
+                    stats[policy] = float(np.mean([s[policy] for s in speedups]))
+                    stats[policy + " worst"] = float(np.min([s[policy] for s in speedups]))
+            if scale != "oracle":
+                stats["best-static"] = float(np.mean([np.mean([v for k, v in s.items() if k.startswith("best-static (regen")])
+                                                      for s in speedups]))
+    return cells
+
+
+def test_the_headline_table_is_computed_from_its_files():
+    """Every number of the README's and docs/results.md's table against stock verl, from the JSON rows."""
+    cells = _headline_cells()
+
+    def mean_worst(cell, policy):
+        return f"{cells[cell][policy]:.3f} [{cells[cell][policy + ' worst']:.3f}]"
+
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    results = (ROOT / "docs" / "results.md").read_text(encoding="utf-8")
+    labels = {"dense-weak": "dense 8 replicas, 64 × 8, weak", "dense-real": "dense, 64 × 8, real",
+              "dense-strong": "dense, 64 × 8, strong", "moe-weak": "MoE 4 replicas, 64 × 8, weak",
+              "moe-real": "MoE, 64 × 8, real", "moe-strong": "MoE, 64 × 8, strong"}
+    for name, label in labels.items():
+        c = f"64x8 {name}"
+        redraw, adaptive = mean_worst(c, "verl-redraw"), mean_worst(c, "tailsieve")
+        best, group, sample = (f"{cells[c][k]:.3f}" for k in ("best-static", "clairvoyant-group", "clairvoyant-sample"))
+        assert f"| {label} | {redraw} | **{adaptive.split()[0]}** {adaptive.split()[1]} | {best} | {sample} |" in readme
+        fixed = mean_worst(c, "tailsieve-fixed")
+        assert (f"| {label} | {redraw} | {fixed} | **{adaptive.split()[0]}** {adaptive.split()[1]} | {best} | {group} "
+                f"| {sample} |") in results
+    for setup in ("dense", "moe"):
+        c = [f"256x16 {setup}-{tails}" for tails in ("weak", "real", "strong")]
+
+        def three(key):
+            return " / ".join(f"{cells[x][key]:.3f}" for x in c)
+
+        label = f"{'MoE' if setup == 'moe' else 'dense'}, 256 × 16, weak / real / strong"
+        redraw, adaptive, best = three("verl-redraw"), three("tailsieve"), three("best-static")
+        assert f"| {label} | {redraw} | **{adaptive}** | {best} | |" in readme
+        assert f"| {label} | {redraw} | {three('tailsieve-fixed')} | **{adaptive}** | {best} | | |" in results
