@@ -26,7 +26,7 @@ response lengths and finish times, abort counts — never future lengths.
 
 Why measured and not modelled: the fluid model assumes perfect tail precision and a noiseless step;
 the rollout layer's tail signal is a low-precision filter and steps are noisy, so the prior ranks
-splits but misjudges their gains (``scripts/controller_v2_eval.py --ablation`` measures both).
+splits but misjudges their gains (``scripts/experiments/controller_v2_eval.py --ablation`` measures both).
 
 How the verl layer calls it, once per step after the selector's ``finish_step``::
 
@@ -86,7 +86,7 @@ class ControllerConfig:
     """Outer loop: a neighbour's score must beat the current split's relative makespan by this fraction.
     A split's estimate rests on a few steps whose makespans vary by tens of percent, so a small threshold
     trades good splits for noise: 0.1 beat 0.05 by 0.5 ± 0.2 points of speedup over 96 paired runs
-    (``scripts/controller_v2_eval.py``, 64 × 8, six cells × 16 seeds)."""
+    (``scripts/experiments/controller_v2_eval.py``, 64 × 8, six cells × 16 seeds)."""
     exploration_bonus: float = 0.02
     """Outer loop optimism: an unmeasured split's score is lowered by this relative amount, / sqrt(1 + visits)."""
     prior_weight: float = 1.0

@@ -16,7 +16,7 @@ It also names a fixed split to pin: each seed's best-static split (and one share
 every seed and the one with the best mean steady-state speedup wins. Where a split pays only a few
 per cent the adaptive controller cannot resolve it from 30 noisy steps; a split planned this way
 reaches 0.94–1.00 of the best on weak and real tails; on strong tails 4 of 10 picks isolate and
-lose 3.4 % against stock verl (``scripts/results/controller_v2.md``, sessions 8 and 9).
+lose 3.4 % against stock verl (``scripts/results/controller_vs_stock_verl/controller_v2_log.md``, sessions 8 and 9).
 """
 
 from __future__ import annotations
