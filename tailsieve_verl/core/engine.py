@@ -229,8 +229,9 @@ def prefill_cost_from_perf(perf: PerfModel, tokens: int = 4096) -> float:
 
 @dataclass(frozen=True)
 class EngineEvents:
-    """What the engine did on one replica: zero everywhere when no limit bound."""
+    """What the engine did on one replica (all but ``steps`` zero when no limit bound)."""
 
+    steps: int = 0  # engine steps the replica ran
     preemptions: int = 0
     queue_wait_s: float = 0.0  # request-seconds spent waiting (before first admission and after preemptions)
     max_queue_wait_s: float = 0.0  # the longest single wait for admission

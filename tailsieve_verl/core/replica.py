@@ -49,7 +49,7 @@ def simulate_replica(lengths: Sequence[int], perf: PerfModel, prompt_lens: Seque
         max_num_seqs = engine.max_num_seqs
     if engine.binds_beyond_cap:
         group_ids = None if groups is None else np.asarray(groups)
-        return ReplicaScheduler(lengths, prompt, group_ids, engine, max_num_seqs).run(perf)
+        return ReplicaScheduler(lengths, prompt, group_ids, engine, max_num_seqs).run_to_end(perf)
     return _closed_form(lengths, prompt, perf, max_num_seqs)
 
 
@@ -77,8 +77,8 @@ def _closed_form(lengths: np.ndarray, prompt: np.ndarray, perf: PerfModel, max_n
     finish = clock[end]
     admit_s = clock[admit]
     if not admit.any():  # everyone started at 0: tokens at t follow from the finish times alone
-        return ReplicaRun(float(clock[-1]), finish, total_steps, admit_s)
-    events = EngineEvents(queue_wait_s=float(admit_s.sum()), max_queue_wait_s=float(admit_s.max()))
+        return ReplicaRun(float(clock[-1]), finish, total_steps, admit_s, EngineEvents(steps=total_steps))
+    events = EngineEvents(steps=total_steps, queue_wait_s=float(admit_s.sum()), max_queue_wait_s=float(admit_s.max()))
     order = np.arange(n)
     progress = TokenProgress(clock, np.repeat(order, 2), np.stack([admit, end], axis=1).ravel(),
                              np.stack([np.zeros(n), lengths], axis=1).ravel().astype(float), lengths)

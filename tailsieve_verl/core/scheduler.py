@@ -22,6 +22,7 @@ one at a time.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 
 import numpy as np
@@ -33,7 +34,8 @@ DECAY_SPAN = 64  # with acceptance decay, a span re-reads each request's accepta
 
 
 class _Steps:
-    """Per-step records, appended one step or one span at a time."""
+    """Per-step records (requests emitting a token, their context sum, verify query tokens, k,
+    prefilled tokens), appended one step or one span at a time."""
 
     def __init__(self) -> None:
         self.chunks: list[tuple[np.ndarray, ...]] = []
@@ -42,11 +44,10 @@ class _Steps:
     def add(self, emitting: int, ctx_sum: float, query: int, k: int, prefill: int) -> None:
         self.single.append((emitting, ctx_sum, query, k, prefill))
 
-    def add_span(self, emitting: int, ctx_sums: np.ndarray, query: int, k: int) -> None:
+    def add_span(self, emitting: np.ndarray, ctx_sums: np.ndarray, k: int) -> None:
         self._flush()
         n = len(ctx_sums)
-        self.chunks.append((np.full(n, float(emitting)), ctx_sums, np.full(n, float(query)), np.full(n, float(k)),
-                            np.zeros(n)))
+        self.chunks.append((emitting, ctx_sums, emitting * (1 + k), np.full(n, float(k)), np.zeros(n)))
 
     def _flush(self) -> None:
         if self.single:
@@ -84,8 +85,7 @@ class ReplicaScheduler:
     def __init__(self, lengths: np.ndarray, prompts: np.ndarray, groups: np.ndarray | None, cfg: EngineConfig,
                  max_num_seqs: int | None = None):
         self.cfg = cfg
-        n = len(lengths)
-        self.n = n
+        n = self.n = len(lengths)
         self.L = lengths.astype(float)
         self.P = prompts.astype(np.int64)
         self.bs = cfg.block_size
@@ -103,14 +103,14 @@ class ReplicaScheduler:
             self.hit_blocks = np.zeros(n, dtype=np.int64)
         self.refs = np.zeros(int(self.gid.max(initial=-1)) + 1, dtype=np.int64)
         self._check_fits()
-        self.g = np.zeros(n)
-        self.computed = np.zeros(n, dtype=np.int64)
+        self.g = np.zeros(n)  # tokens generated (an expectation under speculation)
+        self.computed = np.zeros(n, dtype=np.int64)  # prefill progress of the current admission
         self.target = np.zeros(n, dtype=np.int64)
         self.held = np.zeros(n, dtype=np.int64)  # private blocks (shared prompt blocks are counted per group)
         self.used = 0
         self.prefilling = np.zeros(n, dtype=bool)
         self.n_prefilling = 0
-        self.running: list[int] = []
+        self.run = np.zeros(0, dtype=np.int64)  # running requests, admission order
         self.waiting = deque(range(n))
         self.first_admit = np.full(n, -1, dtype=np.int64)
         self.finish_idx = np.full(n, -1, dtype=np.int64)  # clock index of each finish
@@ -120,30 +120,34 @@ class ReplicaScheduler:
         self.steps = _Steps()
         self.step = 0
         self.unfinished = n
-        self.preemptions = 0
-        self.recomputed = 0
-        self.prefilled = 0
-        self.drafted = 0.0
-        self.accepted = 0.0
+        self.preemptions = self.recomputed = self.prefilled = 0
+        self.drafted = self.accepted = 0.0
 
     def _check_fits(self) -> None:
         total = self.P + self.L.astype(np.int64)
+        if not self.n:
+            return
         if self.capacity is not None:
             need = -(-(total + self.k_max) // self.bs)
-            worst = int(np.argmax(need)) if self.n else 0
-            if self.n and need[worst] > self.capacity:
+            worst = int(np.argmax(need))
+            if need[worst] > self.capacity:
                 raise EngineConfigError(
                     f"a request of {int(total[worst])} tokens needs {int(need[worst])} KV blocks but the replica has "
-                    f"{self.capacity} (num_gpu_blocks); raise num_gpu_blocks or shorten max_response_length")
-        if not self.cfg.enable_chunked_prefill and self.n and total.max() > self.budget:
-            raise EngineConfigError(f"with chunked prefill off, a request of {int(total.max())} tokens needs "
-                                    f"max_num_batched_tokens >= {int(total.max())} (got {int(self.budget)}); "
-                                    "enable chunked prefill or raise the budget")
+                    f"{self.capacity} (num_gpu_blocks); raise num_gpu_blocks or shorten the responses")
+        longest = int((self.P + np.maximum(self.L.astype(np.int64) - 1, 0)).max())  # a recompute's prefill
+        if not self.cfg.enable_chunked_prefill and longest > self.budget:
+            raise EngineConfigError(f"with chunked prefill off, a prefill of up to {longest} tokens (prompt + "
+                                    f"tokens generated before a preemption) needs max_num_batched_tokens >= {longest} "
+                                    f"(got {int(self.budget)}); enable chunked prefill or raise the budget")
 
     # ------------------------------------------------------------------ blocks
 
-    def _private_blocks(self, i, tokens):
-        return np.maximum(-(-np.asarray(tokens, dtype=float) // self.bs).astype(np.int64) - self.hit_blocks[i], 0)
+    def _blocks(self, i: int, tokens: float) -> int:
+        """Private blocks request i holds for ``tokens`` tokens (its group's prompt blocks apart)."""
+        return max(math.ceil(tokens / self.bs) - int(self.hit_blocks[i]), 0)
+
+    def _blocks_of(self, run: np.ndarray, tokens: np.ndarray) -> np.ndarray:
+        return np.maximum(np.ceil(tokens / self.bs).astype(np.int64) - self.hit_blocks[run], 0)
 
     def _k(self, running: int) -> int:
         return self.spec.k_for_batch(running) if self.spec else 0
@@ -158,79 +162,97 @@ class ReplicaScheduler:
 
     # ------------------------------------------------------------------ the run
 
-    def run(self, perf: PerfModel) -> ReplicaRun:
+    def run_to_end(self, perf: PerfModel) -> ReplicaRun:
         while self.unfinished:
-            span = self._quiet_span()
-            if span:
-                self._advance(span)
-            else:
+            plan = self._quiet_span()
+            if plan is None:
                 self._event_step()
+            else:
+                self._advance(*plan)
         emitting, ctx_sum, query, k, prefill = self.steps.columns()
         step = step_seconds(perf, self.cfg, emitting, ctx_sum, query, k, prefill)
         clock = np.concatenate([[0.0], np.cumsum(step)])
-        finish = clock[self.finish_idx]
-        admit = clock[self.first_admit]
         waits = np.array([clock[b] - clock[a] for a, b in self.waits]) if self.waits else np.zeros(1)
-        events = EngineEvents(preemptions=self.preemptions, queue_wait_s=float(waits.sum()),
+        events = EngineEvents(steps=len(step), preemptions=self.preemptions, queue_wait_s=float(waits.sum()),
                               max_queue_wait_s=float(waits.max()), tokens_recomputed=self.recomputed,
                               prefill_tokens=self.prefilled, spec_draft_tokens=self.drafted,
                               spec_accepted_tokens=self.accepted)
         knots = np.array(sorted(self.knots), dtype=float).reshape(-1, 3)
         progress = TokenProgress(clock, knots[:, 0].astype(np.int64), knots[:, 1].astype(np.int64), knots[:, 2],
                                  self.L.astype(np.int64))
-        return ReplicaRun(float(clock[-1]), finish, len(step), admit, events, progress)
+        return ReplicaRun(float(clock[-1]), clock[self.finish_idx], len(step), clock[self.first_admit], events,
+                          progress)
 
     def _head_admissible(self, b: int, k: int) -> bool:
-        """Could the waiting head be admitted at the next step (before that step's allocations)?"""
-        if b >= self.cap or self.budget - b * (1 + k) <= 0:
+        """Could the waiting head be admitted at the next step (judged before that step's
+        allocations, so a yes may be wrong — costing one walked step — but a no is right)?"""
+        left = self.budget - b * (1 + k)
+        if b >= self.cap or left <= 0:
             return False
         i = self.waiting[0]
         if self.L[i] == 0:
             return True
-        tokens = int(self.P[i] + int(self.g[i]))
+        tokens = int(self.P[i]) + int(self.g[i])
         shared = self.refs[self.gid[i]] > 0
-        if not self.cfg.enable_chunked_prefill and tokens - (self.hit_blocks[i] * self.bs if shared else 0) \
-                > self.budget - b * (1 + k):
+        if not self.cfg.enable_chunked_prefill and tokens - (int(self.hit_blocks[i]) * self.bs if shared else 0) > left:
             return False
         if self.capacity is None:
             return True
-        gate = int(self._private_blocks(i, tokens)) + (0 if shared else int(self.hit_blocks[i]))
+        gate = self._blocks(i, tokens) + (0 if shared else int(self.hit_blocks[i]))
         return gate <= self.capacity - self.used
 
-    def _quiet_span(self) -> int:
+    def _quiet_span(self):
         """Steps from now in which every running request decodes and nothing is admitted or
-        preempted, up to and including the first finish; 0 when the next step needs the scheduler."""
-        b = len(self.running)
+        preempted, as ``(span, k, tokens per step, steps to finish)``; None when the next step needs
+        the scheduler. With requests waiting the span ends at the first finish (a slot or blocks
+        may free); with none it runs through finishes while k (by batch size) stays."""
+        run = self.run
+        b = len(run)
         if not b or self.n_prefilling:
-            return 0
+            return None
         k = self._k(b)
         if b * (1 + k) > self.budget or (self.waiting and self._head_admissible(b, k)):
-            return 0
-        run = np.asarray(self.running)
-        g, left = self.g[run], self.L[run] - self.g[run]
+            return None
+        g = self.g[run]
+        left = self.L[run] - g
         if k:
             e = self.spec.tokens_per_step(k, self.P[run] + g)
             to_finish = np.ceil(left / e - 1e-9)
         else:
-            e, to_finish = 1.0, left
-        span = int(to_finish.min())
+            e, to_finish = np.ones(b), left
+        if self.waiting:
+            span = int(to_finish.min())
+        else:
+            span = int(to_finish.max())
+            if k and self.spec.schedule:
+                span = self._span_keeping_k(to_finish, k, span)
         if k and self.spec.acceptance_half_life is not None:
             span = min(span, DECAY_SPAN)
         if self.capacity is not None:
             span = self._steps_with_blocks(run, g, e, k, span)
+        return (span, k, e, to_finish) if span else None
+
+    def _span_keeping_k(self, to_finish: np.ndarray, k: int, span: int) -> int:
+        """The first finish step after which the running batch's k changes (``span`` if none)."""
+        ends = np.unique(to_finish)
+        alive_after = len(to_finish) - np.searchsorted(np.sort(to_finish), ends, side="right")
+        for end, alive in zip(ends, alive_after):
+            if alive and self._k(int(alive)) != k:
+                return min(int(end), span)
         return span
 
-    def _steps_with_blocks(self, run: np.ndarray, g: np.ndarray, e, k: int, span: int) -> int:
-        """The first step s < span whose allocations the free blocks cannot cover (span if none)."""
+    def _steps_with_blocks(self, run: np.ndarray, g: np.ndarray, e: np.ndarray, k: int, span: int) -> int:
+        """The first step s < span whose allocations might exceed the free blocks (``span`` if none).
+        Finishes inside the span are not credited, so the cut is safe and at most early."""
         held = self.held[run]
+        base = self.P[run] + g + k
 
         def used_at(s: int) -> int:
-            need = self._private_blocks(run, self.P[run] + g + s * e + k)
-            return self.used + int(np.maximum(need - held, 0).sum())
+            return self.used + int(np.maximum(self._blocks_of(run, base + s * e) - held, 0).sum())
 
         if used_at(span - 1) <= self.capacity:
             return span
-        lo, hi = 0, span - 1  # used_at(hi) > capacity; find the smallest such s
+        lo, hi = 0, span - 1  # used_at(hi) > capacity; the smallest such s
         while lo < hi:
             mid = (lo + hi) // 2
             if used_at(mid) > self.capacity:
@@ -239,47 +261,54 @@ class ReplicaScheduler:
                 lo = mid + 1
         return lo
 
-    def _advance(self, span: int) -> None:
-        """``span`` plain decode steps of the running set at once."""
-        run = np.asarray(self.running)
+    def _advance(self, span: int, k: int, e: np.ndarray, to_finish: np.ndarray) -> None:
+        """``span`` plain decode steps of the running set at once (requests may finish inside)."""
+        run = self.run
         b = len(run)
-        k = self._k(b)
         g, left = self.g[run], self.L[run] - self.g[run]
+        ends = np.minimum(to_finish, span).astype(np.int64)  # steps each request runs in the span
+        base = (self.P[run] + g).astype(float)
+        if span <= ends.min():  # nobody leaves before the last step: a constant batch
+            active = np.full(span, float(b))
+            ctx = base.sum() + np.arange(span) * float(e.sum())
+        else:  # active(s) and Σ context(s) over the requests alive at step s (to_finish > s)
+            gone = np.cumsum(np.bincount(ends, minlength=span + 1))[:span]
+            gone_base = np.cumsum(np.bincount(ends, weights=base, minlength=span + 1))[:span]
+            gone_rate = np.cumsum(np.bincount(ends, weights=e, minlength=span + 1))[:span]
+            active = (b - gone).astype(float)
+            ctx = (base.sum() - gone_base) + np.arange(span) * (float(e.sum()) - gone_rate)
+        self.steps.add_span(active, ctx, k)
+        produced = np.minimum(ends * e, left)
         if k:
-            e = self.spec.tokens_per_step(k, self.P[run] + g)
-            to_finish = np.ceil(left / e - 1e-9)
-            produced = np.minimum(span * e, left)
-            self.drafted += float(span * b * k)
-            self.accepted += float((produced - span).sum())
-            ctx0, rate = float((self.P[run] + g).sum()), float(e.sum())
-        else:
-            e, to_finish, produced = 1.0, left, np.full(b, float(span))
-            ctx0, rate = float((self.P[run] + g).sum()), float(b)
-        self.steps.add_span(b, ctx0 + np.arange(span) * rate, b * (1 + k), k)
+            self.drafted += float(k * active.sum())
+            self.accepted += float((produced - ends).sum())
         if self.capacity is not None:
-            need = self._private_blocks(run, self.P[run] + g + (span - 1) * e + k)
-            grow = np.maximum(need - self.held[run], 0)
+            grow = np.maximum(self._blocks_of(run, base + (ends - 1) * e + k) - self.held[run], 0)
             self.held[run] += grow
             self.used += int(grow.sum())
-        self.g[run] = g + produced
+        done = to_finish <= span
+        self.g[run] = np.where(done, self.L[run], g + produced)
+        self._finish(done, self.step + ends)
         self.step += span
-        done = run[to_finish <= span]
-        self.g[done] = self.L[done]
-        self._finish(done)
 
-    def _finish(self, done) -> None:
-        if not len(done):
+    def _finish(self, done: np.ndarray, at) -> None:
+        """Release the running requests marked in ``done``; ``at``: the clock index of each finish."""
+        if not done.any():
             return
-        for i in done:
-            i = int(i)
+        finished = self.run[done]
+        at = at[done] if isinstance(at, np.ndarray) else np.full(len(finished), at, dtype=np.int64)
+        for i, when in zip(finished.tolist(), at.tolist()):
             self._release(i)
-            self.finish_idx[i] = self.step
-            self.knots.append((i, self.step, float(self.L[i])))
-        gone = set(int(i) for i in done)
-        self.running = [i for i in self.running if i not in gone]
-        self.unfinished -= len(gone)
+            self.knots.append((i, when, float(self.L[i])))
+        self.finish_idx[finished] = at
+        self.run = self.run[~done]
+        self.unfinished -= len(finished)
 
-    def _preempt(self, i: int) -> None:
+    def _preempt_newest(self) -> int:
+        """vLLM's FCFS preemption: the most recently admitted running request goes back to the front
+        of the waiting queue with its blocks freed (recompute mode)."""
+        i = int(self.run[-1])
+        self.run = self.run[:-1]
         self._release(i)
         if self.prefilling[i]:
             self.prefilling[i] = False
@@ -289,29 +318,30 @@ class ReplicaScheduler:
         self.wait_from[i] = self.step
         self.preemptions += 1
         self.knots.append((i, self.step, float(self.g[i])))
+        return i
 
     def _event_step(self) -> None:
         """One scheduler step walked request by request (admissions, chunks, preemptions)."""
         budget = self.budget
-        k = self._k(len(self.running))
-        decoding: list[int] = []
+        run = self.run
+        k = self._k(len(run))
         chunks: list[tuple[int, int]] = []
         preempted = False
-        run = np.asarray(self.running, dtype=np.int64)
         extra = None
         if len(run) and self.capacity is not None and not self.n_prefilling:
-            extra = np.maximum(self._private_blocks(run, self.P[run] + self.g[run] + k) - self.held[run], 0)
-        if len(run) and not self.n_prefilling and len(run) * (1 + k) <= budget and (
-                extra is None or self.used + int(extra.sum()) <= self.capacity):
-            decoding = self.running[:]  # the common case: every running request decodes and fits
+            extra = np.maximum(self._blocks_of(run, self.P[run] + self.g[run] + k) - self.held[run], 0)
+        if not len(run) or (not self.n_prefilling and len(run) * (1 + k) <= budget
+                            and (extra is None or self.used + int(extra.sum()) <= self.capacity)):
+            decoding = run  # the common case: every running request decodes and fits
             budget -= len(run) * (1 + k)
             if extra is not None:
                 self.held[run] += extra
                 self.used += int(extra.sum())
         else:
+            scheduled: list[int] = []
             idx = 0
-            while idx < len(self.running) and budget > 0:
-                i = self.running[idx]
+            while idx < len(self.run) and budget > 0:
+                i = int(self.run[idx])
                 if self.prefilling[i]:
                     new = int(min(self.target[i] - self.computed[i], budget))
                     tokens = self.computed[i] + new + k
@@ -319,27 +349,30 @@ class ReplicaScheduler:
                     new = int(min(1 + k, budget))
                     tokens = self.P[i] + self.g[i] + (new - 1)
                 if self.capacity is not None:
-                    more = int(max(int(self._private_blocks(i, tokens)) - self.held[i], 0))
+                    more = max(self._blocks(i, tokens) - int(self.held[i]), 0)
                     while more > self.capacity - self.used:
-                        victim = self.running.pop()
-                        self._preempt(victim)
                         preempted = True
-                        if victim == i:
+                        if self._preempt_newest() == i:
                             break
-                    if len(self.running) <= idx:  # the request itself was preempted
+                    if len(self.run) <= idx:  # the request itself was preempted
                         break
                     self.held[i] += more
                     self.used += more
-                (chunks.append((i, new)) if self.prefilling[i] else decoding.append(i))
+                if self.prefilling[i]:
+                    chunks.append((i, new))
+                else:
+                    scheduled.append(i)
                 budget -= new
                 idx += 1
+            decoding = np.asarray(scheduled, dtype=np.int64)
         if not preempted:
-            budget = self._admit(budget, k, chunks)
+            self._admit(budget, k, chunks)
         self._execute(decoding, chunks, k)
 
-    def _admit(self, budget: float, k: int, chunks: list[tuple[int, int]]) -> float:
+    def _admit(self, budget: float, k: int, chunks: list[tuple[int, int]]) -> None:
         """FCFS admission of waiting requests (``chunks`` receives their first prefill chunk)."""
-        while self.waiting and budget > 0 and len(self.running) < self.cap:
+        admitted: list[int] = []
+        while self.waiting and budget > 0 and len(self.run) + len(admitted) < self.cap:
             i = self.waiting[0]
             if self.L[i] == 0:  # nothing to generate: done on admission, holds nothing
                 self.waiting.popleft()
@@ -348,7 +381,7 @@ class ReplicaScheduler:
                 self.knots.append((i, self.step, 0.0))
                 self.unfinished -= 1
                 continue
-            tokens = int(self.P[i] + int(self.g[i]))
+            tokens = int(self.P[i]) + int(self.g[i])
             shared = bool(self.refs[self.gid[i]] > 0)
             hit = int(self.hit_blocks[i]) * self.bs if shared else 0
             new = tokens - hit
@@ -356,15 +389,15 @@ class ReplicaScheduler:
                 break
             chunk = int(min(new, budget))
             if self.capacity is not None:
-                gate = int(self._private_blocks(i, tokens)) + (0 if shared else int(self.hit_blocks[i]))
+                gate = self._blocks(i, tokens) + (0 if shared else int(self.hit_blocks[i]))
                 if gate > self.capacity - self.used:
                     break
                 if not shared:
                     self.used += int(self.hit_blocks[i])
-                self.held[i] = int(self._private_blocks(i, hit + chunk + k))
+                self.held[i] = self._blocks(i, hit + chunk + k)
                 self.used += int(self.held[i])
             self.waiting.popleft()
-            self.running.append(i)
+            admitted.append(i)
             self.refs[self.gid[i]] += 1
             self.computed[i], self.target[i] = hit, tokens
             self.prefilling[i] = True
@@ -377,24 +410,24 @@ class ReplicaScheduler:
             self.knots.append((i, self.step, float(self.g[i])))
             chunks.append((i, chunk))
             budget -= chunk
-        return budget
+        if admitted:
+            self.run = np.concatenate([self.run, np.asarray(admitted, dtype=np.int64)])
 
-    def _execute(self, decoding: list[int], chunks: list[tuple[int, int]], k: int) -> None:
+    def _execute(self, decoding: np.ndarray, chunks: list[tuple[int, int]], k: int) -> None:
         """Apply one step's work: tokens emitted, chunks prefilled, finished requests released."""
         emitting, ctx_sum, query, prefill = 0, 0.0, 0, 0
-        if decoding:
-            dec = np.asarray(decoding, dtype=np.int64)
-            g = self.g[dec]
-            ctx_sum += float((self.P[dec] + g).sum())
-            emitting += len(dec)
-            query += len(dec) * (1 + k)
+        if len(decoding):
+            g = self.g[decoding]
+            ctx_sum += float((self.P[decoding] + g).sum())
+            emitting += len(decoding)
+            query += len(decoding) * (1 + k)
             if k:
-                gained = np.minimum(self.spec.tokens_per_step(k, self.P[dec] + g), self.L[dec] - g)
-                self.drafted += float(len(dec) * k)
+                gained = np.minimum(self.spec.tokens_per_step(k, self.P[decoding] + g), self.L[decoding] - g)
+                self.drafted += float(len(decoding) * k)
                 self.accepted += float((gained - 1).sum())
             else:
                 gained = 1.0
-            self.g[dec] = np.where(g + gained >= self.L[dec] - 1e-9, self.L[dec], g + gained)
+            self.g[decoding] = np.where(g + gained >= self.L[decoding] - 1e-9, self.L[decoding], g + gained)
         for i, chunk in chunks:
             self.computed[i] += chunk
             prefill += chunk
@@ -409,7 +442,6 @@ class ReplicaScheduler:
         self.prefilled += prefill
         self.steps.add(emitting, ctx_sum, query, k, prefill)
         self.step += 1
-        if self.running:
-            run = np.asarray(self.running, dtype=np.int64)
-            self._finish(run[(self.g[run] >= self.L[run]) & ~self.prefilling[run]])
-
+        run = self.run
+        if len(run):
+            self._finish((self.g[run] >= self.L[run]) & ~self.prefilling[run], self.step)
