@@ -49,8 +49,9 @@ class SpeculativeConfig:
     ``(b_lo, b_hi, k)`` starting at 1; a gap or the tail carries the previous k (as vLLM expands it).
     The running batch picks k. Empty: always ``num_speculative_tokens``."""
     acceptance_half_life: float | None = None
-    """Context tokens over which every position's acceptance halves (first-order decay; public
-    figures: position 1 falls from ~0.93 to ~0.72 at long contexts, i.e. ~85k tokens). None: no decay."""
+    """Context tokens over which every position's acceptance halves (first-order decay, read once per
+    admission at the request's mid-way context ``prompt + (generated + length) / 2``; public figures:
+    position 1 falls from ~0.93 to ~0.72 at long contexts, i.e. ~85k tokens). None: no decay."""
     draft_cost: float = 0.0
     """Seconds of drafting per draft token as a fraction of the decode step ``T(b, c)`` (MTP/EAGLE ≈
     1/layers for a one-layer head; ngram ≈ 0)."""

@@ -11,17 +11,21 @@ are admitted FCFS while the running count is below ``max_num_seqs``, budget is l
 blocks hold the whole sequence (prompt, plus the generated tokens of a preempted request, all
 prefilled again; a group's shared prompt blocks are a prefix-cache hit while a sibling holds them).
 A request whose prefill completes emits its first token in that step; a decoding request emits
-``1 + Σᵢ Πⱼ≤ᵢ αⱼ`` tokens (speculation's expectation, 1 without it).
+``1 + Σᵢ Πⱼ≤ᵢ αⱼ`` tokens (speculation's expectation, 1 without it), with k looked up from the
+number of requests the previous step scheduled (vLLM's dynamic SD drafts for the next step).
 
 Scheduling is step-based, never time-based, so the run records per step what the cost model needs
 (requests emitting a token, their context sum, verify query tokens, k, prefilled tokens) and prices
-every step in one vectorised call at the end. Steps in which nothing can be admitted, preempted or
-prefilled and nothing finishes are advanced as one span; only the steps around events are walked
-one at a time.
+every step in one vectorised call at the end. Only steps around events are walked one at a time:
+stretches where every running request decodes and nothing can be admitted (up to a finish, or
+through finishes when nobody waits) and stretches where only ``max_num_seqs`` binds (each finish
+refilled FIFO at the next step, checked against the token budget and the KV blocks step by step)
+are advanced at once. ``tests/core/test_engine_spans.py`` checks both against the step-by-step walk.
 """
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections import deque
 
@@ -29,8 +33,6 @@ import numpy as np
 
 from .engine import EngineConfig, EngineConfigError, EngineEvents, ReplicaRun, TokenProgress
 from .perf import PerfModel
-
-DECAY_SPAN = 64  # with acceptance decay, a span re-reads each request's acceptance at least this often
 
 
 class _Steps:
@@ -44,10 +46,12 @@ class _Steps:
     def add(self, emitting: int, ctx_sum: float, query: int, k: int, prefill: int) -> None:
         self.single.append((emitting, ctx_sum, query, k, prefill))
 
-    def add_span(self, emitting: np.ndarray, ctx_sums: np.ndarray, k: int) -> None:
+    def add_span(self, emitting: np.ndarray, ctx_sums: np.ndarray, k: int, query: np.ndarray | None = None,
+                 prefill: np.ndarray | None = None) -> None:
         self._flush()
         n = len(ctx_sums)
-        self.chunks.append((emitting, ctx_sums, emitting * (1 + k), np.full(n, float(k)), np.zeros(n)))
+        self.chunks.append((emitting, ctx_sums, emitting * (1 + k) if query is None else query,
+                            np.full(n, float(k)), np.zeros(n) if prefill is None else prefill))
 
     def _flush(self) -> None:
         if self.single:
@@ -104,6 +108,9 @@ class ReplicaScheduler:
         self.refs = np.zeros(int(self.gid.max(initial=-1)) + 1, dtype=np.int64)
         self._check_fits()
         self.g = np.zeros(n)  # tokens generated (an expectation under speculation)
+        # the context at which a residency's acceptance is read: midway between admission and the end
+        # (first order in the decay; one value per residency keeps the spans exact)
+        self.ctx_mid = self.P + self.L / 2
         self.computed = np.zeros(n, dtype=np.int64)  # prefill progress of the current admission
         self.target = np.zeros(n, dtype=np.int64)
         self.held = np.zeros(n, dtype=np.int64)  # private blocks (shared prompt blocks are counted per group)
@@ -120,6 +127,7 @@ class ReplicaScheduler:
         self.steps = _Steps()
         self.step = 0
         self.unfinished = n
+        self.last_scheduled = 0  # requests scheduled in the previous step: picks this step's k (vLLM dynamic SD)
         self.preemptions = self.recomputed = self.prefilled = 0
         self.drafted = self.accepted = 0.0
 
@@ -164,6 +172,8 @@ class ReplicaScheduler:
 
     def run_to_end(self, perf: PerfModel) -> ReplicaRun:
         while self.unfinished:
+            if self._refill_span():
+                continue
             plan = self._quiet_span()
             if plan is None:
                 self._event_step()
@@ -210,35 +220,227 @@ class ReplicaScheduler:
         b = len(run)
         if not b or self.n_prefilling:
             return None
-        k = self._k(b)
+        k = self._k(self.last_scheduled)
         if b * (1 + k) > self.budget or (self.waiting and self._head_admissible(b, k)):
             return None
         g = self.g[run]
         left = self.L[run] - g
         if k:
-            e = self.spec.tokens_per_step(k, self.P[run] + g)
+            e = self.spec.tokens_per_step(k, self.ctx_mid[run])
             to_finish = np.ceil(left / e - 1e-9)
         else:
             e, to_finish = np.ones(b), left
-        if self.waiting:
-            span = int(to_finish.min())
-        else:
-            span = int(to_finish.max())
-            if k and self.spec.schedule:
-                span = self._span_keeping_k(to_finish, k, span)
-        if k and self.spec.acceptance_half_life is not None:
-            span = min(span, DECAY_SPAN)
+        span = int(to_finish.min() if self.waiting else to_finish.max())
+        if self.spec is not None and self.spec.schedule:
+            span = self._span_keeping_k(to_finish, k, span)
         if self.capacity is not None:
             span = self._steps_with_blocks(run, g, e, k, span)
         return (span, k, e, to_finish) if span else None
 
+    def _refill_span(self) -> bool:
+        """Advance through a stretch where only ``max_num_seqs`` binds: the batch stays full, each
+        finish frees a slot that the next waiting request takes at the following step, its prefill
+        done within that step (the closed form's FIFO refill). Admissions are played out with a heap,
+        then the stretch is cut at the first step whose token budget or KV blocks would not hold it
+        (the scheduler walks from there). False when no step qualifies."""
+        run, b = self.run, len(self.run)
+        if not self.waiting or b != self.cap or self.n_prefilling:
+            return False
+        k = self._k(self.last_scheduled)
+        if b * (1 + k) > self.budget or self._k(b) != k:
+            return False
+        step0 = self.step
+        g_run = self.g[run]
+        e_run = self.spec.tokens_per_step(k, self.ctx_mid[run]) if k else np.ones(b)
+        to_finish = np.ceil((self.L[run] - g_run) / e_run - 1e-9) if k else self.L[run] - g_run
+        f_run = step0 + to_finish.astype(np.int64)
+        heap = f_run.tolist()
+        heapq.heapify(heap)
+        holding_end: dict[int, int] = {}  # a group's prompt blocks are held until this clock index
+        for i, f in zip(run.tolist(), heap):
+            gid = int(self.gid[i])
+            holding_end[gid] = max(holding_end.get(gid, step0), f)
+        new: list[tuple[int, int, int, float, int, bool]] = []  # (request, admitted at, done at, e, prefill, hit)
+        zero: list[tuple[int, int]] = []  # (request, clock index) of zero-length requests, done on admission
+        waiting = list(self.waiting)
+        pos = 0
+        while pos < len(waiting):
+            free_at = heapq.heappop(heap)
+            while pos < len(waiting) and self.L[waiting[pos]] == 0:
+                zero.append((waiting[pos], free_at))
+                pos += 1
+            if pos == len(waiting):
+                heapq.heappush(heap, free_at)  # a slot nobody takes: the batch shrinks here
+                break
+            j = waiting[pos]
+            pos += 1
+            gid, g0 = int(self.gid[j]), float(self.g[j])
+            hit = holding_end.get(gid, -1) > free_at  # a sibling still running holds the prompt's blocks
+            self.ctx_mid[j] = self.P[j] + (g0 + self.L[j]) / 2
+            e_j = float(self.spec.tokens_per_step(k, self.ctx_mid[j])) if k else 1.0
+            left = self.L[j] - g0 - 1  # after the prefill step's token
+            end = free_at + 1 + int(math.ceil(left / e_j - 1e-9) if k else left)
+            holding_end[gid] = max(holding_end.get(gid, -1), end)
+            new.append((j, free_at, end, e_j, int(self.P[j]) + int(g0) - (int(self.hit_blocks[j]) * self.bs if hit else 0),
+                        hit))
+            heapq.heappush(heap, end)
+        stop = heap[0]  # the first finish the queue does not refill
+        stop = min(stop, self._refill_budget_limit(b, k, new, stop))
+        if self.capacity is not None:
+            stop = self._refill_block_limit(k, step0, stop, e_run, f_run, new)
+        if stop <= step0:
+            return False
+        self._apply_refill(k, step0, stop, e_run, f_run, [x for x in new if x[1] < stop],
+                           [x for x in zero if x[1] < stop])
+        return True
+
+    def _refill_budget_limit(self, b: int, k: int, new: list, stop: int) -> int:
+        """The first admission step whose decodes and whole prefills exceed the token budget."""
+        if not new or self.budget == np.inf:
+            return stop
+        at = np.array([x[1] for x in new])
+        tokens = np.array([x[4] for x in new], dtype=float)
+        steps, first = np.unique(at, return_index=True)
+        admitted = np.diff(np.append(first, len(at)))
+        total = (b - admitted) * (1 + k) + np.add.reduceat(tokens, first)
+        over = np.flatnonzero(total > self.budget)
+        return int(steps[over[0]]) if len(over) else stop
+
+    def _refill_block_limit(self, k: int, step0: int, stop: int, e_run: np.ndarray, f_run: np.ndarray,
+                            new: list) -> int:
+        """The first step of [step0, stop) whose KV blocks (the running requests' growth, the new ones'
+        prefill and growth, each group's shared prompt held while a member runs) exceed the capacity."""
+        new = [x for x in new if x[1] < stop]
+        run = self.run
+        bs = self.bs
+        idx = np.concatenate([run, np.array([x[0] for x in new], dtype=np.int64)])
+        start = np.concatenate([np.full(len(run), step0), np.array([x[1] for x in new], dtype=np.int64)])
+        end = np.minimum(np.concatenate([f_run, np.array([x[2] for x in new], dtype=np.int64)]), stop)
+        rate = np.concatenate([e_run, np.array([x[3] for x in new])])
+        g0 = self.g[idx]
+        # tokens needing slots at step s: P + g + k at the start step, then + rate per step (a new
+        # request's prefill step emits one token, its decode steps ``rate``; rate >= 1 keeps it linear-or-above)
+        first_tokens = self.P[idx] + g0 + k
+        is_new = np.arange(len(idx)) >= len(run)
+        lin0 = np.where(is_new, first_tokens + 1 - rate, first_tokens)  # the linear part, extrapolated to start
+        tokens_at = lambda s: np.where(s == start, first_tokens, lin0 + (s - start) * rate)  # noqa: E731
+        blocks_first = np.ceil(first_tokens / bs).astype(np.int64)
+        blocks_last = np.ceil(tokens_at(end - 1) / bs).astype(np.int64)
+        hb = self.hit_blocks[idx]
+        span = stop - step0
+        diff = np.zeros(span + 1)
+        np.add.at(diff, start - step0, blocks_first - hb)
+        np.add.at(diff, end - step0, -(blocks_last - hb))
+        grow = blocks_last - blocks_first  # one step per block boundary crossed on the linear part
+        if grow.sum():
+            owner = np.repeat(np.arange(len(idx)), grow)
+            nth = np.arange(int(grow.sum())) - np.repeat(np.cumsum(grow) - grow, grow)
+            boundary = (blocks_first[owner] + nth) * bs  # the step's tokens exceed this
+            at = start[owner] + np.floor((boundary - lin0[owner]) / rate[owner]).astype(np.int64) + 1
+            np.add.at(diff, np.maximum(at, start[owner] + 1) - step0, 1.0)
+        # group prompt blocks: held from a holding's first member to its last member's end
+        order = np.lexsort((start, self.gid[idx]))
+        gids, starts, ends = self.gid[idx][order], start[order], end[order]
+        for lo, hi in _runs(gids):
+            blocks = int(self.hit_blocks[idx[order[lo]]])
+            if not blocks:
+                continue
+            open_at, close_at = starts[lo], ends[lo]
+            for s_, e_ in zip(starts[lo + 1:hi].tolist(), ends[lo + 1:hi].tolist()):
+                if s_ >= close_at:
+                    diff[open_at - step0] += blocks
+                    diff[close_at - step0] -= blocks
+                    open_at, close_at = s_, e_
+                else:
+                    close_at = max(close_at, e_)
+            diff[open_at - step0] += blocks
+            diff[close_at - step0] -= blocks
+        over = np.flatnonzero(np.cumsum(diff)[:span] > self.capacity)
+        return step0 + int(over[0]) if len(over) else stop
+
+    def _apply_refill(self, k: int, step0: int, stop: int, e_run: np.ndarray, f_run: np.ndarray, new: list,
+                      zero: list) -> None:
+        """Record the refill stretch's steps and bring every request's state to clock index ``stop``."""
+        run = self.run
+        span = stop - step0
+        n_new = len(new)
+        idx = np.concatenate([run, np.array([x[0] for x in new], dtype=np.int64)])
+        start = np.concatenate([np.full(len(run), step0), np.array([x[1] for x in new], dtype=np.int64)])
+        done_at = np.concatenate([f_run, np.array([x[2] for x in new], dtype=np.int64)])
+        end = np.minimum(done_at, stop)
+        rate = np.concatenate([e_run, np.array([x[3] for x in new])])
+        g0 = self.g[idx].copy()
+        is_new = np.arange(len(idx)) >= len(run)
+        # context of a request at step s: P + g0 at its start step, then linear at ``rate`` (a new one
+        # gains 1 in its prefill step): intercept + s·rate on the linear part, a point value at the start
+        first_ctx = self.P[idx] + g0
+        lin0 = np.where(is_new, first_ctx + 1 - rate, first_ctx) - start * rate
+        rel_start, rel_end = start - step0, end - step0
+        lin_from = rel_start + is_new  # a new request's prefill step is priced at its point value
+        count = np.bincount(rel_start, minlength=span + 1) - np.bincount(rel_end, minlength=span + 1)
+        icpt = (np.bincount(lin_from, weights=lin0, minlength=span + 1)
+                - np.bincount(rel_end, weights=lin0, minlength=span + 1))
+        slope = (np.bincount(lin_from, weights=rate, minlength=span + 1)
+                 - np.bincount(rel_end, weights=rate, minlength=span + 1))
+        point = np.bincount(rel_start[is_new], weights=first_ctx[is_new], minlength=span + 1)
+        steps = np.arange(step0, stop, dtype=float)
+        active = np.cumsum(count)[:span].astype(float)
+        ctx = np.cumsum(icpt)[:span] + steps * np.cumsum(slope)[:span] + point[:span]
+        admitted = np.bincount(rel_start[is_new], minlength=span + 1)[:span]
+        prefill = np.bincount(rel_start[is_new], weights=np.array([x[4] for x in new], dtype=float),
+                              minlength=span + 1)[:span]
+        self.steps.add_span(active, ctx, k, query=active * (1 + k) - admitted * k, prefill=prefill)
+        self.last_scheduled = int(active[-1])
+        decode_steps = np.maximum(end - start - is_new, 0)
+        left = self.L[idx] - g0 - is_new
+        produced = np.minimum(decode_steps * rate, left)
+        if k:
+            self.drafted += float(k * decode_steps.sum())
+            self.accepted += float((produced - decode_steps).sum())
+        self.prefilled += int(prefill.sum())
+        finished = done_at <= stop
+        self.g[idx] = np.where(finished, self.L[idx], g0 + is_new + produced)
+        # admissions, a prefix of the queue in FIFO order: leave it, join the batch after the running
+        zero_at = dict(zero)
+        for _ in range(len(new) + len(zero)):
+            i = self.waiting.popleft()
+            if i in zero_at:
+                at = zero_at[i]
+                self.first_admit[i] = self.finish_idx[i] = at
+                self.waits.append((int(self.wait_from[i]), at))
+                self.knots.append((i, at, 0.0))
+                self.unfinished -= 1
+        for pos, (j, at, _, _, tokens, _) in enumerate(new, start=len(run)):
+            self.refs[self.gid[j]] += 1
+            if self.first_admit[j] < 0:
+                self.first_admit[j] = at
+            else:
+                self.recomputed += tokens
+            self.waits.append((int(self.wait_from[j]), at))
+            self.knots.append((j, at, float(g0[pos])))
+            self.knots.append((j, at + 1, float(g0[pos] + 1)))
+        self.run = idx
+        if self.capacity is not None:
+            last_tokens = np.where(end - 1 == start, self.P[idx] + g0 + k,
+                                   self.P[idx] + g0 + is_new + (end - 1 - start - is_new) * rate + k)
+            self.held[idx] = self._blocks_of(idx, last_tokens)
+        self._finish(finished, done_at)
+        self.step = stop
+        if self.capacity is not None:
+            groups = np.unique(self.gid[self.run])
+            first_of = {int(self.gid[i]): int(i) for i in self.run.tolist()}
+            self.used = int(self.held[self.run].sum()) + sum(int(self.hit_blocks[first_of[int(gid)]]) for gid in groups)
+
     def _span_keeping_k(self, to_finish: np.ndarray, k: int, span: int) -> int:
-        """The first finish step after which the running batch's k changes (``span`` if none)."""
+        """Steps whose k stays ``k``: step s + 1 drafts by the count scheduled at step s, which drops
+        as requests finish (``span`` if k never changes)."""
+        if self._k(len(to_finish)) != k:
+            return 1
         ends = np.unique(to_finish)
         alive_after = len(to_finish) - np.searchsorted(np.sort(to_finish), ends, side="right")
         for end, alive in zip(ends, alive_after):
             if alive and self._k(int(alive)) != k:
-                return min(int(end), span)
+                return min(int(end) + 1, span)
         return span
 
     def _steps_with_blocks(self, run: np.ndarray, g: np.ndarray, e: np.ndarray, k: int, span: int) -> int:
@@ -278,6 +480,7 @@ class ReplicaScheduler:
             active = (b - gone).astype(float)
             ctx = (base.sum() - gone_base) + np.arange(span) * (float(e.sum()) - gone_rate)
         self.steps.add_span(active, ctx, k)
+        self.last_scheduled = int(active[-1])
         produced = np.minimum(ends * e, left)
         if k:
             self.drafted += float(k * active.sum())
@@ -324,7 +527,7 @@ class ReplicaScheduler:
         """One scheduler step walked request by request (admissions, chunks, preemptions)."""
         budget = self.budget
         run = self.run
-        k = self._k(len(run))
+        k = self._k(self.last_scheduled)
         chunks: list[tuple[int, int]] = []
         preempted = False
         extra = None
@@ -400,6 +603,7 @@ class ReplicaScheduler:
             admitted.append(i)
             self.refs[self.gid[i]] += 1
             self.computed[i], self.target[i] = hit, tokens
+            self.ctx_mid[i] = self.P[i] + (self.g[i] + self.L[i]) / 2
             self.prefilling[i] = True
             self.n_prefilling += 1
             if self.first_admit[i] < 0:
@@ -422,7 +626,7 @@ class ReplicaScheduler:
             emitting += len(decoding)
             query += len(decoding) * (1 + k)
             if k:
-                gained = np.minimum(self.spec.tokens_per_step(k, self.P[decoding] + g), self.L[decoding] - g)
+                gained = np.minimum(self.spec.tokens_per_step(k, self.ctx_mid[decoding]), self.L[decoding] - g)
                 self.drafted += float(len(decoding) * k)
                 self.accepted += float((gained - 1).sum())
             else:
@@ -440,8 +644,18 @@ class ReplicaScheduler:
                 self.n_prefilling -= 1
                 self.knots.append((i, self.step + 1, float(self.g[i])))
         self.prefilled += prefill
+        self.last_scheduled = len(decoding) + len(chunks)
         self.steps.add(emitting, ctx_sum, query, k, prefill)
         self.step += 1
         run = self.run
         if len(run):
             self._finish((self.g[run] >= self.L[run]) & ~self.prefilling[run], self.step)
+
+
+def _runs(keys: np.ndarray):
+    """(start, stop) of each run of equal values in a sorted array."""
+    if not len(keys):
+        return []
+    cuts = np.flatnonzero(np.diff(keys)) + 1
+    bounds = np.concatenate([[0], cuts, [len(keys)]])
+    return list(zip(bounds[:-1].tolist(), bounds[1:].tolist()))

@@ -115,6 +115,11 @@ def test_acceptance_decays_with_context():
     np.testing.assert_allclose(spec.tokens_per_step(2, [0.0, 1000.0]), [1 + 0.8 + 0.64, 1 + 0.4 + 0.16])
     shallow = SpeculativeConfig(3, (0.9, 0.5))  # the last value repeats for deeper positions
     np.testing.assert_allclose(shallow.tokens_per_step(3, 0.0), 1 + 0.9 + 0.45 + 0.225)
+    # in a run, read at the mid-way context 4 + 12 / 2 = 10 = the half-life: 1.5 tokens per verify step,
+    # so the 11 tokens after the prefill's take 8 steps (6 without decay)
+    decayed = SpeculativeConfig(1, (1.0,), acceptance_half_life=10.0)
+    assert run([12], [4], EngineConfig(speculative=decayed)).steps == 1 + 8
+    assert run([12], [4], EngineConfig(speculative=SpeculativeConfig(1, (1.0,)))).steps == 1 + 6
 
 
 def test_tokens_at_a_cutoff_count_only_steps_after_admission():
