@@ -444,24 +444,32 @@ class ReplicaScheduler:
         return span
 
     def _steps_with_blocks(self, run: np.ndarray, g: np.ndarray, e: np.ndarray, k: int, span: int) -> int:
-        """The first step s < span whose allocations might exceed the free blocks (``span`` if none).
-        Finishes inside the span are not credited, so the cut is safe and at most early."""
-        held = self.held[run]
+        """The first step s < span whose allocations might exceed the free blocks (``span`` if none):
+        request i takes its j-th new block at the first s with ``P + g + s·rate + k > (held + j)·bs``,
+        so with f blocks free the shortage comes at the (f + 1)-th smallest such step. Finishes inside
+        the span are not credited, so the cut is safe and at most early."""
+        free = self.capacity - self.used
+        have = self.hit_blocks[run] + self.held[run]
         base = self.P[run] + g + k
 
-        def used_at(s: int) -> int:
-            return self.used + int(np.maximum(self._blocks_of(run, base + s * e) - held, 0).sum())
+        def taken_by(s: int) -> int:  # new blocks the running requests hold by step s
+            return int(np.maximum(np.ceil((base + s * e) / self.bs) - have, 0).sum())
 
-        if used_at(span - 1) <= self.capacity:
-            return span
-        lo, hi = 0, span - 1  # used_at(hi) > capacity; the smallest such s
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if used_at(mid) > self.capacity:
-                hi = mid
-            else:
-                lo = mid + 1
-        return lo
+        # the first few new blocks of every request usually hold the (f + 1)-th; a check says when not
+        nth = np.arange(free // len(run) + 2)
+        edge = (have[:, None] + nth) * self.bs - base[:, None]
+        takes = np.maximum(np.floor(edge / e[:, None]).astype(np.int64) + 1, 0).ravel()
+        first = int(np.partition(takes, free)[free])
+        if first > 0 and taken_by(first - 1) > free:  # some request takes more blocks sooner
+            lo, hi = 0, first - 1  # taken_by(hi) > free; the smallest such s
+            while lo < hi:
+                mid = (lo + hi) // 2
+                if taken_by(mid) > free:
+                    hi = mid
+                else:
+                    lo = mid + 1
+            first = lo
+        return min(span, first)
 
     def _advance(self, span: int, k: int, e: np.ndarray, to_finish: np.ndarray) -> None:
         """``span`` plain decode steps of the running set at once (requests may finish inside)."""
@@ -540,6 +548,15 @@ class ReplicaScheduler:
             if extra is not None:
                 self.held[run] += extra
                 self.used += int(extra.sum())
+        elif extra is not None and len(run) * (1 + k) <= budget:  # all decoding, blocks short: preempt
+            keep = self._preemptions_needed(run, extra)
+            preempted = keep < len(run)
+            for _ in range(len(run) - keep):
+                self._preempt_newest()
+            decoding = run[:keep]
+            budget -= keep * (1 + k)
+            self.held[decoding] += extra[:keep]
+            self.used += int(extra[:keep].sum())
         else:
             scheduled: list[int] = []
             idx = 0
@@ -571,6 +588,16 @@ class ReplicaScheduler:
         if not preempted:
             self._admit(budget, k, chunks)
         self._execute(decoding, chunks, k)
+
+    def _preemptions_needed(self, run: np.ndarray, extra: np.ndarray) -> int:
+        """How many running requests keep their place when each, oldest first, takes ``extra`` blocks
+        and a shortfall preempts the newest (whose blocks come free) until it fits: vLLM's walk ends
+        with the fewest preemptions m for which the first b − m requests' blocks fit in what is free
+        plus what the last m held. Returns b − m."""
+        b = len(run)
+        need = np.concatenate([[0], np.cumsum(extra)])[::-1]  # need[m]: blocks the first b − m take
+        freed = np.concatenate([[0], np.cumsum(self.held[run][::-1])])  # freed[m]: held by the last m
+        return b - int(np.argmax(need <= self.capacity - self.used + freed))
 
     def _admit(self, budget: float, k: int, chunks: list[tuple[int, int]]) -> None:
         """FCFS admission of waiting requests (``chunks`` receives their first prefill chunk)."""
