@@ -455,8 +455,10 @@ class ReplicaScheduler:
         def taken_by(s: int) -> int:  # new blocks the running requests hold by step s
             return int(np.maximum(np.ceil((base + s * e) / self.bs) - have, 0).sum())
 
+        if taken_by(span - 1) <= free:
+            return span
         # the first few new blocks of every request usually hold the (f + 1)-th; a check says when not
-        nth = np.arange(free // len(run) + 2)
+        nth = np.arange(min(free // len(run) + 2, int(span * e.max()) // self.bs + 2))
         edge = (have[:, None] + nth) * self.bs - base[:, None]
         takes = np.maximum(np.floor(edge / e[:, None]).astype(np.int64) + 1, 0).ravel()
         first = int(np.partition(takes, free)[free])
