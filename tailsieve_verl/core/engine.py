@@ -143,6 +143,11 @@ class EngineConfig:
         _check_count(self.num_gpu_blocks, "num_gpu_blocks", allow_none=True)
         _check_count(self.block_size, "block_size", allow_none=False)
         _check_count(self.max_num_batched_tokens, "max_num_batched_tokens", allow_none=True)
+        for name in ("enable_chunked_prefill", "enable_prefix_caching"):
+            if not isinstance(getattr(self, name), bool):
+                raise EngineConfigError(f"{name} must be true or false, got {getattr(self, name)!r}")
+        if self.speculative is not None and not isinstance(self.speculative, SpeculativeConfig):
+            raise EngineConfigError(f"speculative must be a SpeculativeConfig (or None), got {self.speculative!r}"[:200])
         if not (isinstance(self.prefill_s_per_token, (int, float)) and math.isfinite(self.prefill_s_per_token)
                 and self.prefill_s_per_token >= 0):
             raise EngineConfigError(f"prefill_s_per_token must be >= 0 seconds, got {self.prefill_s_per_token!r}")

@@ -163,6 +163,8 @@ def test_verl_defaults_on_an_h200():
     (lambda: EngineConfig(block_size=0), "block_size must be an integer >= 1, got 0"),
     (lambda: EngineConfig(max_num_batched_tokens=-8), "max_num_batched_tokens must be"),
     (lambda: EngineConfig(prefill_s_per_token=-1.0), "prefill_s_per_token must be >= 0"),
+    (lambda: EngineConfig(enable_prefix_caching="yes"), "enable_prefix_caching must be true or false"),
+    (lambda: EngineConfig(speculative=3), "speculative must be a SpeculativeConfig"),
     (lambda: EngineConfig(max_num_batched_tokens=3, speculative=SpeculativeConfig(3, (0.5,))),
      "cannot hold one request's 4 verify tokens"),
     (lambda: SpeculativeConfig(0, (0.5,)), "num_speculative_tokens must be an integer >= 1"),
