@@ -177,8 +177,11 @@ class ReplicaScheduler:
             plan = self._quiet_span()
             if plan is None:
                 self._event_step()
-            else:
-                self._advance(*plan)
+                continue
+            *span, short = plan
+            self._advance(*span)
+            if short:  # cut where the blocks may run out: that step needs the scheduler
+                self._event_step()
         emitting, ctx_sum, query, k, prefill = self.steps.columns()
         step = step_seconds(perf, self.cfg, emitting, ctx_sum, query, k, prefill)
         clock = np.concatenate([[0.0], np.cumsum(step)])
@@ -213,8 +216,8 @@ class ReplicaScheduler:
 
     def _quiet_span(self):
         """Steps from now in which every running request decodes and nothing is admitted or
-        preempted, as ``(span, k, tokens per step, steps to finish)``; None when the next step needs
-        the scheduler. With requests waiting the span ends at the first finish (a slot or blocks
+        preempted, as ``(span, k, tokens per step, steps to finish, blocks may run out next)``; None
+        when the next step needs the scheduler. With requests waiting the span ends at the first finish (a slot or blocks
         may free); with none it runs through finishes while k (by batch size) stays."""
         run = self.run
         b = len(run)
@@ -233,9 +236,11 @@ class ReplicaScheduler:
         span = int(to_finish.min() if self.waiting else to_finish.max())
         if self.spec is not None and self.spec.schedule:
             span = self._span_keeping_k(to_finish, k, span)
+        short = False
         if self.capacity is not None:
-            span = self._steps_with_blocks(run, g, e, k, span)
-        return (span, k, e, to_finish) if span else None
+            room = self._steps_with_blocks(run, g, e, k, span)
+            span, short = min(span, room), room < span
+        return (span, k, e, to_finish, short) if span else None
 
     def _refill_span(self) -> bool:
         """Advance through a stretch where only ``max_num_seqs`` binds: the batch stays full, each
