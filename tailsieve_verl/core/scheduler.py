@@ -262,7 +262,7 @@ class ReplicaScheduler:
         heap = f_run.tolist()
         heapq.heapify(heap)
         holding_end: dict[int, int] = {}  # a group's prompt blocks are held until this clock index
-        for i, f in zip(run.tolist(), heap):
+        for i, f in zip(run.tolist(), f_run.tolist()):
             gid = int(self.gid[i])
             holding_end[gid] = max(holding_end.get(gid, step0), f)
         new: list[tuple[int, int, int, float, int, bool]] = []  # (request, admitted at, done at, e, prefill, hit)
