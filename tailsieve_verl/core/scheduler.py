@@ -65,6 +65,12 @@ class _Steps:
         return tuple(np.concatenate(col) for col in zip(*self.chunks))
 
 
+def steps_to_finish(left, rate):
+    """Decode steps that bring ``left`` tokens at ``rate`` per step (fractional under speculation):
+    one rule for the walk and the spans, tolerant of rounding in the accumulated expectation."""
+    return np.ceil(np.asarray(left) / rate - 1e-9)
+
+
 def step_seconds(perf: PerfModel, cfg: EngineConfig, emitting, ctx_sum, query, k, prefill) -> np.ndarray:
     """Price of each step: ``T(b, c)`` for b requests emitting a token at mean context c; with k
     draft tokens ``T(query, 0) + [T(b, c) − T(b, 0)]`` (weights at every query token, KV read once
@@ -228,11 +234,8 @@ class ReplicaScheduler:
             return None
         g = self.g[run]
         left = self.L[run] - g
-        if k:
-            e = self.spec.tokens_per_step(k, self.ctx_mid[run])
-            to_finish = np.ceil(left / e - 1e-9)
-        else:
-            e, to_finish = np.ones(b), left
+        e = self.spec.tokens_per_step(k, self.ctx_mid[run]) if k else np.ones(b)
+        to_finish = steps_to_finish(left, e)
         span = int(to_finish.min() if self.waiting else to_finish.max())
         if self.spec is not None and self.spec.schedule:
             span = self._span_keeping_k(to_finish, k, span)
@@ -257,7 +260,7 @@ class ReplicaScheduler:
         step0 = self.step
         g_run = self.g[run]
         e_run = self.spec.tokens_per_step(k, self.ctx_mid[run]) if k else np.ones(b)
-        to_finish = np.ceil((self.L[run] - g_run) / e_run - 1e-9) if k else self.L[run] - g_run
+        to_finish = steps_to_finish(self.L[run] - g_run, e_run)
         f_run = step0 + to_finish.astype(np.int64)
         heap = f_run.tolist()
         heapq.heapify(heap)
@@ -284,7 +287,7 @@ class ReplicaScheduler:
             self.ctx_mid[j] = self.P[j] + (g0 + self.L[j]) / 2
             e_j = float(self.spec.tokens_per_step(k, self.ctx_mid[j])) if k else 1.0
             left = self.L[j] - g0 - 1  # after the prefill step's token
-            end = free_at + 1 + int(math.ceil(left / e_j - 1e-9) if k else left)
+            end = free_at + 1 + int(steps_to_finish(left, e_j))
             holding_end[gid] = max(holding_end.get(gid, -1), end)
             new.append((j, free_at, end, e_j, int(self.P[j]) + int(g0) - (int(self.hit_blocks[j]) * self.bs if hit else 0),
                         hit))
@@ -659,13 +662,14 @@ class ReplicaScheduler:
             ctx_sum += float((self.P[decoding] + g).sum())
             emitting += len(decoding)
             query += len(decoding) * (1 + k)
+            left = self.L[decoding] - g
+            rate = self.spec.tokens_per_step(k, self.ctx_mid[decoding]) if k else np.ones(len(decoding))
+            last = steps_to_finish(left, rate) <= 1
+            gained = np.where(last, left, rate)
             if k:
-                gained = np.minimum(self.spec.tokens_per_step(k, self.ctx_mid[decoding]), self.L[decoding] - g)
                 self.drafted += float(len(decoding) * k)
                 self.accepted += float((gained - 1).sum())
-            else:
-                gained = 1.0
-            self.g[decoding] = np.where(g + gained >= self.L[decoding] - 1e-9, self.L[decoding], g + gained)
+            self.g[decoding] = np.where(last, self.L[decoding], g + gained)
         for i, chunk in chunks:
             self.computed[i] += chunk
             prefill += chunk

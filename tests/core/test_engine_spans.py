@@ -52,9 +52,10 @@ def random_case(seed: int):
     return lengths, prompts, groups, cfg
 
 
-# 1010, 1114, 1210, 1342: a sibling finishing exactly when the refill admits the next one of its
-# group (no prefix hit), found by a 400-seed fuzz
-@pytest.mark.parametrize("seed", [*range(60), 1010, 1114, 1210, 1342])
+# found by fuzzing: 1010, 1114, 1210, 1342 (a sibling finishing exactly when the refill admits the
+# next one of its group: no prefix hit); 2484, 2844, 2880 (speculation switched off by the schedule
+# while the expected token count is fractional: one finishing rule for the walk and the spans)
+@pytest.mark.parametrize("seed", [*range(60), 1010, 1114, 1210, 1342, 2484, 2844, 2880])
 def test_shortcuts_match_the_step_by_step_walk(seed):
     lengths, prompts, groups, cfg = random_case(seed)
     ref = StepByStep(lengths, prompts, groups, cfg).run_to_end(PERF)
