@@ -13,6 +13,7 @@ from ..core.sim import ALL_POLICIES, POLICIES, SimConfig, SimResult, simulate
 from ..core.trace import read_trace
 from ..core.workload import PRESETS, PromptPool
 from .checks import output_dir, perf_model_file
+from .engine_args import add_engine_args, engine_execute
 from .recommend import from_simulation
 
 DEFAULTS = SimConfig()
@@ -48,6 +49,7 @@ def register(subparsers) -> None:
     p.add_argument("--out", default="tailsieve_out", help="directory for plots and simulate.json")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    add_engine_args(p)
     p.set_defaults(func=run)
 
 
@@ -66,7 +68,8 @@ def run(args: argparse.Namespace) -> int:
         pool, workload = PromptPool.from_trace(trace, seed=args.seed), f"prompts:{args.prompts}"
     else:
         pool, workload = PromptPool(args.workload, args.pool_size, seed=args.seed), args.workload
-    result = _run_with_progress(config, pool, perf, workload, show=not args.json)
+    result = _run_with_progress(config, pool, perf, workload, show=not args.json,
+                                execute=engine_execute(args, config.n_replicas, perf))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     report = result.to_json()
@@ -85,16 +88,18 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_with_progress(config: SimConfig, pool: PromptPool, perf, workload: str, show: bool) -> SimResult:
+def _run_with_progress(config: SimConfig, pool: PromptPool, perf, workload: str, show: bool,
+                       execute=None) -> SimResult:
     if not show:
-        return simulate(config, pool, perf, workload)
+        return simulate(config, pool, perf, workload, execute=execute)
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     with Progress(TextColumn("simulating"), BarColumn(), TextColumn("{task.completed}/{task.total} policy-steps"),
                   TimeElapsedColumn(), console=Console(stderr=True), transient=True) as progress:
         task = progress.add_task("sim", total=config.steps * len(config.policies))
-        return simulate(config, pool, perf, workload, progress=lambda done, total: progress.update(task, completed=done))
+        return simulate(config, pool, perf, workload, progress=lambda done, total: progress.update(task, completed=done),
+                        execute=execute)
 
 
 def _print_summary(result: SimResult, out: Path, plots: list) -> None:

@@ -1,11 +1,18 @@
 """Exact completion time of one replica's assigned responses under continuous batching.
 
-Model (vLLM's decode loop without preemption): responses are admitted in FIFO order at t=0, up to
-``max_num_seqs`` at once (None = no cap); each decode step every active request produces one token
-and costs ``perf.step_time(active, mean_context)`` seconds; a request of length L leaves after its
-L-th step and frees its slot for the next waiting one at the following step. Prefill is ignored.
-The whole timeline is computed with difference arrays and one vectorised call to the model, so a
-replica with thousands of responses and 32k-token tails takes milliseconds.
+Two evaluators of one model, vLLM v1's scheduler (:mod:`core.scheduler`), configured per pool by
+an :class:`core.engine.EngineConfig`:
+
+* the closed form, when only the admission cap can bind (no KV limit, token budget, prefill cost
+  or speculation: ``EngineConfig()``): responses are admitted in FIFO order at t=0, up to
+  ``max_num_seqs`` at once (None = no cap); each decode step every active request produces one
+  token and costs ``perf.step_time(active, mean_context)`` seconds; a request of length L leaves
+  after its L-th step and frees its slot for the next waiting one at the following step. The whole
+  timeline is computed with difference arrays and one vectorised call to the model, so a replica
+  with thousands of responses and 32k-token tails takes milliseconds;
+* :class:`core.scheduler.ReplicaScheduler` otherwise (KV blocks and preemption, chunked prefill,
+  prefix sharing, speculation), walked step by step around events. On the closed form's cases it
+  gives the same floats (``tests/core/test_engine_equality.py``).
 """
 
 from __future__ import annotations
@@ -16,34 +23,43 @@ from typing import Sequence
 
 import numpy as np
 
+from .engine import EngineConfig, EngineEvents, ReplicaRun, TokenProgress
 from .perf import PerfModel
+from .scheduler import ReplicaScheduler
 from .trace import Group
 
-
-@dataclass(frozen=True)
-class ReplicaRun:
-    completion_s: float
-    finish_s: np.ndarray  # per response, in input order
-    steps: int
+NO_LIMITS = EngineConfig()
 
 
 def simulate_replica(lengths: Sequence[int], perf: PerfModel, prompt_lens: Sequence[int] | None = None,
-                     max_num_seqs: int | None = None) -> ReplicaRun:
-    """Finish time of every response on one replica (input order = admission order)."""
+                     max_num_seqs: int | None = None, engine: EngineConfig = NO_LIMITS,
+                     groups: Sequence[int] | None = None) -> ReplicaRun:
+    """Finish time of every response on one replica (input order = admission order). ``groups``:
+    each response's prompt group, for prefix sharing; ``engine.max_num_seqs`` overrides ``max_num_seqs``."""
     lengths = np.asarray(lengths, dtype=np.int64)
     n = len(lengths)
     if n == 0:
-        return ReplicaRun(0.0, np.zeros(0), 0)
+        return ReplicaRun(0.0, np.zeros(0), 0, np.zeros(0))
     if np.any(lengths < 0):
         raise ValueError("response lengths must be >= 0")
     if max_num_seqs is not None and max_num_seqs < 1:
         raise ValueError(f"max_num_seqs must be >= 1, got {max_num_seqs}")
     prompt = np.zeros(n, dtype=np.int64) if prompt_lens is None else np.asarray(prompt_lens, dtype=np.int64)
+    if engine.max_num_seqs is not None:
+        max_num_seqs = engine.max_num_seqs
+    if engine.binds_beyond_cap:
+        group_ids = None if groups is None else np.asarray(groups)
+        return ReplicaScheduler(lengths, prompt, group_ids, engine, max_num_seqs).run_to_end(perf)
+    return _closed_form(lengths, prompt, perf, max_num_seqs)
+
+
+def _closed_form(lengths: np.ndarray, prompt: np.ndarray, perf: PerfModel, max_num_seqs: int | None) -> ReplicaRun:
+    n = len(lengths)
     admit = _admission_steps(lengths, max_num_seqs)
     end = admit + lengths  # exclusive: the request is active on steps admit .. end-1
     total_steps = int(end.max())
     if total_steps == 0:
-        return ReplicaRun(0.0, np.zeros(n), 0)
+        return ReplicaRun(0.0, np.zeros(n), 0, np.zeros(n))
     live = lengths > 0
     # active(s) and Σ context(s) = Σ (prompt_i + s - admit_i) over active i, via difference arrays.
     d_count = np.zeros(total_steps + 1)
@@ -59,7 +75,14 @@ def simulate_replica(lengths: Sequence[int], perf: PerfModel, prompt_lens: Seque
     step = np.asarray(perf.step_time(active, mean_ctx), dtype=float)
     clock = np.concatenate([[0.0], np.cumsum(step)])
     finish = clock[end]
-    return ReplicaRun(float(clock[-1]), finish, total_steps)
+    admit_s = clock[admit]
+    if not admit.any():  # everyone started at 0: tokens at t follow from the finish times alone
+        return ReplicaRun(float(clock[-1]), finish, total_steps, admit_s, EngineEvents(steps=total_steps))
+    events = EngineEvents(steps=total_steps, queue_wait_s=float(admit_s.sum()), max_queue_wait_s=float(admit_s.max()))
+    order = np.arange(n)
+    progress = TokenProgress(clock, np.repeat(order, 2), np.stack([admit, end], axis=1).ravel(),
+                             np.stack([np.zeros(n), lengths], axis=1).ravel().astype(float), lengths)
+    return ReplicaRun(float(clock[-1]), finish, total_steps, admit_s, events, progress)
 
 
 def _admission_steps(lengths: np.ndarray, max_num_seqs: int | None) -> np.ndarray:
@@ -85,10 +108,16 @@ class Evaluation:
     group_finish_s: np.ndarray  # per group, trace order: when its last sample finished
     response_finish_s: list[np.ndarray]  # per group, trace order: finish time of each sample
     sample_replica: np.ndarray  # replica of every sample, flat in group-major trace order
+    admit_s: np.ndarray | None = None  # when each sample was first admitted (flat); None: not known (measured)
+    replica_events: tuple[EngineEvents, ...] = ()  # per replica: preemptions, queue wait, recompute, speculation
+    progress: tuple[TokenProgress | None, ...] = ()  # per replica (its samples in flat order); None: all
+    #   started at 0 and decoded a token per step, see :func:`tokens_generated_at`
 
     @classmethod
     def from_sample_finish(cls, groups: Sequence[Group], sample_replica: np.ndarray, finish: np.ndarray,
-                           replica_times_s: list[float]) -> "Evaluation":
+                           replica_times_s: list[float], admit_s: np.ndarray | None = None,
+                           replica_events: Sequence[EngineEvents] = (),
+                           progress: Sequence[TokenProgress | None] = ()) -> "Evaluation":
         """Group the per-sample finish times (flat, group-major), simulated or measured on an engine."""
         sizes = np.fromiter((g.n for g in groups), dtype=np.int64, count=len(groups))
         starts = np.concatenate([[0], np.cumsum(sizes)])
@@ -96,7 +125,8 @@ class Evaluation:
         group_finish = (np.maximum.reduceat(finish, starts[:-1]) if len(groups) and len(finish)
                         else np.zeros(len(groups)))
         return cls(max(replica_times_s) if replica_times_s else 0.0, list(replica_times_s), group_finish,
-                   response_finish, np.asarray(sample_replica, dtype=np.int64))
+                   response_finish, np.asarray(sample_replica, dtype=np.int64), admit_s, tuple(replica_events),
+                   tuple(progress))
 
     @property
     def group_starts(self) -> np.ndarray:
@@ -111,19 +141,25 @@ def expand_to_samples(groups: Sequence[Group], assignment: Sequence[int]) -> np.
 
 
 def evaluate_assignment(groups: Sequence[Group], assignment: Sequence[int], n_replicas: int, perf: PerfModel,
-                        max_num_seqs: int | None = None) -> Evaluation:
+                        max_num_seqs: int | None = None,
+                        engine: EngineConfig | Sequence[EngineConfig] = NO_LIMITS) -> Evaluation:
     """Run every replica's groups (atomic, admitted in trace order) and report the makespan."""
     if len(assignment) != len(groups):
         raise ValueError(f"assignment has {len(assignment)} entries for {len(groups)} groups")
-    return evaluate_samples(groups, expand_to_samples(groups, assignment), n_replicas, perf, max_num_seqs)
+    return evaluate_samples(groups, expand_to_samples(groups, assignment), n_replicas, perf, max_num_seqs, engine)
 
 
 def evaluate_samples(groups: Sequence[Group], sample_replica: Sequence[int], n_replicas: int, perf: PerfModel,
-                     max_num_seqs: int | None = None) -> Evaluation:
+                     max_num_seqs: int | None = None,
+                     engine: EngineConfig | Sequence[EngineConfig] = NO_LIMITS) -> Evaluation:
     """Run each sample on its replica (flat, group-major trace order = admission order on a replica).
 
     A group finishes with its last sample, wherever that ran: the unit of routing may be the sample
-    (stock verl, TailSieve's pools) while the group stays the unit of consumption."""
+    (stock verl, TailSieve's pools) while the group stays the unit of consumption. ``engine``: one
+    config for every replica, or one per replica (a pool's replicas share theirs)."""
+    engines = [engine] * n_replicas if isinstance(engine, EngineConfig) else list(engine)
+    if len(engines) != n_replicas:
+        raise ValueError(f"{len(engines)} engine configs for {n_replicas} replicas; give one, or one per replica")
     sample_replica = np.asarray(sample_replica, dtype=np.int64)
     sizes = np.fromiter((g.n for g in groups), dtype=np.int64, count=len(groups))
     if len(sample_replica) != int(sizes.sum()):
@@ -132,13 +168,41 @@ def evaluate_samples(groups: Sequence[Group], sample_replica: Sequence[int], n_r
         raise ValueError(f"assignment uses replica indices outside 0..{n_replicas - 1}")
     lengths = np.fromiter((x for g in groups for x in g.lengths), dtype=np.int64, count=len(sample_replica))
     prompts = np.repeat(np.fromiter((g.prompt_len for g in groups), dtype=np.int64, count=len(groups)), sizes)
+    group_of = np.repeat(np.arange(len(groups)), sizes)
     finish = np.zeros(len(sample_replica))
+    admit = np.zeros(len(sample_replica))
     replica_times = [0.0] * n_replicas
+    events: list[EngineEvents] = [EngineEvents()] * n_replicas
+    progress: list[TokenProgress | None] = [None] * n_replicas
     for r in range(n_replicas):
         members = np.flatnonzero(sample_replica == r)
         if len(members) == 0:
             continue
-        run = simulate_replica(lengths[members], perf, prompts[members], max_num_seqs)
+        run = simulate_replica(lengths[members], perf, prompts[members], max_num_seqs, engines[r], group_of[members])
         replica_times[r] = run.completion_s
         finish[members] = run.finish_s
-    return Evaluation.from_sample_finish(groups, sample_replica, finish, replica_times)
+        admit[members] = run.admit_s
+        events[r], progress[r] = run.events, run.progress
+    return Evaluation.from_sample_finish(groups, sample_replica, finish, replica_times, admit, events, progress)
+
+
+def tokens_generated_at(groups: Sequence[Group], ev: Evaluation, t: float) -> np.ndarray:
+    """Response tokens each group had generated at time t (a cutoff's abort moment).
+
+    A replica whose samples all started at 0 and decoded one token per step (no queueing,
+    preemption or speculation) interpolates between its finish times; otherwise each sample's
+    progress from the engine counts whole steps done since its admission, and stalls while it waits."""
+    lengths = np.fromiter((x for g in groups for x in g.lengths), dtype=np.int64, count=len(ev.sample_replica))
+    finish = np.concatenate(ev.response_finish_s) if groups else np.zeros(0)
+    tokens = np.zeros(len(lengths))
+    for r in np.unique(ev.sample_replica):
+        members = np.flatnonzero(ev.sample_replica == r)
+        progress = ev.progress[r] if len(ev.progress) > r else None
+        if progress is not None:
+            tokens[members] = progress.tokens_at(t)
+            continue
+        order = members[np.argsort(finish[members], kind="stable")]
+        xs = np.concatenate([[0.0], finish[order]])
+        ys = np.concatenate([[0.0], np.maximum.accumulate(lengths[order].astype(float))])
+        tokens[members] = np.minimum(lengths[members], np.floor(np.interp(t, xs, ys)))
+    return np.add.reduceat(tokens, ev.group_starts) if len(groups) else np.zeros(0)

@@ -56,7 +56,7 @@ from .errors import TailSieveError
 from .perf import PerfModel
 from .oracle import SetCost
 from .policies import best_k_search, expand_to_samples, least_inflight_assignment, pool_assignment, route, singletons
-from .replica import Evaluation, evaluate_samples
+from .replica import Evaluation, evaluate_samples, tokens_generated_at
 from .selector import Cutoff, bulk_cutoff
 from .kinds import Pool
 from .trace import Group
@@ -306,20 +306,6 @@ class Ledger:
 
 # ---------------------------------------------------------------------------- one step per policy
 
-def _tokens_at(groups: Sequence[Group], ev: Evaluation, t: float) -> np.ndarray:
-    """Response tokens each group had generated at time t (every replica's samples admitted at 0)."""
-    lengths = np.fromiter((x for g in groups for x in g.lengths), dtype=np.int64, count=len(ev.sample_replica))
-    finish = np.concatenate(ev.response_finish_s) if groups else np.zeros(0)
-    tokens = np.zeros(len(lengths))
-    for r in np.unique(ev.sample_replica):
-        members = np.flatnonzero(ev.sample_replica == r)
-        order = members[np.argsort(finish[members], kind="stable")]
-        xs = np.concatenate([[0.0], finish[order]])
-        ys = np.concatenate([[0.0], np.maximum.accumulate(lengths[order].astype(float))])
-        tokens[members] = np.minimum(lengths[members], np.floor(np.interp(t, xs, ys)))
-    return np.add.reduceat(tokens, ev.group_starts) if len(groups) else np.zeros(0)
-
-
 def _spans(ev: Evaluation, groups: Sequence[Group], routes: Sequence[Pool], aborted: Sequence[bool],
            abort_s: float) -> tuple[GroupSpan, ...]:
     """Per sample, for the Gantt chart (a group may span replicas)."""
@@ -456,7 +442,7 @@ class TailSieveRunner(_Runner):
         # evaluator runs every sample to its end): an upper bound on the bulk pool's end.
         tail_s, cut = step_times(ev, len(tail), len(plan.requeued_ids), plan.fresh_quota)
         makespan = max(tail_s, cut.bulk_end_s)
-        at_abort = _tokens_at(groups, ev, cut.cutoff_s)[len(tail):]
+        at_abort = tokens_generated_at(groups, ev, cut.cutoff_s)[len(tail):]
         scores = {bulk_ids[i]: int(at_abort[i]) for i in cut.aborted}
         done = list(cut.consumed)
         outcome, _ = self.cycle.finish(

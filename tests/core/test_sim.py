@@ -8,8 +8,8 @@ import pytest
 from tailsieve_verl.core.controller import ControllerConfig
 from tailsieve_verl.core.perf import LinearPerf, parse_perf_model
 from tailsieve_verl.core.policies import evaluate_samples
-from tailsieve_verl.core.sim import (POLICIES, Ledger, SimConfig, SimError, TailSieveRunner, _tokens_at,
-                                     build_runners, simulate)
+from tailsieve_verl.core.replica import tokens_generated_at
+from tailsieve_verl.core.sim import POLICIES, Ledger, SimConfig, SimError, TailSieveRunner, build_runners, simulate
 from tailsieve_verl.core.trace import Group, Trace
 from tailsieve_verl.core.workload import PromptPool, get_preset
 
@@ -93,8 +93,8 @@ def test_pools_route_groups_whole_or_spread_samples(group_atomic):
 def test_tokens_at_interpolates_each_replicas_clock():
     groups = [Group("a", (100, 400)), Group("b", (200,))]
     ev = evaluate_samples(groups, [0, 0, 0], 1, LinearPerf(0.01, 0.0))  # 1 step = 0.01 s
-    assert _tokens_at(groups, ev, 2.005).tolist() == [300, 200]  # 200 steps: a has 100 + 200, b 200
-    assert _tokens_at(groups, ev, 3.005).tolist() == [400, 200]
+    assert tokens_generated_at(groups, ev, 2.005).tolist() == [300, 200]  # 200 steps: a has 100 + 200, b 200
+    assert tokens_generated_at(groups, ev, 3.005).tolist() == [400, 200]
 
 
 def test_never_worse_than_stock_verl_on_weak_tails():

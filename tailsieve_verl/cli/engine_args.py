@@ -1,0 +1,107 @@
+"""Engine flags in vLLM's words (``--max-num-seqs``, ``--num-gpu-blocks``, ``--block-size``,
+``--max-num-batched-tokens``, ``--num-speculative-tokens``, ``--spec-acceptance``,
+``--spec-schedule``), shared by every subcommand that evaluates replicas: one
+:class:`core.engine.EngineConfig` for all of them. Without any flag the engine binds nothing
+(today's model)."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import replace
+from typing import Callable
+
+from ..core.engine import H200_MODELS, EngineConfig, SpeculativeConfig, prefill_cost_from_perf
+from ..core.perf import PerfModel
+from ..core.replica import NO_LIMITS, evaluate_samples
+from .checks import MAX_COUNT, CLIError, FloatRule, IntRule
+
+MAX_BLOCKS = 10 ** 9
+
+
+def add_engine_args(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group(
+        "engine (vLLM v1 scheduler; unset: no limit binds)",
+        "per-replica engine settings in vLLM's words; --engine-defaults gives verl 0.9.1's rollout defaults "
+        "on one H200 and the flags below override them")
+    g.add_argument("--engine-defaults", choices=sorted(H200_MODELS), metavar="MODEL",
+                   help="verl 0.9.1's rollout defaults for this model shape on one H200 (max_num_seqs 256, "
+                        "8192-token chunked prefill, prefix caching, KV cache at gpu_memory_utilization 0.5): "
+                        + ", ".join(sorted(H200_MODELS)))
+    g.add_argument("--max-num-seqs", type=IntRule(1, MAX_COUNT), help="requests running at once per replica; "
+                   "the rest wait FIFO (verl: 256)")
+    g.add_argument("--num-gpu-blocks", type=IntRule(1, MAX_BLOCKS),
+                   help="KV-cache blocks per replica (vLLM --num-gpu-blocks-override); full blocks preempt the "
+                        "newest running request, recomputed later")
+    g.add_argument("--block-size", type=IntRule(1, 1024), help="tokens per KV block (default 16)")
+    g.add_argument("--max-num-batched-tokens", type=IntRule(1, MAX_BLOCKS),
+                   help="token budget per step with chunked prefill, prefill priced from --perf-model (verl: 8192)")
+    g.add_argument("--num-speculative-tokens", type=IntRule(1, 64),
+                   help="draft tokens verified per request per step (needs --spec-acceptance)")
+    g.add_argument("--spec-acceptance", type=_acceptance, metavar="A1[,A2,...]",
+                   help="acceptance of draft position 1, 2, ... given the earlier ones (the last repeats)")
+    g.add_argument("--spec-schedule", type=_schedule, metavar="B1-B2:K,...",
+                   help="vLLM dynamic SD: k by running batch size, e.g. 1-64:3,65-128:1,129-256:0")
+    g.add_argument("--spec-draft-cost", type=FloatRule(0.0, 10.0, lo_open=False),
+                   help="drafting cost per draft token as a fraction of a decode step (MTP ~ 1/layers; default 0)")
+    g.add_argument("--spec-acceptance-half-life", type=FloatRule(0.0, 1e9), metavar="TOKENS",
+                   help="context length over which acceptance halves (default: no decay)")
+
+
+def _acceptance(text: str) -> tuple[float, ...]:
+    try:
+        values = tuple(float(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated acceptances in [0, 1], got {text!r}") from None
+    if not all(0.0 <= v <= 1.0 for v in values):
+        raise argparse.ArgumentTypeError(f"every acceptance must be in [0, 1], got {text!r}")
+    return values
+
+
+def _schedule(text: str) -> tuple[tuple[int, int, int], ...]:
+    entries = []
+    for part in text.split(","):
+        batches, colon, k = part.strip().partition(":")
+        lo, dash, hi = batches.partition("-")
+        if not colon:
+            raise argparse.ArgumentTypeError(f"schedule entry {part.strip()!r} lacks its :K")
+        try:
+            entries.append((int(lo), int(hi if dash else lo), int(k)))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected B1-B2:K entries separated by commas (e.g. 1-64:3,65-256:1), "
+                                             f"got {part.strip()!r}") from None
+    return tuple(entries)
+
+
+def engine_config_from_args(args: argparse.Namespace, perf: PerfModel) -> EngineConfig:
+    """The engine the flags describe (``EngineConfig()`` without any)."""
+    spec_flags = (args.spec_acceptance, args.spec_schedule, args.spec_draft_cost, args.spec_acceptance_half_life)
+    base = (EngineConfig.verl_defaults(args.engine_defaults, perf, block_size=args.block_size or 16)
+            if args.engine_defaults else EngineConfig())
+    fields = {name: getattr(args, name) for name in ("max_num_seqs", "num_gpu_blocks", "block_size",
+                                                     "max_num_batched_tokens") if getattr(args, name) is not None}
+    if args.max_num_batched_tokens is not None and not args.engine_defaults:
+        fields["prefill_s_per_token"] = prefill_cost_from_perf(perf)
+    k = args.num_speculative_tokens
+    if k is None and args.spec_schedule:
+        k = max(entry[2] for entry in args.spec_schedule)
+    if k is None and any(v is not None for v in spec_flags):
+        raise CLIError("--spec-acceptance/--spec-schedule/--spec-draft-cost/--spec-acceptance-half-life need "
+                       "--num-speculative-tokens K (or a --spec-schedule with some K > 0)")
+    if k is not None:
+        if args.spec_acceptance is None:
+            raise CLIError(f"--num-speculative-tokens {k} needs --spec-acceptance A1[,A2,...] (per-position "
+                           "acceptance, e.g. 0.85,0.8)")
+        if k == 0:
+            raise CLIError("--spec-schedule has k = 0 everywhere: leave speculation off instead")
+        fields["speculative"] = SpeculativeConfig(
+            k, args.spec_acceptance, args.spec_schedule or (), args.spec_acceptance_half_life,
+            args.spec_draft_cost or 0.0)
+    return replace(base, **fields)
+
+
+def engine_execute(args: argparse.Namespace, n_replicas: int, perf: PerfModel) -> Callable | None:
+    """The simulator's ``execute`` for the flags' engine on every replica (None: the default one)."""
+    engine = engine_config_from_args(args, perf)
+    if engine == NO_LIMITS:
+        return None
+    return lambda name, groups, samples: evaluate_samples(groups, samples, n_replicas, perf, engine=engine)

@@ -1,0 +1,293 @@
+"""What a rollout replica's engine is configured to do, in vLLM's words: one :class:`EngineConfig`
+per pool, read by the replica evaluator (:mod:`core.scheduler`, called from :mod:`core.replica`).
+
+``EngineConfig()`` binds nothing (no admission cap, no KV limit, no prefill cost, no speculation):
+the evaluator then runs today's closed-form model exactly. :meth:`EngineConfig.verl_defaults`
+gives what a verl 0.9.1 rollout replica really runs (``trainer/config/rollout/rollout.yaml``:
+``max_num_seqs`` 256, ``max_num_batched_tokens`` 8192 with chunked prefill, prefix caching on,
+``gpu_memory_utilization`` 0.5) on an H200 with one of the bundled model shapes.
+
+First-order parts, to be calibrated on a real engine (issue 21): the KV capacity (GPU memory ×
+utilisation − weights, ignoring vLLM's activation and CUDA-graph reserve), the prefill cost (the
+decode table's marginal cost of one more query token, ignoring prompt attention), the verify cost of
+a speculative step (``T(b·(k+1), 0) + [T(b, c) − T(b, 0)]``) and the acceptance decay with context.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .errors import TailSieveError
+from .perf import PerfModel
+
+
+class EngineConfigError(TailSieveError):
+    """An impossible engine setting."""
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    """Speculative decoding on a replica (vLLM ``speculative_config``).
+
+    A decode step verifies ``k`` draft tokens per request; position ``i`` is accepted with
+    probability ``acceptance[i-1]`` given that positions ``1..i-1`` were (conditional acceptance:
+    vLLM's ``spec_decode_num_accepted_tokens_per_pos_total[i] / ..[i-1]``), so a request gains
+    ``1 + Σᵢ Πⱼ≤ᵢ αⱼ`` tokens per step on average. The engine model is deterministic: it advances each
+    request by that expectation."""
+
+    num_speculative_tokens: int
+    """k, draft tokens verified per request per step (vLLM ``num_speculative_tokens``; verl:
+    ``actor_rollout_ref.model.mtp.num_speculative_tokens``). The schedule's k may not exceed it."""
+    acceptance: tuple[float, ...]
+    """Conditional acceptance of draft positions 1, 2, ...; the last value repeats for deeper
+    positions. Public MTP figures: 0.83–0.92 at position 1, each further position ×0.77–0.91."""
+    schedule: tuple[tuple[int, int, int], ...] = ()
+    """vLLM's dynamic SD (``num_speculative_tokens_per_batch_size``): inclusive batch ranges
+    ``(b_lo, b_hi, k)`` starting at 1; a gap or the tail carries the previous k (as vLLM expands it).
+    The running batch picks k. Empty: always ``num_speculative_tokens``."""
+    acceptance_half_life: float | None = None
+    """Context tokens over which every position's acceptance halves (first-order decay, read once per
+    admission at the request's mid-way context ``prompt + (generated + length) / 2``; public figures:
+    position 1 falls from ~0.93 to ~0.72 at long contexts, i.e. ~85k tokens). None: no decay."""
+    draft_cost: float = 0.0
+    """Seconds of drafting per draft token as a fraction of the decode step ``T(b, c)`` (MTP/EAGLE ≈
+    1/layers for a one-layer head; ngram ≈ 0)."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "acceptance", tuple(float(a) for a in self.acceptance))
+        object.__setattr__(self, "schedule", tuple(tuple(int(v) for v in entry) for entry in self.schedule))
+        k = self.num_speculative_tokens
+        if not isinstance(k, (int, np.integer)) or isinstance(k, bool) or k < 1:
+            raise EngineConfigError(f"num_speculative_tokens must be an integer >= 1, got {k!r}")
+        if not self.acceptance or not all(math.isfinite(a) and 0.0 <= a <= 1.0 for a in self.acceptance):
+            raise EngineConfigError(f"speculative acceptance needs one or more values in [0, 1] (per draft "
+                                    f"position), got {list(self.acceptance)}")
+        previous_end = 0
+        for entry in self.schedule:
+            if len(entry) != 3:
+                raise EngineConfigError(f"a spec schedule entry is (batch_lo, batch_hi, k), got {entry}")
+            lo, hi, k_entry = entry
+            if lo <= previous_end or hi < lo:
+                raise EngineConfigError(f"spec schedule ranges must be increasing, non-overlapping and lo <= hi; "
+                                        f"{lo}-{hi} after a range ending at {previous_end}")
+            if not 0 <= k_entry <= k:
+                raise EngineConfigError(f"spec schedule k={k_entry} for batch {lo}-{hi} must be in 0..{k} "
+                                        "(num_speculative_tokens)")
+            previous_end = hi
+        if self.schedule and self.schedule[0][0] != 1:
+            raise EngineConfigError(f"the spec schedule must start at batch 1 (vLLM requires it), "
+                                    f"got {self.schedule[0][0]}")
+        if self.acceptance_half_life is not None and not (math.isfinite(self.acceptance_half_life)
+                                                          and self.acceptance_half_life > 0):
+            raise EngineConfigError(f"acceptance_half_life must be > 0 tokens (or None), got {self.acceptance_half_life}")
+        if not (math.isfinite(self.draft_cost) and self.draft_cost >= 0):
+            raise EngineConfigError(f"draft_cost must be >= 0 (a fraction of a decode step), got {self.draft_cost}")
+
+    def k_for_batch(self, running: int) -> int:
+        """The k vLLM's dynamic-SD lookup gives this running batch (carry forward across gaps)."""
+        if not self.schedule or running < 1:
+            return self.num_speculative_tokens if running >= 1 else 0
+        k = self.schedule[0][2]
+        for lo, hi, k_entry in self.schedule:
+            if running < lo:
+                break
+            k = k_entry
+        return k
+
+    def tokens_per_step(self, k: int, context) -> np.ndarray:
+        """Expected tokens a request gains in one verify step at depth k: 1 + Σᵢ Πⱼ≤ᵢ αⱼ(context)."""
+        context = np.asarray(context, dtype=float)
+        if k == 0:
+            return np.ones_like(context)
+        alphas = np.asarray([self.acceptance[min(i, len(self.acceptance) - 1)] for i in range(k)])
+        reach = np.cumprod(alphas)  # P(positions 1..i accepted) without decay
+        decay = (np.ones_like(context) if self.acceptance_half_life is None
+                 else np.exp2(-context / self.acceptance_half_life))
+        # with decay every αⱼ is scaled by d, so Πⱼ≤ᵢ αⱼ·d = reach_i · dⁱ
+        powers = decay[..., None] ** np.arange(1, k + 1)
+        return 1.0 + powers @ reach
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """One pool's rollout engine (vLLM v1 scheduler settings). Defaults bind nothing; the verl
+    0.9.1 rollout default of each field is given in its docstring (see :meth:`verl_defaults`)."""
+
+    max_num_seqs: int | None = None
+    """Requests running at once; the rest wait FIFO. verl: ``rollout.max_num_seqs`` = 256. None: no cap."""
+    num_gpu_blocks: int | None = None
+    """KV-cache blocks of the replica (vLLM ``--num-gpu-blocks-override``). verl: derived from
+    ``gpu_memory_utilization`` = 0.5 (see :func:`h200_kv_blocks`). None: unlimited."""
+    block_size: int = 16
+    """Tokens per KV block (vLLM ``--block-size``; 16 on GPU)."""
+    max_num_batched_tokens: int | None = None
+    """Token budget of one step, decode and prefill together. verl: 8192. None: unlimited."""
+    enable_chunked_prefill: bool = True
+    """Split a prompt over steps within the budget (verl: true); off, a prompt waits for a step
+    whose remaining budget holds it whole."""
+    prefill_s_per_token: float = 0.0
+    """Seconds per prefilled token, added to the step (first-order; :func:`prefill_cost_from_perf`
+    derives it from the decode table). 0: prefill is free (today's model)."""
+    enable_prefix_caching: bool = True
+    """A group's samples on one replica share their prompt's full KV blocks and skip prefilling
+    them (verl: true). Only hits held by a running sibling count (first-order: evicted blocks are
+    not reused)."""
+    speculative: SpeculativeConfig | None = None
+    """Speculative decoding (verl: off). See :class:`SpeculativeConfig`."""
+
+    def __post_init__(self) -> None:
+        _check_count(self.max_num_seqs, "max_num_seqs", allow_none=True)
+        _check_count(self.num_gpu_blocks, "num_gpu_blocks", allow_none=True)
+        _check_count(self.block_size, "block_size", allow_none=False)
+        _check_count(self.max_num_batched_tokens, "max_num_batched_tokens", allow_none=True)
+        for name in ("enable_chunked_prefill", "enable_prefix_caching"):
+            if not isinstance(getattr(self, name), bool):
+                raise EngineConfigError(f"{name} must be true or false, got {getattr(self, name)!r}")
+        if self.speculative is not None and not isinstance(self.speculative, SpeculativeConfig):
+            raise EngineConfigError(f"speculative must be a SpeculativeConfig (or None), got {self.speculative!r}"[:200])
+        if not (isinstance(self.prefill_s_per_token, (int, float)) and math.isfinite(self.prefill_s_per_token)
+                and self.prefill_s_per_token >= 0):
+            raise EngineConfigError(f"prefill_s_per_token must be >= 0 seconds, got {self.prefill_s_per_token!r}")
+        if self.speculative is not None and self.max_num_batched_tokens is not None \
+                and self.max_num_batched_tokens < 1 + self.speculative.num_speculative_tokens:
+            raise EngineConfigError(f"max_num_batched_tokens {self.max_num_batched_tokens} cannot hold one request's "
+                                    f"{1 + self.speculative.num_speculative_tokens} verify tokens")
+
+    @property
+    def binds_beyond_cap(self) -> bool:
+        """Whether anything but the admission cap shapes the run (else the closed form is exact)."""
+        return (self.num_gpu_blocks is not None or self.max_num_batched_tokens is not None
+                or self.prefill_s_per_token > 0 or self.speculative is not None)
+
+    @property
+    def capacity_tokens(self) -> float:
+        return math.inf if self.num_gpu_blocks is None else float(self.num_gpu_blocks * self.block_size)
+
+    @classmethod
+    def verl_defaults(cls, model: str = "qwen3-1.7b", perf: PerfModel | None = None,
+                      gpu_memory_utilization: float = 0.5, **changes) -> "EngineConfig":
+        """verl 0.9.1's rollout defaults on one H200 with a bundled model shape (:data:`H200_MODELS`);
+        the prefill cost comes from ``perf`` when given. ``changes`` override any field."""
+        fields = dict(max_num_seqs=256, max_num_batched_tokens=8192, enable_chunked_prefill=True,
+                      enable_prefix_caching=True, block_size=16,
+                      num_gpu_blocks=h200_kv_blocks(model, gpu_memory_utilization, changes.get("block_size", 16)),
+                      prefill_s_per_token=prefill_cost_from_perf(perf) if perf is not None else 0.0)
+        fields.update(changes)
+        return cls(**fields)
+
+
+def _check_count(value, name: str, allow_none: bool) -> None:
+    if value is None and allow_none:
+        return
+    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
+        raise EngineConfigError(f"{name} must be an integer >= 1{' (or None: unlimited)' if allow_none else ''}, "
+                                f"got {value!r}")
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What sizes a model's KV cache: bytes per token = layers × kv_heads × head_dim × 2 (K, V) × 2 (bf16)."""
+
+    layers: int
+    kv_heads: int
+    head_dim: int
+    params_b: float  # parameters in billions (bf16 weights: 2 bytes each)
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return self.layers * self.kv_heads * self.head_dim * 2 * 2
+
+
+# Bundled shapes (the models of the bundled H200 decode tables, and Qwen3-8B of ENGINE_NOTES).
+H200_MODELS = {
+    "qwen3-1.7b": ModelShape(layers=28, kv_heads=8, head_dim=128, params_b=2.03),      # 112 KiB/token
+    "qwen3-8b": ModelShape(layers=36, kv_heads=8, head_dim=128, params_b=8.19),        # 144 KiB/token
+    "qwen3-30b-a3b": ModelShape(layers=48, kv_heads=4, head_dim=128, params_b=30.5),   # 96 KiB/token
+}
+H200_MEMORY_BYTES = 143771 * 2 ** 20  # what nvidia-smi reports for one H200 (141 GB class)
+
+
+def h200_kv_blocks(model: str, gpu_memory_utilization: float = 0.5, block_size: int = 16) -> int:
+    """KV blocks of one H200 replica: utilisation × memory − bf16 weights, in blocks (first-order:
+    vLLM also reserves the activation peak and CUDA graphs, a few GB, so the real cache is smaller)."""
+    if model not in H200_MODELS:
+        raise EngineConfigError(f"unknown model shape {model!r}; bundled: {', '.join(H200_MODELS)}")
+    if not 0 < gpu_memory_utilization <= 1:
+        raise EngineConfigError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
+    shape = H200_MODELS[model]
+    kv_bytes = gpu_memory_utilization * H200_MEMORY_BYTES - shape.params_b * 1e9 * 2
+    if kv_bytes <= 0:
+        raise EngineConfigError(f"{model} weights do not fit in {gpu_memory_utilization} of an H200; "
+                                "raise gpu_memory_utilization")
+    return int(kv_bytes // (shape.kv_bytes_per_token * block_size))
+
+
+def prefill_cost_from_perf(perf: PerfModel, tokens: int = 4096) -> float:
+    """Seconds per prefilled token: the decode model's marginal cost of one more query token at
+    zero context, between ``tokens`` and 2 × ``tokens`` query tokens (a chunked-prefill step's size).
+    First-order: prompt attention (quadratic in the prompt) is left out."""
+    t = np.asarray(perf.step_time(np.asarray([tokens, 2 * tokens], dtype=float), np.zeros(2)), dtype=float)
+    return float(max(t[1] - t[0], 0.0) / tokens)
+
+
+@dataclass(frozen=True)
+class EngineEvents:
+    """What the engine did on one replica (all but ``steps`` zero when no limit bound)."""
+
+    steps: int = 0  # engine steps the replica ran
+    preemptions: int = 0
+    queue_wait_s: float = 0.0  # request-seconds spent waiting (before first admission and after preemptions)
+    max_queue_wait_s: float = 0.0  # the longest single wait for admission
+    tokens_recomputed: int = 0  # prompt + generated tokens prefilled again on re-admission after a preemption
+    prefill_tokens: int = 0  # tokens prefilled in all (prefix-cache hits excluded)
+    spec_draft_tokens: float = 0.0  # draft tokens verified (expected value)
+    spec_accepted_tokens: float = 0.0  # of them accepted (expected value)
+
+
+@dataclass(frozen=True)
+class ReplicaRun:
+    """One replica's run: when it finished, when each response finished and was first admitted
+    (input order), and what the engine did; ``progress`` is None when every response started at 0
+    and decoded one token per step (the closed form's case)."""
+
+    completion_s: float
+    finish_s: np.ndarray
+    steps: int
+    admit_s: np.ndarray | None = None
+    events: EngineEvents = EngineEvents()
+    progress: "TokenProgress | None" = None
+
+
+@dataclass(frozen=True)
+class TokenProgress:
+    """Tokens generated by each request as a function of completed steps: knots (request, step,
+    tokens) sorted by request then step, linear between knots; ``clock[j]`` = time after j steps."""
+
+    clock: np.ndarray
+    request: np.ndarray
+    step: np.ndarray
+    tokens: np.ndarray
+    lengths: np.ndarray = field(repr=False)
+
+    def tokens_at(self, t: float) -> np.ndarray:
+        """Tokens each request had generated at time t (whole tokens)."""
+        n = len(self.lengths)
+        done_steps = int(np.searchsorted(self.clock, t, side="right")) - 1
+        span = int(self.step.max(initial=0)) + 2
+        done_steps = min(max(done_steps, 0), span - 1)
+        keys = self.request * span + self.step
+        query = np.arange(n) * span + done_steps
+        at = np.searchsorted(keys, query, side="right") - 1
+        out = np.zeros(n)
+        valid = (at >= 0) & (self.request[np.maximum(at, 0)] == np.arange(n))
+        i = np.flatnonzero(valid)
+        k = at[i]
+        nxt = np.minimum(k + 1, len(keys) - 1)
+        same = (self.request[nxt] == i) & (nxt > k)
+        s0, y0 = self.step[k].astype(float), self.tokens[k]
+        slope = np.where(same, (self.tokens[nxt] - y0) / np.maximum(self.step[nxt] - s0, 1.0), 0.0)
+        out[i] = y0 + slope * (done_steps - s0)
+        return np.minimum(np.floor(out + 1e-9), self.lengths)
