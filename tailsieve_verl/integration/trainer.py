@@ -40,7 +40,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import ray
-import torch
 import transfer_queue as tq
 from omegaconf import DictConfig
 from tensordict import TensorDict
@@ -56,6 +55,8 @@ from tailsieve_verl.core.kinds import Pool
 from tailsieve_verl.core.controller import GroupRecord
 from tailsieve_verl.core.cycle import TailSieveCycle
 from tailsieve_verl.core.selector import StepOutcome, StepPlan
+from tailsieve_verl.integration.checkpoint import (Restore, RunShape, checkpoint_state, restore_for_resume,
+                                                    resume_folder, save_state)
 from tailsieve_verl.integration.config import TRAINER_MODE, TailSieveConfig, rollout_replica_count, wire_verl_config
 from tailsieve_verl.integration.engine_config import has_pool_engine_settings, install_pool_specialised_vllm
 from tailsieve_verl.integration.group_status import GroupStatus
@@ -64,7 +65,6 @@ from tailsieve_verl.integration.verl_compat import check_verl_internals
 
 logger = logging.getLogger(__name__)
 
-STATE_FILE = "tailsieve.pt"
 PARTITION = "train"
 MAX_DISPATCH_ATTEMPTS = 3
 
@@ -487,35 +487,41 @@ class TailSieveTrainer(PPOTrainerSync):
         lens = [tag.get("prompt_len", 0) for tag in batch.tags]
         return float(np.mean(lens)) if lens else 0.0
 
-    # ---- checkpoint / resume -------------------------------------------------------------------
-    def tailsieve_state(self) -> dict:
-        return self.cycle.state_dict() | {"carried_rows": dict(self.carried_rows)}
+    # ---- checkpoint / resume (integration.checkpoint: format, atomic write, the mismatch rule) -------
+    def init(self):
+        """A foreign or broken ``tailsieve.pt`` in the checkpoint verl will resume from stops the run
+        here, before verl launches any worker or replica (verl's ``init`` does all of that)."""
+        self.pending_restore = restore_for_resume(resume_folder(self.config.trainer), self.run_shape,
+                                                  self.settings.on_checkpoint_mismatch)
+        super().init()
 
-    def load_tailsieve_state(self, state: dict) -> None:
-        self.cycle.load_state_dict(state)
-        self.carried_rows = dict(state["carried_rows"])
-        missing = set(self.cycle.selector.carried) - set(self.carried_rows)
-        if missing:
-            raise RolloutStepError(f"checkpoint is missing the prompt rows of carried groups {sorted(missing)[:3]}")
+    @property
+    def run_shape(self) -> RunShape:
+        return RunShape.of(self.config, self.settings)
+
+    def tailsieve_state(self) -> dict:
+        return checkpoint_state(self.cycle.state_dict(), self.carried_rows, self.run_shape)
+
+    def load_tailsieve_state(self, restore: Restore) -> None:
+        """Put back a checked :class:`Restore` (``integration.checkpoint.plan_restore``)."""
+        self.cycle.load_state_dict(restore.cycle_state)
+        self.carried_rows = dict(restore.carried_rows)
         self.prompt_keys = {identity: prompt_key(row) for identity, row in self.carried_rows.items()}
 
     def _save_checkpoint(self):
         folder = os.path.join(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}")
-        os.makedirs(folder, exist_ok=True)
-        torch.save(self.tailsieve_state(), os.path.join(folder, STATE_FILE))  # before verl marks it latest
+        save_state(folder, self.tailsieve_state())  # atomic, and before verl marks the step latest
         super()._save_checkpoint()
 
     def _load_checkpoint(self):
         super()._load_checkpoint()
         if self.global_steps == 0:
             return
-        trainer_cfg = self.config.trainer
-        folder = (trainer_cfg.resume_from_path if trainer_cfg.resume_mode == "resume_path"
-                  else os.path.join(trainer_cfg.default_local_dir, f"global_step_{self.global_steps}"))
-        path = os.path.join(folder, STATE_FILE)
-        if not os.path.exists(path):
-            logger.warning("TailSieve: %s has no %s (not a TailSieve checkpoint); starting with an empty carried "
-                           "queue", folder, STATE_FILE)
-            return
-        self.load_tailsieve_state(torch.load(path, weights_only=False))
-        logger.info("TailSieve: restored %d carried groups from %s", len(self.carried_rows), path)
+        folder = resume_folder(self.config.trainer)
+        restore = getattr(self, "pending_restore", None)  # checked in init(), before anything launched
+        if restore is None or restore.folder != folder:
+            restore = restore_for_resume(folder, self.run_shape, self.settings.on_checkpoint_mismatch)
+        self.pending_restore = None
+        if restore is not None:
+            self.load_tailsieve_state(restore)
+            logger.info("TailSieve: restored %d carried groups from %s", len(self.carried_rows), folder)
