@@ -36,7 +36,7 @@ import logging
 import os
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import ray
@@ -95,6 +95,7 @@ class ActiveStep:
     cutoff_s: float | None = None
     selected_bulk: list[str] = field(default_factory=list)  # attempt uids, in the order seen finished
     redispatched: int = 0
+    refused: int = 0  # groups the engine refused, each replaced by a fresh prompt (on_refused_request=skip)
 
 
 def _abort_score(report: dict) -> int:
@@ -117,6 +118,15 @@ def _plain(value):
     if isinstance(value, (list, tuple)):
         return [_plain(v) for v in value]
     return value
+
+
+def _prompt_excerpt(row: TensorDict, limit: int = 60) -> str:
+    """The start of a row's last chat message, to name a prompt in an error line."""
+    messages = _plain(row["raw_prompt"])
+    while isinstance(messages, list) and messages and isinstance(messages[0], list):
+        messages = messages[0]  # a one-row batch holds a list of conversations
+    text = str(messages[-1].get("content", "")) if isinstance(messages, list) and messages and isinstance(messages[-1], dict) else str(messages)
+    return text[:limit] + ("..." if len(text) > limit else "")
 
 
 def _replica_names(replicas: list) -> str:
@@ -175,6 +185,7 @@ class TailSieveTrainer(PPOTrainerSync):
         self.paused_addresses: list[str] = []
         self.tailsieve_metrics: dict[str, float] = {}
         self.last_outcome: StepOutcome | None = None  # the last step's consumed/carried identities
+        self.skipped_prompts: list[str] = []  # prompt keys the engine refused, skipped (on_refused_request=skip)
         self.bias_monitor = LengthBiasMonitor() if self.settings.log_bias else None  # not checkpointed
 
     # ---- verl hooks --------------------------------------------------------------------------
@@ -346,6 +357,7 @@ class TailSieveTrainer(PPOTrainerSync):
                   and (state.groups[uid].pool == Pool.TAIL or state.cutoff_s is None)]
         if not failed:
             return
+        failed = self._settle_refused(state, failed)
         self._drop_dead_replicas([g.uid for g in failed])
         for group in failed:
             if group.attempt >= MAX_DISPATCH_ATTEMPTS:
@@ -355,6 +367,53 @@ class TailSieveTrainer(PPOTrainerSync):
         for group in failed:
             self._dispatch(state, [(group.identity, group.pool, group.row)], attempt=group.attempt + 1)
         state.redispatched += len(failed)
+
+    def _settle_refused(self, state: ActiveStep, failed: list[InflightGroup]) -> list[InflightGroup]:
+        """Failed groups the engine refused (it rejected the request: a prompt longer than max_model_len, a
+        sampling parameter it rejects) fail again on any replica. Stop naming the prompt and the engine's
+        reason (``tailsieve.on_refused_request=stop``, the default), or drop the prompt (counted, logged) and
+        run a fresh prompt in its slot (``skip``): the step still consumes exactly B groups. Returns the
+        groups to re-dispatch, refused slots with their new row."""
+        reasons = self._refusal_reasons([g.uid for g in failed])
+        settled = []
+        for group in failed:
+            reason = reasons.get(group.uid)
+            if reason is None:
+                settled.append(group)
+                continue
+            plan = state.plan
+            origin = "carried" if group.identity in plan.requeued_ids or (
+                group.identity in plan.tail_ids and group.identity not in plan.fresh_tail_ids) else "fresh"
+            where = (f"step {self.global_steps}: the engine refused {origin} prompt {prompt_key(group.row)} "
+                     f"({_prompt_excerpt(group.row)!r}, {group.pool.value} pool): {reason}")
+            if self.settings.on_refused_request == "stop":
+                raise RolloutStepError(f"{where}; fix the prompt or the engine limit it breaks, or set "
+                                       f"+tailsieve.on_refused_request=skip to drop such prompts (counted) and train "
+                                       f"fresh ones in their place")
+            state.refused += 1
+            if state.refused >= self.batch_size:
+                raise RolloutStepError(f"{where}; {state.refused} refusals in one step of {self.batch_size} groups: a "
+                                       f"setting, not a prompt, is at fault (tailsieve.on_refused_request=skip skips "
+                                       f"prompts, not settings)")
+            self.skipped_prompts.append(prompt_key(group.row))
+            row = _row(self._next_train_batch(1), 0)
+            self.prompt_keys[group.identity] = prompt_key(row)  # the slot's record entry follows its new prompt
+            logger.warning("TailSieve: %s; tailsieve.on_refused_request=skip: dropped (%d prompts this run), a fresh "
+                           "prompt runs in its place", where, len(self.skipped_prompts))
+            settled.append(replace(group, row=row, attempt=0))
+        return settled
+
+    def _refusal_reasons(self, uids: list[str], wait_s: float = 5.0) -> dict[str, str]:
+        """The engine's reason for each of the failed ``uids`` it refused. The agent loops report each
+        sample before verl marks its group failed, over another channel: wait briefly for the reports."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            known = ray.get(self.router.refusals.remote(uids))
+            complete = all(uid in known and (known[uid]["refused"] or known[uid]["reported"] >= self.samples_per_group)
+                           for uid in uids)
+            if complete or time.monotonic() > deadline:
+                return {uid: report["refused"] for uid, report in known.items() if report["refused"]}
+            time.sleep(self.settings.poll_interval_s)
 
     def _drop_dead_replicas(self, uids: list[str]) -> None:
         servers = ray.get(self.router.group_servers.remote(uids))
