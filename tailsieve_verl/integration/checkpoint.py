@@ -91,13 +91,8 @@ class Restore:
     """What a resume puts back: the cycle's state (``TailSieveCycle.load_state_dict``) and the rows
     of the carried prompts."""
 
-    path: str
     cycle_state: dict
     carried_rows: dict
-
-    @property
-    def folder(self) -> str:
-        return os.path.dirname(self.path)
 
 
 # ---- writing -----------------------------------------------------------------------------------
@@ -172,8 +167,7 @@ def _saved_shape(state: Mapping, path: str) -> tuple[int, RunShape]:
     if version == 0:
         controller = state.get("controller") or {}
         return 0, RunShape(int(state["selector"]["batch_size"]), int(controller.get("n_replicas", 0)),
-                           float((controller.get("config") or {}).get("candidate_factor", 0.0)),
-                           "before the versioned format")
+                           float((controller.get("config") or {}).get("candidate_factor", 0.0)))
     writer = (state.get("run") or {}).get("plugin_version") if isinstance(state.get("run"), Mapping) else None
     raise CheckpointMismatchError(f"{path} has checkpoint format version {version!r}"
                                   + (f" (written by tailsieve-verl {writer}: resume with that version)" if writer else "")
@@ -204,13 +198,14 @@ def plan_restore(state: Mapping, path: str, shape: RunShape, policy: str) -> Res
     differences = shape.differences(saved) + ([f"format version {version} (this run {FORMAT_VERSION})"]
                                               if version != FORMAT_VERSION else [])
     if not differences:
-        return Restore(path, {k: state.get(k) for k in ("selector", "controller", "prompt_record")}, rows)
+        return Restore({k: state.get(k) for k in ("selector", "controller", "prompt_record")}, rows)
     carried = list(selector["carried"])
     if policy == "stop":
+        as_saved = shape.how_to_resume_as_saved(saved)
         raise CheckpointMismatchError(
-            f"{path} was written by another run shape: {'; '.join(differences)}. Resume with "
-            f"{shape.how_to_resume_as_saved(saved) or 'the settings that wrote it'}, or set {_POLICY_KEY}=keep_carried "
-            f"(its {len(carried)} carried prompts are trained once in the next step) or =drop_carried (they are not "
+            f"{path} was written by another run shape: {'; '.join(differences)}. "
+            f"{f'Resume with {as_saved}, or set' if as_saved else 'Set'} {_POLICY_KEY}=keep_carried (its "
+            f"{len(carried)} carried prompts are trained once in the next step) or =drop_carried (they are not "
             f"regenerated)")
     if policy == "keep_carried" and len(carried) >= shape.batch_size:
         raise CheckpointMismatchError(
@@ -226,7 +221,7 @@ def plan_restore(state: Mapping, path: str, shape: RunShape, policy: str) -> Res
                    path, _POLICY_KEY, policy, "; ".join(differences), len(carried), fate,
                    "keeps its learned state" if controller is not None else "restarts from q0 / tail_replicas")
     # the queue is a list of prompts: it fits any batch it is shorter than (checked above)
-    return Restore(path, {"selector": dict(selector, batch_size=shape.batch_size), "controller": controller,
+    return Restore({"selector": dict(selector, batch_size=shape.batch_size), "controller": controller,
                     "prompt_record": state.get("prompt_record")}, rows)
 
 
@@ -241,7 +236,7 @@ def _unusable(problem: str, path: str, shape: RunShape, policy: str) -> Restore:
     logger.warning("TailSieve: %s; %s=drop_carried: going on with an empty carried queue (up to %d prompts of "
                    "this epoch are not regenerated; the per-prompt record restarts too)", problem, _POLICY_KEY,
                    shape.batch_size - 1)
-    return Restore(path, {"selector": {"batch_size": shape.batch_size, "step": 0, "carried": [], "scores": []},
+    return Restore({"selector": {"batch_size": shape.batch_size, "step": 0, "carried": [], "scores": []},
                     "controller": None, "prompt_record": None}, {})
 
 

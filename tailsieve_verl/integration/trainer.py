@@ -122,10 +122,10 @@ def _plain(value):
 
 def _prompt_excerpt(row: TensorDict, limit: int = 60) -> str:
     """The start of a row's last chat message, to name a prompt in an error line."""
-    messages = _plain(row["raw_prompt"])
-    while isinstance(messages, list) and messages and isinstance(messages[0], list):
-        messages = messages[0]  # a one-row batch holds a list of conversations
-    text = str(messages[-1].get("content", "")) if isinstance(messages, list) and messages and isinstance(messages[-1], dict) else str(messages)
+    message = _plain(row["raw_prompt"])
+    while isinstance(message, list) and message:
+        message = message[-1]  # a one-row batch holds a list of conversations, each a list of messages
+    text = str(message.get("content", "")) if isinstance(message, dict) else str(message)
     return text[:limit] + ("..." if len(text) > limit else "")
 
 
@@ -550,8 +550,8 @@ class TailSieveTrainer(PPOTrainerSync):
     def init(self):
         """A foreign or broken ``tailsieve.pt`` in the checkpoint verl will resume from stops the run
         here, before verl launches any worker or replica (verl's ``init`` does all of that)."""
-        self.pending_restore = restore_for_resume(resume_folder(self.config.trainer), self.run_shape,
-                                                  self.settings.on_checkpoint_mismatch)
+        folder = resume_folder(self.config.trainer)
+        self.checked_resume = (folder, restore_for_resume(folder, self.run_shape, self.settings.on_checkpoint_mismatch))
         super().init()
 
     @property
@@ -577,10 +577,10 @@ class TailSieveTrainer(PPOTrainerSync):
         if self.global_steps == 0:
             return
         folder = resume_folder(self.config.trainer)
-        restore = getattr(self, "pending_restore", None)  # checked in init(), before anything launched
-        if restore is None or restore.folder != folder:
+        checked_folder, restore = getattr(self, "checked_resume", (None, None))  # read in init(), before launch
+        if checked_folder != folder:
             restore = restore_for_resume(folder, self.run_shape, self.settings.on_checkpoint_mismatch)
-        self.pending_restore = None
+        self.checked_resume = (None, None)
         if restore is not None:
             self.load_tailsieve_state(restore)
             logger.info("TailSieve: restored %d carried groups from %s", len(self.carried_rows), folder)

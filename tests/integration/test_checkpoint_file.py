@@ -162,8 +162,11 @@ def test_the_unversioned_format_and_an_unknown_version_stop_with_one_line(tmp_pa
     state, carried = _state_after_one_step()
     old = {k: v for k, v in state.items() if k not in ("format_version", "run")}  # the layout before versions
     folder = _write_folder(tmp_path, old)
-    with pytest.raises(CheckpointMismatchError, match=r"format version 0 \(this run 1\)"):
+    with pytest.raises(CheckpointMismatchError) as error:
         restore_for_resume(str(folder), SHAPE, "stop")
+    assert str(error.value).endswith("another run shape: format version 0 (this run 1). Set "
+                                     "+tailsieve.on_checkpoint_mismatch=keep_carried (its 2 carried prompts are trained "
+                                     "once in the next step) or =drop_carried (they are not regenerated)")
     restore = restore_for_resume(str(folder), SHAPE, "keep_carried")  # its rows are readable: kept
     assert set(restore.carried_rows) == set(carried)
 
