@@ -121,6 +121,11 @@ class SimServer:
         self._aborted_groups = AbortedGroups()
         self._chunk: tuple[float, np.ndarray] | None = None  # the decode steps being slept through
         self._fault: str | None = None
+        # verl's output type, imported here: a first import inside generate() would block the actor's
+        # event loop for seconds, and every other call (progress, abort) with it
+        from verl.workers.rollout.replica import TokenOutput
+
+        self._token_output = TokenOutput
 
     # ---- verl server API -------------------------------------------------------------------
     def get_server_address(self) -> tuple[str, int]:
@@ -130,16 +135,14 @@ class SimServer:
                        image_data: Optional[list[Any]] = None, video_data: Optional[list[Any]] = None,
                        audio_data: Optional[list[Any]] = None, mm_processor_kwargs: Optional[dict] = None,
                        priority: int = 0, **_: Any):
-        from verl.workers.rollout.replica import TokenOutput
-
         self._raise_if_engine_dead()
         while self._paused:  # parked behind a closed gate, like vLLMHttpServer._park_until_admitted
             if self._rejecting:
-                return TokenOutput(token_ids=[], stop_reason="aborted", extra_fields={"global_steps": self.global_steps})
+                return self._token_output(token_ids=[], stop_reason="aborted", extra_fields={"global_steps": self.global_steps})
             await self._resume_event.wait()
         if group_of_request(request_id) in self._aborted_groups:  # a later turn or sample of an aborted group
             self.stats.aborted += 1
-            return TokenOutput(token_ids=[], stop_reason="aborted", extra_fields={"global_steps": self.global_steps})
+            return self._token_output(token_ids=[], stop_reason="aborted", extra_fields={"global_steps": self.global_steps})
         prompt_ids = [int(t) for t in prompt_ids]
         room = self.max_model_len - len(prompt_ids)
         if room < 1:
@@ -156,7 +159,7 @@ class SimServer:
         self._wake.set()
         generated, stop_reason = await request.done
         log_probs = [0.0] * generated if sampling_params.get("logprobs") else None
-        return TokenOutput(token_ids=tokens[:generated], log_probs=log_probs, stop_reason=stop_reason,
+        return self._token_output(token_ids=tokens[:generated], log_probs=log_probs, stop_reason=stop_reason,
                            num_preempted=0, extra_fields={"global_steps": self.global_steps})
 
     async def abort_all_requests(self, reset_prefix_cache: bool = True, reject_request: bool = False) -> dict:
@@ -217,11 +220,13 @@ class SimServer:
 
     def inject_fault(self, fault: str) -> None:
         """Break this server on purpose: ``engine_dead`` (the engine dies now, the actor lives on: running
-        requests fail, nothing decodes), ``exit_on_abort`` (the actor exits when asked to abort),
-        ``hang_on_drain`` (waiting for the requests to drain, e.g. verl's sleep, never returns)."""
-        if fault not in ("engine_dead", "exit_on_abort", "hang_on_drain"):
+        requests fail, nothing decodes), ``engine_hung`` (the engine stops decoding but its health check
+        passes, as vLLM's only reads an error flag; waiting for its requests to drain, e.g. verl's sleep,
+        never returns), ``exit_on_abort`` (the actor exits when asked to abort)."""
+        if fault not in ("engine_dead", "engine_hung", "exit_on_abort"):
             raise ValueError(f"unknown fault {fault!r}")
         self._fault = fault
+        self._wake.set()  # the decode loop sees the fault now
         if fault == "engine_dead":
             for request in self._active + self._waiting:
                 if not request.done.done():
@@ -249,7 +254,7 @@ class SimServer:
         await self.resume_generation()
 
     async def wait_for_requests_to_drain(self) -> None:
-        if self._fault == "hang_on_drain":
+        if self._fault == "engine_hung":
             await asyncio.Event().wait()
         while self._active or self._waiting:
             await asyncio.sleep(0.005)
@@ -291,7 +296,7 @@ class SimServer:
             self._loop_task = asyncio.get_running_loop().create_task(self._decode_loop())
 
     async def _decode_loop(self) -> None:
-        while self._fault != "engine_dead":
+        while self._fault not in ("engine_dead", "engine_hung"):
             while len(self._active) < self.max_num_seqs and self._waiting:  # FIFO admission under the cap
                 self._active.append(self._waiting.pop(0))
             if not self._active:

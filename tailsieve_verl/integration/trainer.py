@@ -100,7 +100,7 @@ class InflightGroup:
 class ReplicaProgress:
     """A replica's token count when it last moved (stall detection)."""
 
-    tokens: int | None
+    tokens: int
     in_flight: int
     since: float
 
@@ -118,6 +118,7 @@ class ActiveStep:
     aborted: list[str] = field(default_factory=list)  # attempt uids aborted at the cutoff
     finished_at: dict[str, float] = field(default_factory=dict)  # attempt uid -> seconds after the start
     progress: dict[str, ReplicaProgress] = field(default_factory=dict)  # by replica address
+    probes: dict[str, tuple] = field(default_factory=dict)  # replica address -> (unanswered progress probe, sent at)
     progress_checked_at: float = 0.0
     redispatched: int = 0
 
@@ -455,34 +456,42 @@ class TailSieveTrainer(PPOTrainerSync):
 
     def _check_progress(self, state: ActiveStep) -> None:
         """Stall detection: a replica with requests in flight whose generated-token count has not moved
-        for ``tailsieve.stall_timeout_s`` (or that stopped answering) is stuck; stop, naming it. A replica
-        that died is not waited for here: its groups fail and are re-dispatched."""
+        for ``tailsieve.stall_timeout_s``, or whose progress probe has gone unanswered that long, is
+        stuck; stop, naming it. Probes never block the poll loop. A replica that died is not waited for
+        here: its groups fail and are re-dispatched."""
         stall = self.settings.stall_timeout_s
         now = time.monotonic()
         if now - state.progress_checked_at < min(1.0, stall / 4):
             return
         state.progress_checked_at = now
-        replicas = [r for r in self._replicas_by_address().values() if getattr(r.server_handle, "progress", None)]
-        asked = {r.server_address: r.server_handle.progress.remote() for r in replicas}
-        ready, _ = ray.wait(list(asked.values()), num_returns=len(asked), timeout=min(PROBE_TIMEOUT_S, stall / 4))
-        answered = set(ready)
-        for replica in replicas:
-            last = state.progress.get(replica.server_address)
+        for replica in self._replicas_by_address().values():
+            server, address = replica.server_handle, replica.server_address
+            if getattr(server, "progress", None) is None:
+                continue  # a backend without progress reports: no stall detection
+            if address not in state.probes:
+                state.probes[address] = (server.progress.remote(), now)
+                continue
+            probe, sent = state.probes[address]
+            if not ray.wait([probe], timeout=0)[0]:
+                if now - sent > stall:
+                    self._stuck(replica, "does not answer")
+                continue
+            del state.probes[address]
             try:
-                answer = ray.get(asked[replica.server_address]) if asked[replica.server_address] in answered else None
+                answer = ray.get(probe)
             except ray.exceptions.RayActorError:
                 continue  # dead: its requests fail, _redispatch_failed drops it
-            if answer is not None and (last is None or answer["in_flight"] == 0 or answer["tokens"] != last.tokens):
-                state.progress[replica.server_address] = ReplicaProgress(answer["tokens"], answer["in_flight"], now)
-            elif last is None:
-                state.progress[replica.server_address] = ReplicaProgress(None, 1, now)  # silent from the start
+            last = state.progress.get(address)
+            if last is None or answer["in_flight"] == 0 or answer["tokens"] != last.tokens:
+                state.progress[address] = ReplicaProgress(answer["tokens"], answer["in_flight"], now)
             elif now - last.since > stall:
-                what = ("does not answer" if answer is None
-                        else f"generated no token with {answer['in_flight']} requests in flight")
-                raise RolloutStepError(
-                    f"step {self.global_steps}: rollout replica {_replica_names([replica])} {what} for "
-                    f"tailsieve.stall_timeout_s={stall}s: it is stuck; restart the run (trainer.resume_mode=auto), "
-                    f"or raise tailsieve.stall_timeout_s if its engine pauses that long by design")
+                self._stuck(replica, f"generated no token with {answer['in_flight']} requests in flight")
+
+    def _stuck(self, replica, what: str) -> None:
+        raise RolloutStepError(
+            f"step {self.global_steps}: rollout replica {_replica_names([replica])} {what} for "
+            f"tailsieve.stall_timeout_s={self.settings.stall_timeout_s}s: it is stuck; restart the run "
+            f"(trainer.resume_mode=auto), or raise tailsieve.stall_timeout_s if its engine pauses that long by design")
 
     def _check_agent_loop_workers(self, every_s: float = 5.0) -> None:
         """Watchdog: a dead agent-loop worker never reports its groups' status, so the step would never
