@@ -12,7 +12,7 @@ setup(
     package_data={"tailsieve_verl": ["data/*.json", "data/*.jsonl", "config/*.yaml"]},
     install_requires=["numpy", "scipy", "matplotlib", "rich", "pyarrow"],
     extras_require={
-        # The verl layer; torch must already be installed (see README: a CPU torch first).
+        # The verl layer; torch must already be installed (see docs/usage.md: a CPU torch first).
         "verl": ["verl[verl-core]==0.9.1", "hydra-core", "omegaconf"],
         "test": ["pytest"],
     },

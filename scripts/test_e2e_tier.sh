@@ -4,7 +4,7 @@
 # every step — in stock `trainer.v1.trainer_mode=sync` and in `trainer.v1.trainer_mode=tailsieve`,
 # plus checkpoint/resume and a replica killed mid-step (tests/e2e). Reuses .venv-vllm
 # (scripts/setup_vllm_cpu.sh builds it and installs the plugin through its entry point).
-# One run at a time, ~13 GiB peak; see README "Tests" for the measured wall time. Extra arguments go to pytest.
+# One run at a time, ~13 GiB peak; see docs/testing.md for the measured wall time. Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup_vllm_cpu.sh

@@ -10,6 +10,7 @@ import json
 from ..core.perf import DEFAULT_PERF_MODEL, parse_perf_model
 from ..core.planner import plan_from_trace
 from ..core.trace import read_trace
+from .recommend import from_plan, pin_overrides
 
 
 def register(subparsers) -> None:
@@ -31,8 +32,9 @@ def run(args: argparse.Namespace) -> int:
     trace = read_trace(args.trace)
     plan = plan_from_trace(trace, args.replicas, parse_perf_model(args.perf_model), batch_size=args.batch, n=args.n,
                            steps=args.steps, seeds=args.seeds)
+    recommendation = from_plan(plan, args.perf_model)
     if args.json:
-        print(json.dumps(plan.to_json()))
+        print(json.dumps(plan.to_json() | {"recommendation": recommendation}))
         return 0
     lo, hi = plan.band
     print(f"trace {trace.name}: {plan.prompts} prompt groups; simulated {len(plan.per_seed)} "
@@ -44,8 +46,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"best fixed split: one shared pool (stock verl's routing), {plan.fixed_speedup:.3f}×")
     else:
         print(f"best fixed split: q={plan.fixed_q}, m={plan.fixed_m}, predicted {plan.fixed_speedup:.3f}×; to pin it: "
-              f"+tailsieve.mode=fixed +tailsieve.q0={plan.fixed_q} +tailsieve.tail_replicas={plan.fixed_m} "
-              "+tailsieve.controller.inner_loop=false")
+              f"{pin_overrides(plan.fixed_q, plan.fixed_m)}")
         print("  on strong tails the plan can overrate isolation (there 4 of 10 picked splits lost 3.4 %): "
               "check it against stock verl with `tailsieve compare` before keeping it")
+    print(recommendation)
     return 0

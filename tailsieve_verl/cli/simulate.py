@@ -13,6 +13,7 @@ from ..core.sim import ALL_POLICIES, POLICIES, SimConfig, SimResult, simulate
 from ..core.trace import read_trace
 from ..core.workload import PRESETS, PromptPool
 from .checks import output_dir, perf_model_file
+from .recommend import from_simulation
 
 DEFAULTS = SimConfig()
 
@@ -69,6 +70,7 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     report = result.to_json()
+    report["recommendation"] = from_simulation(result, args.perf_model)
     (out / "simulate.json").write_text(json.dumps(report, indent=1), encoding="utf-8")
     plots = []
     if not args.no_plots:
@@ -79,6 +81,7 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(report))
     else:
         _print_summary(result, out, plots)
+        print(report["recommendation"])
     return 0
 
 
@@ -103,8 +106,9 @@ def _print_summary(result: SimResult, out: Path, plots: list) -> None:
     table = Table(title=f"{c.steps} steps, workload {result.workload}, R={c.n_replicas}, B={c.batch_size}×{c.n}, "
                         f"{result.perf}")
     table.add_column("policy", no_wrap=True)
+    bias = result.length_bias()
     for column in ("mean makespan", "vs stock verl", "vs group RR", "final q", "final m", "wasted tokens",
-                   "lost / dup / stale"):
+                   "lost / dup / stale", "max deferral", "mean length", "length KS / noise"):
         table.add_column(column, justify="right")
     for name, r in result.policies.items():
         last = r.records[-1]
@@ -113,12 +117,18 @@ def _print_summary(result: SimResult, out: Path, plots: list) -> None:
                       f"{vs_verl[name]:.3f}×" if name in vs_verl else "-",
                       f"{vs_uniform[name]:.3f}×" if name in vs_uniform else "-",
                       str(last.next_q) if tailsieve else "-", str(last.next_m) if tailsieve else "-",
-                      f"{100 * r.wasted_fraction:.1f} %", f"{r.lost} / {r.duplicated} / {r.stale}")
-    console = Console(width=max(Console().width, 130))  # a pipe reports 80 columns: keep rows on one line
+                      f"{100 * r.wasted_fraction:.1f} %", f"{r.lost} / {r.duplicated} / {r.stale}",
+                      f"{r.max_deferral_steps} step{'s' if r.max_deferral_steps != 1 else ''}",
+                      f"{r.consumed_lengths.mean():.0f}",
+                      f"{bias[name][0]:.3f} / {bias[name][1]:.3f}" if name in bias else "-")
+    console = Console(width=max(Console().width, 175))  # a pipe reports 80 columns: keep rows on one line
     console.print(table)
     if any(name.startswith("clairvoyant") for name in result.policies):
         console.print("clairvoyant-* know each step's lengths and route one step at a time: references, not "
-                      "deployable; TailSieve can beat them because it defers long groups to the next step.")
+                      "deployable. TailSieve defers a long group by at most one step (max deferral), so a "
+                      "TailSieve speedup above them is a bug until shown otherwise.")
+    for warning in result.warnings():
+        console.print(f"[bold yellow]warning:[/] {warning}")
     if "verl-redraw" in vs_verl:
         console.print(f"verl-redraw is stock verl with its own length draws: {vs_verl['verl-redraw']:.3f}× is how far "
                       "one run of this length can be off by sampling alone; the other policies share their draws.")

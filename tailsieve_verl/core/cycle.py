@@ -8,8 +8,9 @@ observation. Per step::
 
     fresh = pull(cycle.n_fresh())                 # new prompts, pulled before planning
     plan, m = cycle.plan(fresh, n_replicas)       # plan.tail_ids on m tail replicas, the rest bulk
-    ...run; abort the bulk pool once plan.bulk_quota of its groups have finished...
-    outcome, observation = cycle.finish(plan, finished_bulk_ids, scores, tail=..., bulk=..., m=m, ...)
+    ...run; once plan.fresh_quota fresh bulk groups have finished, abort the fresh ones still running
+    (core.selector.bulk_cutoff); the requeued ones run to completion...
+    outcome, observation = cycle.finish(plan, consumed_bulk_ids, scores, tail=..., bulk=..., m=m, ...)
 
 Prompt identities name one pull of a prompt (a prompt may be carried while the dataset hands it out
 again); ``prompt_key`` maps them to the prompt itself, which the length record is keyed by.
@@ -62,10 +63,11 @@ class TailSieveCycle:
     def finish(self, plan: StepPlan, finished_bulk_ids: Sequence[str], scores: Mapping[str, float], *,
                tail: Sequence[tuple[str, GroupRecord]], bulk: Sequence[tuple[str, GroupRecord]], m: int,
                cutoff_s: float, prompt_len: float, policy_version: int) -> tuple[StepOutcome, StepObservation]:
-        """Close the step: ``finished_bulk_ids`` finished before the cutoff, ``scores`` is the abort
-        score of every aborted bulk group; ``tail`` and ``bulk`` are the consumed groups as measured
-        (identity, record; a group whose measurement never came is left out). Updates the carried
-        queue, the record and the controller's decision."""
+        """Close the step: ``finished_bulk_ids`` are the consumed bulk groups (every requeued one and the
+        fresh ones finished by the cutoff), ``scores`` is the abort score of every aborted bulk group;
+        ``tail`` and ``bulk`` are the consumed groups as measured (identity, record; a group whose
+        measurement never came is left out); ``cutoff_s`` is when the bulk pool's last consumed group
+        finished. Updates the carried queue, the record and the controller's decision."""
         outcome = self.selector.finish_step(plan, plan.bulk_fresh_ids, finished_bulk_ids,
                                             policy_version=policy_version, scores=scores)
         if self.record is not None:

@@ -4,10 +4,17 @@ Each step consumes exactly ``batch_size`` (B) prompt groups:
 
 * the **tail pool** regenerates, from scratch and under the current policy, the ``T = min(q, C)``
   carried candidates with the highest *abort score* (C = candidates carried from the last step);
-* the **bulk pool** runs the other ``C − T`` candidates (regenerated from scratch: the drain) plus
-  new prompts, ``B − T + a`` groups in all; once ``B − T`` of them have finished (the *cutoff*),
-  the ``a`` still running are aborted and only their prompt identities and abort scores are carried
-  to the next step as candidates. Their partial responses are never consumed.
+* the **bulk pool** runs the other ``C − T`` candidates (regenerated from scratch: the *drain*) plus
+  new prompts, ``B − T + a`` groups in all. The drained candidates are **committed**: they run to
+  completion and are consumed this step, never aborted again. Once ``B − C`` of the *fresh* bulk
+  groups have finished (the *cutoff*, :attr:`StepPlan.fresh_quota`), the ``a`` fresh groups still
+  running are aborted and only their prompt identities and abort scores are carried to the next step
+  as candidates. Their partial responses are never consumed.
+
+So a prompt is aborted at most once: aborted at step t, it is regenerated from scratch at step t + 1
+in the tail pool or the drain and consumed there — no prompt waits more than one step, whatever q,
+m, the scores or the pool do (a prompt carried again and again would vanish from the consumed
+batches: a length bias). :attr:`StepOutcome.max_deferral_steps` measures it.
 
 ``a = min(B − 1, ceil(candidate_factor · q))``: with ``candidate_factor`` > 1 the partial rollout
 over-collects candidates and the abort score picks the tail among them — unfinished status is a
@@ -15,17 +22,19 @@ high-recall, low-precision signal. The abort score is the number of response tok
 generated when it was aborted (finished samples count their full length); a count, never the tokens.
 Tail groups are listed heaviest first, so round-robin over the tail replicas spreads the heavy ones.
 
-So a step consumes ``T + (B − T) = B`` groups. When ``q`` shrinks, the candidates beyond it are
-drained through the bulk pool (never dropped); when it grows, the next step carries the new count
-(one-step transition). Groups are atomic and every consumed group is tagged with the policy version
+So a step consumes ``T + (C − T) + (B − C) = B`` groups. When ``q`` shrinks, the candidates beyond
+it are drained through the bulk pool (never dropped); when it grows, the next step carries the new
+count (one-step transition). Groups are atomic and every consumed group is tagged with the policy version
 that generated it.
 
 How the verl layer calls it, once per training step ``t`` (policy version ``v``)::
 
     plan = selector.plan_step(q)            # q from the controller's last Decision
     # send plan.tail_ids to the tail pool; plan.requeued_ids and plan.n_fresh new prompts to the
-    # bulk pool; abort the bulk pool once plan.bulk_quota of its groups have finished
-    outcome = selector.finish_step(plan, fresh_ids, finished_ids, policy_version=v, scores=tokens_at_abort)
+    # bulk pool; once plan.fresh_quota fresh groups have finished, abort the fresh ones still running
+    # (the requeued ones run on to completion)
+    outcome = selector.finish_step(plan, fresh_ids, requeued_ids + finished_fresh_ids, policy_version=v,
+                                   scores=tokens_at_abort)
     # train on outcome.consumed; outcome.carried_ids are the next step's candidates
 
 ``state_dict()`` / ``load_state_dict()`` are JSON-serialisable so the carried queue survives a
@@ -37,6 +46,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from typing import Mapping, Sequence
+
+import numpy as np
 
 from .errors import TailSieveError
 from .kinds import Pool
@@ -54,16 +65,21 @@ class StepPlan:
     step: int
     q: int  # the isolation target this plan was made for
     tail_ids: tuple[str, ...]  # top-q carried candidates, heaviest first: regenerated in the tail pool
-    requeued_ids: tuple[str, ...]  # the other candidates: regenerated from scratch in the bulk pool
+    requeued_ids: tuple[str, ...]  # the other candidates: regenerated from scratch in the bulk pool, never aborted
     n_fresh: int  # new prompts to pull for the bulk pool
-    bulk_quota: int  # bulk groups to finish before the cutoff (= B − len(tail_ids))
-    n_abort: int  # bulk groups aborted at the cutoff and carried as candidates
+    bulk_quota: int  # bulk groups consumed this step (= B − len(tail_ids)): the requeued ones and fresh_quota fresh
+    n_abort: int  # fresh bulk groups aborted at the cutoff and carried as candidates
     fresh_tail_ids: tuple[str, ...] = ()  # fresh prompts sent straight to the tail pool (per-prompt record)
     bulk_fresh_ids: tuple[str, ...] = ()  # with pre-pulled fresh prompts: the ones for the bulk pool
 
     @property
     def n_bulk(self) -> int:
         return len(self.requeued_ids) + self.n_fresh
+
+    @property
+    def fresh_quota(self) -> int:
+        """Fresh bulk groups to finish before the cutoff (>= 1): the requeued ones are consumed anyway."""
+        return self.bulk_quota - len(self.requeued_ids)
 
 
 @dataclass(frozen=True)
@@ -79,10 +95,38 @@ class StepOutcome:
     consumed: tuple[ConsumedGroup, ...]  # exactly B groups, tail first
     carried_ids: tuple[str, ...]  # aborted at the cutoff, highest abort score first: the next candidates
     policy_version: int
+    max_deferral_steps: int = 0  # the most steps a consumed prompt waited since it was first pulled (<= 1)
 
     @property
     def consumed_ids(self) -> tuple[str, ...]:
         return tuple(c.prompt_id for c in self.consumed)
+
+
+@dataclass(frozen=True)
+class Cutoff:
+    """Where a step's bulk pool stops taking fresh groups, from each bulk group's finish time."""
+
+    cutoff_s: float  # the fresh_quota-th fresh group finished: the other fresh ones are aborted
+    bulk_end_s: float  # the bulk pool's last consumed group finished (the cutoff or a requeued group)
+    consumed: tuple[int, ...]  # indices into the plan's bulk order: every requeued group, then fresh ones by finish
+    aborted: tuple[int, ...]  # fresh groups still running at the cutoff
+
+
+def bulk_cutoff(bulk_finish_s: Sequence[float], n_requeued: int, fresh_quota: int) -> Cutoff:
+    """The cutoff rule on finish times in a plan's bulk order (its ``n_requeued`` requeued groups
+    first, then the fresh ones): the requeued groups are consumed whenever they finish; the first
+    ``fresh_quota`` fresh groups to finish are consumed and the others aborted when the last of those
+    finished (:attr:`StepPlan.fresh_quota`)."""
+    finish = np.asarray(bulk_finish_s, dtype=float)
+    if not 0 <= n_requeued <= len(finish) or not 0 <= fresh_quota <= len(finish) - n_requeued:
+        raise SelectorError(f"a cutoff needs 0 <= fresh_quota ({fresh_quota}) <= fresh groups "
+                            f"({len(finish) - n_requeued})")
+    fresh = n_requeued + np.argsort(finish[n_requeued:], kind="stable")
+    done, aborted = fresh[:fresh_quota], fresh[fresh_quota:]
+    consumed = np.concatenate([np.arange(n_requeued), done]).astype(np.int64)
+    return Cutoff(float(finish[done[-1]]) if len(done) else 0.0,
+                  float(finish[consumed].max()) if len(consumed) else 0.0,
+                  tuple(int(i) for i in consumed), tuple(sorted(int(i) for i in aborted)))
 
 
 class TailSelector:
@@ -99,6 +143,7 @@ class TailSelector:
         self.step = 0
         self.carried: list[str] = []  # highest abort score first
         self.scores: dict[str, float] = {}
+        self.pulled_at: dict[str, int] = {}  # step each carried prompt was first pulled (its deferral's start)
         self._open_plan: StepPlan | None = None
 
     def n_abort(self, q: int) -> int:
@@ -136,7 +181,18 @@ class TailSelector:
             carried_key = {p: max(self.scores.get(p, 0.0), predicted.get(p, 0.0)) for p in self.carried}
             ranked = sorted([(-k, 0, i, p) for i, (p, k) in enumerate(carried_key.items())]
                             + [(-predicted[p], 1, i, p) for i, p in enumerate(fresh) if p in predicted])
-            chosen = [p for *_, p in ranked[:q]]
+            # every carried candidate is consumed this step (tail or drain), so the fresh prompts the
+            # tail pool takes leave the fresh bulk groups fewer slots: keep at least one (fresh_quota >= 1)
+            fresh_room = self.batch_size - len(self.carried) - 1
+            chosen = []
+            for _, is_fresh, _, p in ranked:
+                if len(chosen) == q:
+                    break
+                if is_fresh:
+                    if fresh_room == 0:
+                        continue
+                    fresh_room -= 1
+                chosen.append(p)
             chosen_set = set(chosen)
             tail = tuple(chosen)  # heaviest first
             requeued = tuple(p for p in self.carried if p not in chosen_set)
@@ -147,13 +203,15 @@ class TailSelector:
                         n_fresh=quota + n_abort - len(requeued), bulk_quota=quota, n_abort=n_abort,
                         fresh_tail_ids=fresh_tail, bulk_fresh_ids=bulk_fresh)
         assert fresh_ids is None or len(bulk_fresh) == plan.n_fresh
+        assert plan.fresh_quota >= 1
         self._open_plan = plan
         return plan
 
     def finish_step(self, plan: StepPlan, fresh_ids: Sequence[str], finished_ids: Sequence[str],
                     policy_version: int, scores: Mapping[str, float] | None = None) -> StepOutcome:
-        """Record a finished step: ``fresh_ids`` were pulled, ``finished_ids`` (bulk groups) finished
-        before the cutoff; ``scores`` = abort score of each aborted group (missing: 0)."""
+        """Record a finished step: ``fresh_ids`` were pulled, ``finished_ids`` are the consumed bulk
+        groups (every requeued one, and the fresh ones finished by the cutoff); ``scores`` = abort
+        score of each aborted group (missing: 0)."""
         if plan is not self._open_plan:
             raise SelectorError("finish_step got a plan that is not the open one; plan_step and finish_step "
                                 "must alternate")
@@ -176,23 +234,30 @@ class TailSelector:
             raise SelectorError(f"step {plan.step}: finished groups {sorted(unknown)[:3]} were not among the bulk "
                                 "groups of this step")
         done = set(finished)
+        unfinished_requeued = [p for p in plan.requeued_ids if p not in done]
+        if unfinished_requeued:
+            raise SelectorError(f"step {plan.step}: requeued groups {unfinished_requeued[:3]} were not consumed; a "
+                                "carried prompt runs to completion in the step after its abort and is never aborted "
+                                "again (abort only the fresh bulk groups at the cutoff)")
         scores = scores or {}
         aborted = [p for p in bulk if p not in done]
         carried = tuple(sorted(aborted, key=lambda p: -float(scores.get(p, 0.0))))  # stable: ties keep bulk order
         consumed = tuple(ConsumedGroup(p, Pool.TAIL, policy_version) for p in plan.tail_ids) + tuple(
             ConsumedGroup(p, Pool.BULK, policy_version) for p in finished)
         assert len(consumed) == self.batch_size and len(carried) == plan.n_abort
+        deferral = max((plan.step - self.pulled_at.get(c.prompt_id, plan.step) for c in consumed), default=0)
         self.carried = list(carried)
         self.scores = {p: float(scores.get(p, 0.0)) for p in carried}
+        self.pulled_at = {p: self.pulled_at.get(p, plan.step) for p in carried}
         self.step += 1
         self._open_plan = None
-        return StepOutcome(plan.step, consumed, carried, policy_version)
+        return StepOutcome(plan.step, consumed, carried, policy_version, deferral)
 
     def state_dict(self) -> dict:
         if self._open_plan is not None:
             raise SelectorError(f"cannot checkpoint in the middle of step {self._open_plan.step}")
         return {"batch_size": self.batch_size, "step": self.step, "carried": list(self.carried),
-                "scores": [self.scores.get(p, 0.0) for p in self.carried]}
+                "scores": [self.scores.get(p, 0.0) for p in self.carried]}  # carried: pulled at step - 1
 
     def load_state_dict(self, state: dict) -> None:
         if state.get("batch_size") != self.batch_size:
@@ -206,4 +271,5 @@ class TailSelector:
         self.step = int(state["step"])
         self.carried = carried
         self.scores = dict(zip(carried, scores))
+        self.pulled_at = dict.fromkeys(carried, self.step - 1)
         self._open_plan = None

@@ -88,12 +88,13 @@ def closed_loop(cfg: SimConfig, pool: PromptPool, servers: Sequence[OpenAIServer
     rows, audit = [], {}
     for name, res in result.policies.items():
         for rec, meas, (lengths, prompt_lens, replicas) in zip(res.records, measured[name], runs[name]):
-            tail_s, cutoff, _ = step_times(meas, rec.n_tail, cfg.batch_size - rec.n_tail)
-            if not np.isclose(max(tail_s, cutoff), rec.makespan_s):
+            makespan = _makespan(meas, rec.n_tail, rec.n_requeued, cfg.batch_size)
+            if not np.isclose(makespan, rec.makespan_s):
                 raise ClosedLoopError(f"{name} step {rec.step}: the recorded makespan {rec.makespan_s:.3f}s is not "
-                                      f"the measured step's {max(tail_s, cutoff):.3f}s (a cutoff rule out of step)")
+                                      f"the measured step's {makespan:.3f}s (a cutoff rule out of step)")
             rows.append({"policy": name, "step": rec.step, "measured_makespan_s": rec.makespan_s,
-                         "q": rec.q, "m": rec.m, "tail_groups": rec.n_tail, "tail_s": rec.tail_s,
+                         "q": rec.q, "m": rec.m, "tail_groups": rec.n_tail, "requeued_groups": rec.n_requeued,
+                         "tail_s": rec.tail_s,
                          "bulk_cutoff_s": rec.bulk_s, "wasted_tokens": rec.wasted_tokens,
                          "measured_replica_s": list(meas.replica_times_s),
                          "group_lengths": lengths, "group_prompt_len": prompt_lens, "sample_replica": replicas})
@@ -112,6 +113,12 @@ def closed_loop(cfg: SimConfig, pool: PromptPool, servers: Sequence[OpenAIServer
     return predict(report, perf, max_num_seqs)
 
 
+def _makespan(ev: Evaluation, n_tail: int, n_requeued: int, batch_size: int) -> float:
+    """A step's makespan under the cutoff rule, from its groups' finish times (tail, requeued, fresh)."""
+    tail_s, cut = step_times(ev, n_tail, n_requeued, batch_size - n_tail - n_requeued)
+    return max(tail_s, cut.bulk_end_s)
+
+
 def predict(report: dict, perf: PerfModel, max_num_seqs: int | None = None) -> dict:
     """Fill ``report``'s predictions, errors and speedups from its recorded steps (lengths,
     assignment, tail groups) under ``perf``: how :func:`closed_loop` scores a run, and how a recorded
@@ -123,8 +130,9 @@ def predict(report: dict, perf: PerfModel, max_num_seqs: int | None = None) -> d
         groups = [Group(f"g{i}", tuple(lengths), prompt_len)
                   for i, (lengths, prompt_len) in enumerate(zip(row["group_lengths"], prompt_lens))]
         pred = evaluate_samples(groups, np.asarray(row["sample_replica"]), cfg["n_replicas"], perf, max_num_seqs)
-        tail_s, cutoff, _ = step_times(pred, row["tail_groups"], cfg["batch_size"] - row["tail_groups"])
-        row["predicted_makespan_s"] = max(tail_s, cutoff)
+        # reports recorded before requeued_groups existed ran the old cutoff, which requeued nothing apart
+        row["predicted_makespan_s"] = _makespan(pred, row["tail_groups"], row.get("requeued_groups", 0),
+                                                cfg["batch_size"])
         row["prediction_error"] = (row["predicted_makespan_s"] - row["measured_makespan_s"]) / row["measured_makespan_s"]
         row["predicted_replica_s"] = list(pred.replica_times_s)
     summary = report["policies"]

@@ -51,8 +51,9 @@ def test_help_names_the_rows_of_the_default_model(command, capsys):
     assert "table:h200-dense (qwen3-1.7b rows)" in " ".join(capsys.readouterr().out.split())
 
 
-def test_help_and_readme_name_the_paper_not_the_seed(capsys):
-    texts = [(ROOT / "README.md").read_text(encoding="utf-8")]
+def test_help_readme_and_docs_name_the_paper_not_the_seed(capsys):
+    texts = [page.read_text(encoding="utf-8") for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]]
+    assert len(texts) > 1, "docs/ is missing"
     for command in SUBCOMMANDS:
         with pytest.raises(SystemExit):
             main([command, "--help"])

@@ -5,7 +5,7 @@ import pytest
 from tailsieve_verl.core.controller import ControllerConfig, GroupRecord
 from tailsieve_verl.core.cycle import TailSieveCycle
 from tailsieve_verl.core.perf import LinearPerf
-from tailsieve_verl.core.selector import SelectorError
+from tailsieve_verl.core.selector import SelectorError, bulk_cutoff
 
 PERF = LinearPerf(0.01, 0.0001)
 B, R = 4, 4
@@ -17,11 +17,13 @@ def _key(identity: str) -> str:
 
 
 def _run_step(cycle: TailSieveCycle, fresh: list[str], lengths: dict[str, int], version: int):
-    """Finish in order of length; the longest bulk groups are aborted with half their length as score."""
+    """Finish in order of length (the cutoff rule: requeued groups run on, the longest fresh ones are
+    aborted) with half their length as score."""
     plan, m = cycle.plan(fresh, R)
     bulk = list(plan.requeued_ids) + list(plan.bulk_fresh_ids)
-    done = sorted(bulk, key=lambda i: lengths[_key(i)])[:plan.bulk_quota]
-    scores = {i: lengths[_key(i)] // 2 for i in bulk if i not in done}
+    cut = bulk_cutoff([lengths[_key(i)] for i in bulk], len(plan.requeued_ids), plan.fresh_quota)
+    done = [bulk[i] for i in cut.consumed]
+    scores = {bulk[i]: lengths[_key(bulk[i])] // 2 for i in cut.aborted}
     record = lambda i: (i, GroupRecord((lengths[_key(i)],), lengths[_key(i)] / 100))  # noqa: E731
     outcome, obs = cycle.finish(plan, done, scores, tail=[record(i) for i in plan.tail_ids],
                                 bulk=[record(i) for i in done], m=m, cutoff_s=max(lengths[_key(i)] for i in done) / 100,

@@ -7,17 +7,19 @@ import numpy as np
 import pytest
 
 from tailsieve_verl.core.kinds import Pool
-from tailsieve_verl.core.selector import SelectorError, TailSelector
+from tailsieve_verl.core.selector import SelectorError, TailSelector, bulk_cutoff
 
 
 def _run_step(sel: TailSelector, q: int, next_id: list[int], rng: np.random.Generator, version: int):
+    """One step with random finish times through the cutoff rule, and random abort scores."""
     plan = sel.plan_step(q)
     fresh = [f"p{next_id[0] + i}" for i in range(plan.n_fresh)]
     next_id[0] += plan.n_fresh
     bulk = list(plan.requeued_ids) + fresh
-    finished = list(rng.permutation(bulk)[:plan.bulk_quota])
-    scores = {p: float(rng.integers(0, 1000)) for p in bulk}
-    return plan, fresh, sel.finish_step(plan, fresh, finished, policy_version=version, scores=scores)
+    cut = bulk_cutoff(rng.exponential(1.0, len(bulk)), len(plan.requeued_ids), plan.fresh_quota)
+    scores = {bulk[i]: float(rng.integers(0, 1000)) for i in cut.aborted}
+    return plan, fresh, sel.finish_step(plan, fresh, [bulk[i] for i in cut.consumed], policy_version=version,
+                                        scores=scores)
 
 
 def test_step_consumes_batch_and_carries_aborted_identities():
@@ -69,23 +71,40 @@ def test_candidates_are_ranked_by_abort_score_and_oversampled():
     assert TailSelector(8, candidate_factor=3.0).n_abort(5) == 7  # never the whole batch
 
 
-@pytest.mark.parametrize("factor", [1.0, 2.0])
-def test_exactly_once_over_1000_steps_with_random_q(factor):
+@pytest.mark.parametrize("factor", [1.0, 2.0, 3.0])
+def test_exactly_once_and_one_step_deferral_over_1000_steps_with_random_q(factor):
+    """Random q (up to B − 1), finish order and abort scores: every prompt is consumed exactly once,
+    B per step, on-policy, and within one step of its abort (the old drain could abort a requeued
+    prompt again and again)."""
     sel, rng, counter = TailSelector(16, candidate_factor=factor), np.random.default_rng(1), [0]
     consumed: Counter = Counter()
     pulled: list[str] = []
-    qs = rng.integers(0, 8, 1000)
+    aborted_at: dict[str, int] = {}
+    qs = rng.integers(0, 16, 1000)
     for t, q in enumerate(qs):
         _, fresh, out = _run_step(sel, int(q), counter, rng, t)
         pulled += fresh
         consumed.update(out.consumed_ids)
         assert len(out.consumed) == 16 and all(c.policy_version == t for c in out.consumed)
+        assert all(t - aborted_at.pop(p, t) <= 1 for p in out.consumed_ids)  # regenerated in the very next step
+        assert not aborted_at, f"step {t}: carried prompts {sorted(aborted_at)[:3]} were not consumed"
+        aborted_at = dict.fromkeys(out.carried_ids, t)
+        assert out.max_deferral_steps <= 1
     assert max(consumed.values()) == 1
     assert set(pulled) == set(consumed) | set(sel.carried)
     assert not set(consumed) & set(sel.carried)
 
 
-@pytest.mark.parametrize("bad", ["count", "duplicate", "overlap", "unknown", "quota"])
+def test_the_cutoff_consumes_every_requeued_group_and_the_first_fresh_ones():
+    # bulk order: 2 requeued, then 4 fresh; 2 fresh to finish
+    cut = bulk_cutoff([9.0, 1.0, 3.0, 2.0, 8.0, 5.0], n_requeued=2, fresh_quota=2)
+    assert cut.consumed == (0, 1, 3, 2) and cut.aborted == (4, 5)
+    assert cut.cutoff_s == 3.0 and cut.bulk_end_s == 9.0  # the slow requeued group ends the bulk pool
+    with pytest.raises(SelectorError, match="fresh_quota"):
+        bulk_cutoff([1.0, 2.0], n_requeued=1, fresh_quota=2)
+
+
+@pytest.mark.parametrize("bad", ["count", "duplicate", "overlap", "unknown", "quota", "requeued"])
 def test_contract_violations_are_refused(bad):
     sel = TailSelector(4)
     plan = sel.plan_step(1)
@@ -100,8 +119,19 @@ def test_contract_violations_are_refused(bad):
         fresh = ["e", "g", "h", "i"]
     elif bad == "unknown":
         finished = ["f", "g", "zzz"]
-    else:
+    elif bad == "quota":
         finished = ["f", "g"]
+    else:  # a requeued (drained) candidate aborted again
+        sel = TailSelector(4, candidate_factor=2.0)
+        plan = sel.plan_step(1)
+        sel.finish_step(plan, ["a", "b", "c", "d", "e", "f"], ["a", "b", "c", "d"], 0, scores={"e": 5, "f": 1})
+        plan = sel.plan_step(1)  # tail e, requeued f, 3 bulk to consume
+        assert plan.requeued_ids == ("f",) and plan.fresh_quota == 2
+        fresh = [f"n{i}" for i in range(plan.n_fresh)]
+        finished = fresh[:3]
+        with pytest.raises(SelectorError, match="never aborted again"):
+            sel.finish_step(plan, fresh, finished, 1)
+        return
     with pytest.raises(SelectorError):
         sel.finish_step(plan, fresh, finished, 1)
 

@@ -41,11 +41,15 @@ def test_the_simulator_runs_through_a_given_executor_with_identical_results():
         assert np.array_equal(with_hook.policies[name].makespans, plain.policies[name].makespans)
 
 
-def test_step_times_cut_the_bulk_pool_at_its_quota():
+def test_step_times_cut_the_fresh_bulk_groups_at_their_quota_and_wait_for_the_requeued_ones():
     groups = [Group("t", (50,)), Group("a", (10,)), Group("b", (30,)), Group("c", (90,))]
     ev = evaluate_samples(groups, np.array([0, 1, 1, 1]), 2, LinearPerf(a=1.0, c=0.0))
-    tail_s, cutoff, done = step_times(ev, 1, 2)
-    assert tail_s == 50.0 and cutoff == 30.0 and sorted(done.tolist()) == [0, 1]  # "c" aborted
+    tail_s, cut = step_times(ev, 1, 0, 2)
+    assert tail_s == 50.0 and cut.cutoff_s == 30.0 and cut.consumed == (0, 1) and cut.aborted == (2,)  # "c" aborted
+    groups = [Group("t", (50,)), Group("r", (90,)), Group("a", (10,)), Group("b", (30,))]  # "r" requeued
+    ev = evaluate_samples(groups, np.array([0, 1, 1, 1]), 2, LinearPerf(a=1.0, c=0.0))
+    tail_s, cut = step_times(ev, 1, 1, 1)
+    assert cut.cutoff_s == 10.0 and cut.bulk_end_s == 90.0 and cut.consumed == (0, 1) and cut.aborted == (2,)
 
 
 def test_a_measured_run_is_an_evaluation_with_every_sample():

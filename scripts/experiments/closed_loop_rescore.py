@@ -1,10 +1,12 @@
 """Score a recorded `tailsieve closed-loop` run again under another performance model.
 
-    python scripts/closed_loop_rescore.py RUN.json --calibration cal.json [--max-num-seqs N] --out RUN_rescored.json
+    python scripts/experiments/closed_loop_rescore.py RUN.json --calibration cal.json [--max-num-seqs N] --out RUN_rescored.json
 
 The run's steps keep their measured makespans; predictions, errors and speedups are recomputed from
 the recorded lengths and assignments (tools.closed_loop.predict), e.g. with a calibration that
 covers the contexts the run reached, or with a concurrency cap standing in for a small KV cache.
+
+Recorded results: scripts/results/real_engine_vllm_cpu/ (re-scores the closed-loop runs there); every table and its command: docs/results.md.
 """
 
 from __future__ import annotations

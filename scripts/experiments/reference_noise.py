@@ -15,8 +15,10 @@ makespan / exact reference for it and for stock verl: the yardstick's bias and b
 Ratios are to best-static out of sample (both on the regeneration draws best-static was not chosen on),
 read from a ``controller_v2_eval.py --regeneration-draws`` JSON of the same cells and seeds:
 
-    python scripts/reference_noise.py --best-static-from scripts/results/controller_v2_64x8_probe.json \
+    python scripts/experiments/reference_noise.py --best-static-from scripts/results/controller_vs_stock_verl/controller_v2_64x8_probe.json \
         --seeds 16 --out reference.json
+
+Recorded results: scripts/results/exact_reference_vs_yardstick/; every table and its command: docs/results.md.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from controller_v2_eval import cell_setup  # scripts/ is this script's import path
+from controller_v2_eval import cell_setup  # scripts/experiments/ is this script's import path
 from tailsieve_verl.core import sim
 from tailsieve_verl.core.controller import HierarchicalController, _ConsumedBatch
 

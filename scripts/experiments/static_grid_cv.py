@@ -11,8 +11,10 @@ on. This runs **every** split of ``sim.static_grid`` to the end (no screening) o
 * with ``--plan-traces K``: the fixed split ``tailsieve plan`` picks from each of K logged stock-verl
   runs (``--plan-log-steps`` steps of the cell's preset on prompt pools of their own), scored on this grid.
 
-    python scripts/static_grid_cv.py --cells dense-weak --batch 256 --n 16 --seeds 0,1,2,3,4,5,6,7 --out cv.json
-    python scripts/static_grid_cv.py --table-only cv.json --plan-traces 6
+    python scripts/experiments/static_grid_cv.py --cells dense-weak --batch 256 --n 16 --seeds 0,1,2,3,4,5,6,7 --out cv.json
+    python scripts/experiments/static_grid_cv.py --table-only cv.json --plan-traces 6
+
+Recorded results: scripts/results/adaptive_vs_best_static_split/; every table and its command: docs/results.md.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from controller_v2_eval import cell_parts, cell_setup  # scripts/ is this script's import path
+from controller_v2_eval import cell_parts, cell_setup  # scripts/experiments/ is this script's import path
 from tailsieve_verl.core import sim
 from tailsieve_verl.core.planner import plan_from_trace
 from tailsieve_verl.core.workload import generate_trace

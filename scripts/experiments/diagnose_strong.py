@@ -12,7 +12,9 @@ on one prompt stream:
 * **makespan breakdown** — mean tail-pool time, bulk cutoff (or the shared pool's end) and the
   share of steps each pool was the bottleneck.
 
-    python scripts/diagnose_strong.py [--workload strong] [--setups dense,moe] [--seeds 2] [--steps 20]
+    python scripts/experiments/diagnose_strong.py [--workload strong] [--setups dense,moe] [--seeds 2] [--steps 20]
+
+Recorded results: scripts/results/strong_tails_ceiling/; every table and its command: docs/results.md.
 """
 
 from __future__ import annotations

@@ -7,7 +7,9 @@ stock verl's per-sample least-in-flight against samples balanced (``time_balance
 * their prompt's typical length (``PromptPool.typical_length``: prompt and checkpoint effects, no
   sampling noise) — the best any per-prompt record can know, so the ceiling of balancing by it.
 
-    python scripts/bulk_balance_ceiling.py [--seeds 4] [--steps 30]
+    python scripts/experiments/bulk_balance_ceiling.py [--seeds 4] [--steps 30]
+
+Recorded results: none (prints its table; recorded in scripts/results/controller_vs_stock_verl/controller_v2_log.md); every table and its command: docs/results.md.
 """
 
 from __future__ import annotations

@@ -13,7 +13,9 @@ plots under ``OUT``):
   after q is raised / lowered (mean consumed-length shift per step, averaged over seeds).
 * ``plan`` — the planner's prediction from a logged uniform run vs the simulated outcome.
 
-    python scripts/experiments.py [--out experiments_out] [--only tails,bias] [--steps 40] [--seeds 3]
+    python scripts/experiments/experiments.py [--out experiments_out] [--only tails,bias] [--steps 40] [--seeds 3]
+
+Recorded results: scripts/results/stock_verl_vs_group_routing/ (--only tails); every table and its command: docs/results.md.
 """
 
 from __future__ import annotations

@@ -1,7 +1,9 @@
 """Core benchmarks: evaluator throughput, exact-oracle time vs instance size, study time.
 
 Prints measurements side by side (no pass/fail: machines are noisy). Run from the repo root:
-    .venv/bin/python scripts/bench_core.py [--quick] [--study-instances N]
+    .venv/bin/python scripts/experiments/bench_core.py [--quick] [--study-instances N]
+
+A developer benchmark: prints only, records nothing (docs/development.md).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the repository root
 
 from tailsieve_verl.core.oracle import StepCostTable, brute_force, solve_exact  # noqa: E402
 from tailsieve_verl.core.perf import parse_perf_model  # noqa: E402

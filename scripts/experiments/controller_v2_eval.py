@@ -7,14 +7,16 @@ TailSieve runs on the same stream, and TailSieve under other draws for its regen
 Prints, per cell, the mean speedup vs stock verl of every policy, the worst seed, and adaptive /
 best-static.
 
-    python scripts/controller_v2_eval.py [--seeds 8] [--cells dense-weak,...] [--jobs 2] [--ablation ablation|sweep]
-    python scripts/controller_v2_eval.py --cells dense-weak,moe-weak --no-best-static --regeneration-draws 8
+    python scripts/experiments/controller_v2_eval.py [--seeds 8] [--cells dense-weak,...] [--jobs 2] [--ablation ablation|sweep]
+    python scripts/experiments/controller_v2_eval.py --cells dense-weak,moe-weak --no-best-static --regeneration-draws 8
     # 4 epochs of a 256-prompt pool, with the oracle and TailSieve without the per-prompt record:
-    python scripts/controller_v2_eval.py --pool 256 --steps 16 --no-best-static --oracle --no-record-variant
+    python scripts/experiments/controller_v2_eval.py --pool 256 --steps 16 --no-best-static --oracle --no-record-variant
 
 ``best-static`` runs a screened grid (every grid point for 5 steps, the best 4 and (0, 0) to the end);
 ``--best-static-from`` reuses it from an earlier JSON of the same cells and seeds (it depends only on
 the stream and the mechanism, not on the controller's settings).
+
+Recorded results: scripts/results/controller_vs_stock_verl/ (and per_prompt_record/ for --pool 256); every table and its command: docs/results.md.
 """
 
 from __future__ import annotations

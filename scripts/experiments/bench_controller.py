@@ -6,7 +6,9 @@ the neighbouring splits: the expensive ones), plus the share of the time spent t
 observation's groups into arrays. Targets (issue 11): inner + outer < 1 ms median at 8 × 512 and
 < 5 ms at 64 × 4,096.
 
-    python scripts/bench_controller.py [--shapes 8x512,64x4096] [--n 8] [--decisions 200]
+    python scripts/experiments/bench_controller.py [--shapes 8x512,64x4096] [--n 8] [--decisions 200]
+
+Recorded results: scripts/results/controller_decision_time/; every table and its command: docs/results.md.
 """
 
 from __future__ import annotations

@@ -1,0 +1,97 @@
+"""The one line that ends `tailsieve simulate` and `tailsieve plan`: which configuration to run, and the
+verl overrides that turn it on, or stay with stock verl when no deployable configuration beats it by
+more than the run's own noise (a few per cent is below what one simulated run resolves)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..core.perf import DEFAULT_PERF_MODEL
+
+TRAINER_MODE = "trainer.v1.trainer_mode=tailsieve"
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A configuration a user can deploy, its speedup over stock verl, the noise on that speedup, and the
+    overrides that turn it on."""
+
+    name: str
+    speedup: float
+    noise: float
+    overrides: str
+
+
+def two_standard_errors(samples) -> float:
+    """Noise on a mean: two standard errors of ``samples`` (0 where fewer than two)."""
+    x = np.asarray(samples, dtype=float)
+    return float(2 * x.std(ddof=1) / np.sqrt(len(x))) if len(x) >= 2 else 0.0
+
+
+def pin_overrides(q: int, m: int) -> str:
+    """Overrides that pin the split (q, m): no replica moves, no q adaptation."""
+    return (f"+tailsieve.mode=fixed +tailsieve.q0={q} +tailsieve.tail_replicas={m} "
+            "+tailsieve.controller.inner_loop=false")
+
+
+def perf_model_override(spec: str) -> str:
+    """The controller's performance model, Hydra-quoted where the spec needs it; empty for the default."""
+    if spec == DEFAULT_PERF_MODEL:
+        return ""
+    return f"\"+tailsieve.perf_model='{spec}'\"" if any(c in spec for c in "=,") else f"+tailsieve.perf_model={spec}"
+
+
+def recommendation(candidates: list[Candidate]) -> str:
+    """The fastest candidate that beats stock verl by more than its noise, as one line; else stay with stock."""
+    winners = [c for c in candidates if c.speedup - 1 > c.noise]
+    if not winners:
+        best = max(candidates, key=lambda c: c.speedup, default=None)
+        seen = f" (best: {best.name} {best.speedup:.3f}×, noise ±{best.noise:.3f})" if best else ""
+        return f"recommendation: stay with stock verl: nothing here beat it by more than the noise{seen}"
+    best = max(winners, key=lambda c: c.speedup)
+    return (f"recommendation: {best.name} is fastest for this workload, {best.speedup:.3f}× stock verl "
+            f"(noise ±{best.noise:.3f}); add to your verl command: {best.overrides}")
+
+
+def from_simulation(result, perf_spec: str) -> str:
+    """Recommend from a `tailsieve simulate` run. Policies share their length draws, so each candidate's
+    noise is two standard errors of its per-step makespan difference to stock verl (relative to stock
+    verl's mean), or verl-redraw's distance from 1 where that is larger (the run's sampling noise)."""
+    if "verl" not in result.policies:
+        return "recommendation: none: add verl to --policies to measure against stock verl"
+    stock = result.policies["verl"].makespans
+    redraw = abs(1 - result.speedup_vs("verl")["verl-redraw"]) if "verl-redraw" in result.policies else 0.0
+    common = " ".join(x for x in (TRAINER_MODE, perf_model_override(perf_spec),
+                                  "+tailsieve.group_atomic=true" if result.config.group_atomic else "") if x)
+    candidates = []
+    for name, r in result.policies.items():
+        last, label = r.records[-1], name
+        if name == "tailsieve":
+            overrides = f"{common} +tailsieve.tail_replicas=0"  # q0 = 0, m = 0: start at one shared pool
+        elif name == "tailsieve-fixed":
+            overrides = (f"{common} +tailsieve.mode=fixed +tailsieve.q0={max(last.next_q, last.next_m)} "
+                         f"+tailsieve.tail_replicas={last.next_m}")
+        elif name == "best-static" and last.next_m > 0:
+            overrides = f"{common} {pin_overrides(last.next_q, last.next_m)}"
+            label = f"best-static (q={last.next_q}, m={last.next_m}, the best fixed split in hindsight)"
+        else:
+            continue  # stock verl itself, group round-robin, or a reference no rollout layer can run
+        noise = two_standard_errors((stock - r.makespans) / stock.mean())
+        candidates.append(Candidate(label, stock.mean() / r.mean_makespan_s, max(noise, redraw), overrides))
+    return recommendation(candidates)
+
+
+def from_plan(plan, perf_spec: str) -> str:
+    """Recommend from a `tailsieve plan`: the adaptive controller and the best fixed split, each against the
+    noise between the plan's seeds (two standard errors of the adaptive per-seed speedups; the fixed
+    split's per-seed speedups are not kept, and it runs on the same seeds)."""
+    noise = two_standard_errors(plan.per_seed)
+    adaptive = " ".join(x for x in (TRAINER_MODE, perf_model_override(perf_spec),
+                                    f"+tailsieve.q0={plan.initial_q} +tailsieve.tail_replicas={plan.initial_m}") if x)
+    candidates = [Candidate("TailSieve adaptive", plan.speedup, noise, adaptive)]
+    if plan.fixed_m > 0:
+        candidates.append(Candidate(f"TailSieve pinned at q={plan.fixed_q}, m={plan.fixed_m}", plan.fixed_speedup,
+                                    noise, f"{TRAINER_MODE} {pin_overrides(plan.fixed_q, plan.fixed_m)}"))
+    return recommendation(candidates)

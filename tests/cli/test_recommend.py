@@ -1,0 +1,88 @@
+"""The recommendation line that ends `tailsieve simulate` and `tailsieve plan`: a configuration and its
+overrides where TailSieve beats stock verl by more than the run's noise, stock verl otherwise."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from tailsieve_verl.cli import plan as plan_cli
+from tailsieve_verl.cli import simulate as simulate_cli
+from tailsieve_verl.cli.recommend import Candidate, perf_model_override, recommendation, two_standard_errors
+from tailsieve_verl.core.trace import Group, write_trace
+from tailsieve_verl.core.workload import generate_trace
+
+STAY = "recommendation: stay with stock verl: nothing here beat it by more than the noise"
+
+
+def _run(module, argv: list[str], capsys) -> list[str]:
+    parser = argparse.ArgumentParser(prog="tailsieve")
+    module.register(parser.add_subparsers(dest="command"))
+    assert module.run(parser.parse_args(argv)) == 0
+    return capsys.readouterr().out.strip().splitlines()
+
+
+def test_simulate_recommends_tailsieve_where_it_wins_by_more_than_the_noise(tmp_path, capsys):
+    """The README's example, weak tails at 256 × 16 (without the slow clairvoyant references, which do
+    not change the other policies' runs): the adaptive controller, with the overrides that start it where
+    the simulation started it, one shared pool."""
+    argv = ["simulate", "--workload", "weak", "--batch", "256", "--n", "16", "--policies", "verl,tailsieve-fixed,tailsieve",
+            "--out", str(tmp_path), "--no-plots"]
+    last = _run(simulate_cli, argv, capsys)[-1]
+    assert last.startswith("recommendation: tailsieve is fastest for this workload, 1.")
+    assert last.endswith("add to your verl command: trainer.v1.trainer_mode=tailsieve +tailsieve.tail_replicas=0")
+    report = json.loads((tmp_path / "simulate.json").read_text())
+    assert report["recommendation"] == last
+
+
+def test_simulate_default_workload_stays_with_stock_verl(tmp_path, capsys):
+    """The main job's workload (real tails, 64 × 8 on 8 dense replicas, 30 steps): TailSieve's few per
+    cent either way are inside the run's noise, so the line says to keep stock verl."""
+    lines = _run(simulate_cli, ["simulate", "--policies", "verl,uniform,tailsieve-fixed,tailsieve", "--out",
+                                str(tmp_path), "--no-plots"], capsys)
+    assert lines[-1].startswith(STAY + " (best: tailsieve")
+    assert "vs stock verl" in "\n".join(lines[:-1])  # the line follows the table
+
+
+def test_simulate_without_stock_verl_says_what_is_missing(tmp_path, capsys):
+    lines = _run(simulate_cli, ["simulate", "--steps", "3", "--batch", "8", "--n", "2", "--replicas", "4",
+                                "--pool-size", "64", "--policies", "uniform,tailsieve", "--out", str(tmp_path),
+                                "--no-plots"], capsys)
+    assert lines[-1] == "recommendation: none: add verl to --policies to measure against stock verl"
+
+
+def test_plan_recommends_tailsieve_on_weak_tails(tmp_path, capsys):
+    trace = tmp_path / "weak_run.jsonl"
+    write_trace(generate_trace("weak", 256, 16, seed=1), trace)
+    last = _run(plan_cli, ["plan", "--trace", str(trace), "--batch", "128", "--steps", "6", "--seeds", "2"], capsys)[-1]
+    assert last.startswith("recommendation: TailSieve ") and " is fastest for this workload, 1." in last
+    assert "add to your verl command: trainer.v1.trainer_mode=tailsieve +tailsieve." in last
+
+
+def test_plan_stays_with_stock_verl_without_tails(tmp_path, capsys):
+    """Every response the same length: nothing to isolate, so no split beats one shared pool."""
+    trace = tmp_path / "flat_run.jsonl"
+    write_trace([Group(f"p{i}", (200,) * 4) for i in range(64)], trace)
+    argv = ["plan", "--trace", str(trace), "--replicas", "4", "--batch", "16", "--steps", "6", "--seeds", "2"]
+    assert _run(plan_cli, argv, capsys)[-1].startswith(STAY)
+    report = json.loads(_run(plan_cli, [*argv, "--json"], capsys)[-1])
+    assert report["recommendation"].startswith(STAY)
+
+
+def test_the_fastest_candidate_beyond_its_noise_wins():
+    fast_but_noisy = Candidate("noisy", 1.20, 0.25, "+a")
+    steady = Candidate("steady", 1.05, 0.02, "+b")
+    slower = Candidate("slower", 1.03, 0.01, "+c")
+    assert recommendation([fast_but_noisy, steady, slower]) == (
+        "recommendation: steady is fastest for this workload, 1.050× stock verl (noise ±0.020); "
+        "add to your verl command: +b")
+    assert recommendation([fast_but_noisy]) == STAY + " (best: noisy 1.200×, noise ±0.250)"
+    assert recommendation([]) == STAY
+
+
+def test_noise_and_perf_model_overrides():
+    assert two_standard_errors([1.0]) == 0.0
+    assert abs(two_standard_errors([1.0, 3.0]) - 2.0) < 1e-12  # std 1.414, /√2, ×2
+    assert perf_model_override("table:h200-dense") == ""
+    assert perf_model_override("table:h200-moe") == "+tailsieve.perf_model=table:h200-moe"
+    assert perf_model_override("linear:a=0.002,c=0.0002") == "\"+tailsieve.perf_model='linear:a=0.002,c=0.0002'\""
