@@ -92,7 +92,7 @@ class InflightGroup:
     pool: Pool
     row: TensorDict  # the prompt row, re-submittable as is
     samples: int  # its n: verl's per-row ``__rollout_n__``, else rollout.n
-    committed: bool  # runs to completion and is consumed this step, never aborted (the tail pool)
+    committed: bool  # runs to completion and is consumed this step, never aborted (tail pool, requeued)
     attempt: int = 1
 
 
@@ -378,8 +378,9 @@ class TailSieveTrainer(PPOTrainerSync):
         pools = {}
         for identity, pool, row in rows:
             uid = str(uuid.uuid4())
+            committed = pool == Pool.TAIL or identity in state.plan.requeued_ids
             state.groups[uid] = InflightGroup(identity, uid, pool, row, _group_size(row, self.samples_per_group),
-                                              committed=pool == Pool.TAIL, attempt=attempt)
+                                              committed, attempt)
             pools[uid] = pool
         batch = rows[0][2] if len(rows) == 1 else tu.concat_tensordict([row for _, _, row in rows])
         batch = batch.clone(recurse=False)
@@ -419,9 +420,10 @@ class TailSieveTrainer(PPOTrainerSync):
         return self._close_step(buffer, state)
 
     def _cut_off_when_due(self, state: ActiveStep, statuses: dict[str, str]) -> None:
-        """Select finished bulk groups up to the quota; once it is met, abort the bulk groups still
-        running (they are carried) — only those groups, the engines keep running."""
-        quota = state.plan.bulk_quota
+        """Select finished fresh bulk groups up to the plan's fresh quota; once it is met, abort the fresh
+        bulk groups still running (they are carried) — only those groups: the requeued ones run on to
+        completion and the engines never pause."""
+        quota = state.plan.fresh_quota
         finished = [uid for uid, g in state.groups.items() if g.pool == Pool.BULK and not g.committed
                     and statuses.get(uid) == GroupStatus.FINISHED and uid not in state.selected_bulk]
         state.selected_bulk.extend(finished[: quota - len(state.selected_bulk)])
@@ -599,6 +601,7 @@ class TailSieveTrainer(PPOTrainerSync):
             q=plan.q, m=state.m_used, carried=len(plan.tail_ids) - len(plan.fresh_tail_ids),
             requeued=len(plan.requeued_ids), from_record=len(plan.fresh_tail_ids),
             aborted=len(dropped), aborted_tokens=aborted_tokens, cutoff_s=state.cutoff_s or 0.0,
+            max_deferral_steps=outcome.max_deferral_steps,
             tail=[g for _, g in tail], bulk=[g for _, g in bulk],
             redispatched=state.redispatched, live_replicas=len(self._replicas_by_address()))
         self.tailsieve_metrics = step_metrics(measurement, observation, self.cycle.decision, self.n_replicas,
