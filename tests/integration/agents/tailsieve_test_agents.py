@@ -10,7 +10,8 @@ from uuid import uuid4
 
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput
 
-TOOL_CALL_S = 1.0  # longer than a simulated turn: at any moment most samples wait on their tool
+TOOL_CALL_S = 2.0  # longer than a simulated first turn: at the cutoff, unfinished samples mostly wait on it
+SECOND_TURN_TOKENS = 4  # a short answer after the tool: a sample is in its first turn or waiting on the tool
 ABORTED = ("aborted", "abort")
 
 
@@ -31,7 +32,7 @@ class TwoTurnToolAgentLoop(AgentLoopBase):
             response, mask = response + tool_answer, mask + [0] * len(tool_answer)
             second = await self.server_manager.generate(
                 request_id=uuid4().hex, prompt_ids=prompt_ids + response,
-                sampling_params={**sampling_params, "max_tokens": limit - len(response)})
+                sampling_params={**sampling_params, "max_tokens": min(SECOND_TURN_TOKENS, limit - len(response))})
             response, mask = response + list(second.token_ids), mask + [1] * len(second.token_ids)
         return AgentLoopOutput(prompt_ids=prompt_ids, response_ids=response[:limit], response_mask=mask[:limit],
                                num_turns=4, metrics=AgentLoopMetrics(),
