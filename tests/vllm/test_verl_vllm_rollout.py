@@ -256,9 +256,13 @@ def test_abort_groups_stops_one_group_while_another_runs_on(verl_cfg, replicas):
 
     async def run():
         await harness.router.assign_groups.remote({"ga": Pool.BULK, "gb": Pool.BULK, "gc": Pool.BULK})
+        before = (await server.progress.remote())["tokens"]  # the replica served earlier tests
         doomed = asyncio.ensure_future(harness.run_group("p1", "ga"))
         survivor = asyncio.ensure_future(harness.run_group("p4", "gb"))
-        while (await server.progress.remote())["tokens"] < 8 * 2 * N_SAMPLES:  # both groups decoding
+        while True:  # both groups' requests in the engine and decoding
+            progress = await server.progress.remote()
+            if progress["in_flight"] == 2 * N_SAMPLES and progress["tokens"] >= before + 8 * 2 * N_SAMPLES:
+                break
             await asyncio.sleep(0.05)
         result = await server.abort_groups.remote(["ga"])
         aborted = await doomed
@@ -273,9 +277,7 @@ def test_abort_groups_stops_one_group_while_another_runs_on(verl_cfg, replicas):
     assert result["aborted_count"] == N_SAMPLES
     assert all(rid.startswith("ts:ga:") for rid in result["request_ids"])  # matched by the tag, vLLM ids unseen
     assert all(s.aborted for s in aborted.samples)
-    lengths = [(o.stop_reason, len(o.token_ids)) for o in aborted.outputs]
-    assert all(o.stop_reason == "aborted" and len(o.token_ids) < LONG for o in aborted.outputs), lengths
-    assert sum(len(o.token_ids) for o in aborted.outputs) > 0, lengths  # partial tokens: the abort score
+    assert all(o.stop_reason == "aborted" and 0 < len(o.token_ids) < LONG for o in aborted.outputs)  # partial
     assert late.stop_reason == "aborted" and late.token_ids == [] and late_s < 2.0
     assert finished.completed and all(len(o.token_ids) == LONG for o in finished.outputs)
     assert after.completed and all(len(o.token_ids) == SHORT for o in after.outputs)
