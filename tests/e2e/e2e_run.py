@@ -182,56 +182,6 @@ def end_run_processes(run_tag: str, grace_s: float = 10.0, first_signal: int = s
     return len(pids)
 
 
-def _ppid(pid: int) -> int:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[1])
-    except OSError:
-        return -1
-
-
-def _cpu_ticks(pid: int) -> int:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return int(fields[11]) + int(fields[12])  # utime + stime
-    except OSError:
-        return 0
-
-
-def replica_processes(run_tag: str) -> dict[int, list[int]]:
-    """vLLM replica rank -> its processes in this run: the server actor (verl's vLLMHttpServer) first,
-    then its engine processes. The rank is read from the engine's VLLM_CPU_OMP_THREADS_BIND (one core
-    per replica, core = rank: tailsieve_verl.integration.vllm_cpu_compat)."""
-    pids = tagged_pids(run_tag)
-    replicas: dict[int, list[int]] = {}
-    for pid in pids:
-        try:
-            comm = open(f"/proc/{pid}/comm").read().strip()
-            env = dict(item.split("=", 1) for item in open(f"/proc/{pid}/environ").read().split("\0") if "=" in item)
-        except OSError:
-            continue
-        if comm.startswith("VLLM::EngineCor") and env.get("VLLM_CPU_OMP_THREADS_BIND", "").isdigit():
-            server = _ppid(pid)
-            family = [server] + [p for p in pids if p != server and _descends(p, server)]
-            replicas[int(env["VLLM_CPU_OMP_THREADS_BIND"])] = family
-    return replicas
-
-
-def _descends(pid: int, ancestor: int) -> bool:
-    for _ in range(16):
-        pid = _ppid(pid)
-        if pid == ancestor:
-            return True
-        if pid <= 1:
-            return False
-    return False
-
-
-def replica_cpu_ticks(pids: list[int]) -> int:
-    return sum(_cpu_ticks(p) for p in pids)
-
-
 @dataclass
 class RunResult:
     run_dir: Path

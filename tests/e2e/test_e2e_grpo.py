@@ -14,8 +14,11 @@ Runs (session fixtures, one at a time, in this order):
 * ``tailsieve_killed``: TailSieve (q = 1 on m = 1 tail replica of 2, held fixed; 2 bulk groups aborted
   per step), checkpoint every 2 steps, the whole run SIGKILLed once step 3 is logged.
 * ``tailsieve_resumed``: the same command again: resumes from ``global_step_2`` and runs steps 3-5.
-* ``replica_killed``: TailSieve, 3 steps; the bulk vLLM replica is SIGKILLed when it is seen decoding after
-  step 1 is logged (step 2's generation or a later one; the kill can land as its last request finishes).
+* ``replica_killed``: TailSieve, 3 steps; the bulk vLLM replica SIGKILLs its engine and server at its first
+  request of step 2 (``cpu_shim``'s ``E2E_KILL_REPLICA``), so the kill always lands mid-step with the
+  step's other requests in flight; the kill at every other place of a step (the cutoff's abort, after
+  the last request, verl's sleep, the weight update) is covered on simulated replicas in
+  ``tests/integration/test_replica_faults.py``.
 
 What is asserted is structure, never speed (2 shared cores): exit status, every step logged, grad_norm,
 the rollout/actor log-prob gap against the control, the ``tailsieve/*`` counts, B groups per step
@@ -25,10 +28,8 @@ its prompt's forced length (an aborted partial response would be shorter).
 
 from __future__ import annotations
 
-import os
 import re
 import signal
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -42,8 +43,6 @@ from e2e_run import (
     end_run_processes,
     forced_len,
     overrides,
-    replica_cpu_ticks,
-    replica_processes,
     run_main_ppo,
 )
 
@@ -105,29 +104,19 @@ def tailsieve_resumed(assets, e2e_root, tailsieve_killed):
 
 @pytest.fixture(scope="session")
 def replica_killed(assets, e2e_root):
-    def kill_bulk_replica_when_decoding(watch: RunWatch) -> None:
-        if "killed" in watch.done or 1 not in watch.steps_logged():
-            return
-        replicas = replica_processes(watch.run_tag)
-        if 1 not in replicas:
-            return
-        # rank 1 is the bulk replica (rank 0 the tail pool); step 1's weight update is over when step 1
-        # is logged, so CPU use by its engine from here on is step 2's generation
-        ticks = replica_cpu_ticks(replicas[1][1:])
-        last = watch.done_values.setdefault("ticks", ticks)
-        watch.done_values["ticks"] = ticks
-        if ticks - last >= 30:  # >= 0.3 s of engine CPU within the last second: decoding
-            watch.done.add("killed")
-            watch.done_values["killed_at"] = time.monotonic()
-            for pid in replicas[1]:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            step = max(watch.steps_logged()) + 1
-            watch.event(f"bulk replica (rank 1) decoding, step {step} not logged yet: SIGKILL {replicas[1]}")
+    marker = e2e_root / "replica_killed.kill"
 
-    return _run(assets, e2e_root, "replica_killed", "tailsieve", STEPS, watcher=kill_bulk_replica_when_decoding)
+    def note_the_kill(watch: RunWatch) -> None:
+        if "killed" in watch.done or not marker.exists():
+            return
+        watch.done.add("killed")
+        watch.done_values["killed_at"] = float(marker.read_text())
+        steps = watch.steps_logged()
+        watch.event(f"bulk replica (rank 1) SIGKILLed itself at its first request of step 2 "
+                    f"(steps logged by then: {steps})")
+
+    return _run(assets, e2e_root, "replica_killed", "tailsieve", STEPS, env={"E2E_KILL_REPLICA": f"1:{marker}"},
+                watcher=note_the_kill)
 
 
 # ---- helpers ---------------------------------------------------------------------------------------

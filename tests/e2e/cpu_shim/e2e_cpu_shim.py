@@ -25,6 +25,7 @@ import importlib.abc
 import importlib.util
 import os
 import sys
+import time
 import types
 
 import torch
@@ -37,9 +38,18 @@ _HOOKS: dict[str, list] = {}
 
 
 class _PostImportFinder(importlib.abc.MetaPathFinder):
+    _searching: set[str] = set()  # a finder that asks importlib again (an editable install's) comes back here
+
     def find_spec(self, name, path=None, target=None):
-        if name not in _HOOKS:
+        if name not in _HOOKS or name in self._searching:
             return None
+        self._searching.add(name)
+        try:
+            return self._find_and_hook(name, path, target)
+        finally:
+            self._searching.discard(name)
+
+    def _find_and_hook(self, name, path, target):
         for finder in sys.meta_path:
             if finder is self:
                 continue
@@ -239,6 +249,35 @@ def _drop_weight_updates(extension_module) -> None:
     cls._update_weights = _update_weights
 
 
+# ---- 6. a replica killed at a known place (E2E_KILL_REPLICA=RANK:MARKER_PATH) --------------------------------
+# The replica-kill test needs the kill to land mid-step, wherever a step's timing falls (a watcher polling
+# once a second missed steps of 2 s and killed after the last one). The server of replica RANK writes the
+# kill time (CLOCK_MONOTONIC, comparable across processes) to MARKER_PATH and SIGKILLs its engine
+# processes and itself at its first request of the second step it serves (the first after a weight
+# update), so the kill always lands as step 2's generation starts, with other requests in flight.
+# verl's server class is patched (TailSieve's subclass calls it for every request): the shim itself is
+# imported while tailsieve_verl's server module is half-initialised in the server actor.
+def _kill_replica_at_second_step(server_module) -> None:
+    rank, marker = os.environ["E2E_KILL_REPLICA"].split(":", 1)
+    cls = server_module.vLLMHttpServer
+    original = cls.generate
+
+    async def generate(self, *args, **kwargs):
+        first = self.__dict__.setdefault("_e2e_first_steps", self.global_steps)
+        if self.replica_rank == int(rank) and self.global_steps != first and not os.path.exists(marker):
+            import psutil
+
+            with open(marker, "w") as f:
+                f.write(repr(time.monotonic()))
+            me = psutil.Process()
+            for child in me.children(recursive=True):
+                child.kill()
+            me.kill()
+        return await original(self, *args, **kwargs)
+
+    cls.generate = generate
+
+
 def install() -> None:
     _register_cpu_platform()
     _collapse_backend()
@@ -246,6 +285,8 @@ def install() -> None:
     when_imported("vllm.model_executor.layers.utils", _keep_cpu_linear_weight)
     if os.environ.get("E2E_SKIP_WEIGHT_SYNC") == "1":
         when_imported("verl.workers.rollout.vllm_rollout.utils", _drop_weight_updates)
+    if os.environ.get("E2E_KILL_REPLICA"):
+        when_imported("verl.workers.rollout.vllm_rollout.vllm_async_server", _kill_replica_at_second_step)
 
 
 install()
