@@ -4,8 +4,9 @@ For each cell (setup × tail preset × batch shape × engine) and seed, one 30-s
 stock configurations — verl (no speculation), verl-spec (one depth on every replica, the best of k = 1..6
 in hindsight), verl-dynsd (vLLM's documented batch-size schedule), verl-dynsd-best (the best schedule of
 a small grid in hindsight) — and TailSieve routing-only (adaptive), tailsieve-spec (tail pool at k = 6,
-pinned at m = 1 and at m = R/2, bulk pool on vLLM's schedule; q adapts) and tailsieve-dynsd (vLLM's
-schedule on every replica, m free). Speculation: `core.sim.DEFAULT_SPECULATION` (MTP-like assumptions:
+pinned at m = 1 and at m = R/2, bulk pool on vLLM's schedule; q adapts), tailsieve-dynsd (vLLM's
+schedule on every replica, m free) and "tailsieve k=6 all" (adaptive TailSieve with k = 6 on every
+replica: what routing adds on top of the deepest fixed-depth stock engine). Speculation: `core.sim.DEFAULT_SPECULATION` (MTP-like assumptions:
 conditional acceptance 0.85, 0.8, 0.75, draft cost 1/28 of a step per draft token), with
 `--half-life` an acceptance decay with context. Prints, per cell, every policy's speedup vs stock verl
 and vs the best stock configuration of the same seed (mean, worst seed), which stock configuration was
@@ -54,6 +55,11 @@ def run(job: dict) -> dict:
     one = sim.build_runners(replace(cfg, fixed_tail_replicas=1, policies=("tailsieve-spec",)), pool, perf)[0]
     one.name = one.result.name = "tailsieve-spec m=1"
     runners.append(one)
+    # TailSieve's routing on the strongest fixed-depth engine: k = 6 on every replica (verl-spec's usual
+    # pick), both pools alike — what routing adds on top of stock speculation
+    deep = replace(cfg, engine=sim.with_speculation(engine, speculation, max(cfg.spec_depths)))
+    on_deep = sim.TailSieveRunner(deep, pool, perf, replace(cfg.controller, fixed_tail_replicas=None), "tailsieve k=6 all")
+    runners.append(on_deep)
     t0 = time.time()
     for t in range(cfg.steps):
         for r in runners:
