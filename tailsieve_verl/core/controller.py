@@ -593,7 +593,8 @@ class HierarchicalController:
         if sd.get("n_replicas") != self.n_replicas or sd.get("batch_size") != self.batch_size:
             raise ControllerError(f"checkpoint controller ran {sd.get('n_replicas')} replicas × batch "
                                   f"{sd.get('batch_size')}, this run {self.n_replicas} × {self.batch_size}; "
-                                  "resume with the same rollout size or start the controller fresh")
+                                  "resume with the same batch size and replica count (the learned state is shaped "
+                                  "by both)")
         st, w = sd["state"], self.config.smoothing
 
         def smoothed(key: str) -> _Smoothed | None:

@@ -50,6 +50,22 @@ class GroupContext:
     aborted: bool = False
     failed: bool = False
     aborted_tokens: int = 0
+    refused: str | None = None  # the engine's reason, when it rejected a request of this sample
+
+
+def refusal_reason(exc: BaseException) -> str | None:
+    """The engine's reason when the server's ``generate`` rejected the request itself — an input it
+    refuses, which no retry fixes: verl's prompt-length check and vLLM's parameter checks raise
+    ``ValueError`` / ``TypeError`` / vLLM's ``VLLMClientError`` — else None (a dead replica, a server
+    fault: a retry elsewhere may succeed)."""
+    import ray
+
+    cause = exc.cause if isinstance(exc, ray.exceptions.RayTaskError) else None
+    if cause is None:
+        return None
+    if not (isinstance(cause, (ValueError, TypeError)) or "VLLMClientError" in {c.__name__ for c in type(cause).__mro__}):
+        return None
+    return " ".join(f"{type(cause).__name__}: {cause}".split())[:300]
 
 
 _SAMPLE: contextvars.ContextVar[GroupContext | None] = contextvars.ContextVar("tailsieve_sample", default=None)
@@ -64,9 +80,10 @@ class GroupTaggedClient(LLMServerClient):
             request_id = tag_request_id(sample.uid, str(request_id))
         try:
             output = await super().generate(request_id, prompt_ids=prompt_ids, sampling_params=sampling_params, **kwargs)
-        except Exception:
+        except Exception as exc:
             if sample is not None:
                 sample.failed = True
+                sample.refused = sample.refused or refusal_reason(exc)
             raise
         if sample is not None and output.stop_reason in ABORT_REASONS:
             sample.aborted = True
@@ -115,5 +132,5 @@ class TailSieveAgentLoop(AgentLoopBase):
         tokens = len(output.response_ids) if output is not None and not sample.aborted else 0
         balancer.report_sample.remote({
             "uid": sample.uid, "session_id": int(session_id or 0), "duration_s": duration_s, "tokens": tokens,
-            "aborted_tokens": sample.aborted_tokens, "aborted": sample.aborted,
+            "aborted_tokens": sample.aborted_tokens, "aborted": sample.aborted, "refused": sample.refused,
             "failed": sample.failed or (output is None and not sample.aborted)})

@@ -29,6 +29,8 @@ SIM_ROLLOUT_NAME = "tailsieve_sim"
 # verl 0.9.1 source: vllm_async_server.py, async_sglang_server.py) plus our simulated backend.
 ABORT_CAPABLE_ROLLOUTS = ("vllm", "sglang", SIM_ROLLOUT_NAME)
 MODES = ("adaptive", "fixed", "uniform")
+MISMATCH_POLICIES = ("stop", "keep_carried", "drop_carried")  # tailsieve.on_checkpoint_mismatch
+REFUSAL_POLICIES = ("stop", "skip")  # tailsieve.on_refused_request
 
 
 class TailSieveConfigError(TailSieveError):
@@ -91,6 +93,12 @@ class TailSieveConfig:
     # Stop strings added to every rollout request (verl 0.9.1 has no rollout option for them and
     # vLLM ignores engine defaults when a request brings its own sampling params), e.g. ['<END>'].
     stop: tuple[str, ...] = ()
+    # A resumed tailsieve.pt that is unreadable or from another run shape: stop (default), keep_carried
+    # (train its carried prompts once anyway) or drop_carried (go on without them); integration.checkpoint.
+    on_checkpoint_mismatch: str = "stop"
+    # A request the engine refuses (e.g. a prompt longer than max_model_len): stop (default, naming the
+    # prompt and the engine's reason) or skip (drop the group, counted, and train a fresh prompt instead).
+    on_refused_request: str = "stop"
 
     @property
     def active(self) -> bool:
@@ -200,6 +208,9 @@ def _check_types(cfg: TailSieveConfig) -> None:
         raise TailSieveConfigError(f"tailsieve.enable must be true or false, got {cfg.enable!r}")
     if cfg.mode not in MODES:
         raise TailSieveConfigError(f"tailsieve.mode must be one of {', '.join(MODES)}, got {cfg.mode!r}")
+    for name, allowed in (("on_checkpoint_mismatch", MISMATCH_POLICIES), ("on_refused_request", REFUSAL_POLICIES)):
+        if getattr(cfg, name) not in allowed:
+            raise TailSieveConfigError(f"tailsieve.{name} must be one of {', '.join(allowed)}, got {getattr(cfg, name)!r}")
     _check_int(cfg.q0, "tailsieve.q0", 0)
     _check_int(cfg.tail_replicas, "tailsieve.tail_replicas", 0)
     _check_positive(cfg.drain_timeout_s, "tailsieve.drain_timeout_s")

@@ -123,6 +123,16 @@ class PoolRouter:
         ready = [uid for uid in uids if len(self._samples.get(uid, {})) >= min_samples]
         return {uid: asdict(GroupReport.from_samples(uid, self._samples.pop(uid))) for uid in ready}
 
+    def refusals(self, uids: list[str]) -> dict[str, dict]:
+        """For each of ``uids`` with reports: how many samples reported, and the engine's reason if it
+        refused one of them (left in the ledger)."""
+        out = {}
+        for uid in uids:
+            samples = self._samples.get(uid, {}).values()
+            if samples:
+                out[uid] = {"reported": len(samples), "refused": next((s["refused"] for s in samples if s.get("refused")), None)}
+        return out
+
     # ---- verl RequestLoadBalancer protocol -----------------------------------------------------
     def acquire_server(self, request_id: str, **_: Any) -> tuple[str, Any]:
         if not self._servers:

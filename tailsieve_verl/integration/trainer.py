@@ -36,11 +36,10 @@ import logging
 import os
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import ray
-import torch
 import transfer_queue as tq
 from omegaconf import DictConfig
 from tensordict import TensorDict
@@ -56,6 +55,8 @@ from tailsieve_verl.core.kinds import Pool
 from tailsieve_verl.core.controller import GroupRecord
 from tailsieve_verl.core.cycle import TailSieveCycle
 from tailsieve_verl.core.selector import StepOutcome, StepPlan
+from tailsieve_verl.integration.checkpoint import (Restore, RunShape, checkpoint_state, restore_for_resume,
+                                                    resume_folder, save_state)
 from tailsieve_verl.integration.config import TRAINER_MODE, TailSieveConfig, rollout_replica_count, wire_verl_config
 from tailsieve_verl.integration.engine_config import has_pool_engine_settings, install_pool_specialised_vllm
 from tailsieve_verl.integration.group_status import GroupStatus
@@ -64,7 +65,6 @@ from tailsieve_verl.integration.verl_compat import check_verl_internals
 
 logger = logging.getLogger(__name__)
 
-STATE_FILE = "tailsieve.pt"
 PARTITION = "train"
 MAX_DISPATCH_ATTEMPTS = 3
 
@@ -95,6 +95,7 @@ class ActiveStep:
     cutoff_s: float | None = None
     selected_bulk: list[str] = field(default_factory=list)  # attempt uids, in the order seen finished
     redispatched: int = 0
+    refused: int = 0  # groups the engine refused, each replaced by a fresh prompt (on_refused_request=skip)
 
 
 def _abort_score(report: dict) -> int:
@@ -117,6 +118,15 @@ def _plain(value):
     if isinstance(value, (list, tuple)):
         return [_plain(v) for v in value]
     return value
+
+
+def _prompt_excerpt(row: TensorDict, limit: int = 60) -> str:
+    """The start of a row's last chat message, to name a prompt in an error line."""
+    message = _plain(row["raw_prompt"])
+    while isinstance(message, list) and message:
+        message = message[-1]  # a one-row batch holds a list of conversations, each a list of messages
+    text = str(message.get("content", "")) if isinstance(message, dict) else str(message)
+    return text[:limit] + ("..." if len(text) > limit else "")
 
 
 def _replica_names(replicas: list) -> str:
@@ -175,6 +185,7 @@ class TailSieveTrainer(PPOTrainerSync):
         self.paused_addresses: list[str] = []
         self.tailsieve_metrics: dict[str, float] = {}
         self.last_outcome: StepOutcome | None = None  # the last step's consumed/carried identities
+        self.skipped_prompts: list[str] = []  # prompt keys the engine refused, skipped (on_refused_request=skip)
         self.bias_monitor = LengthBiasMonitor() if self.settings.log_bias else None  # not checkpointed
 
     # ---- verl hooks --------------------------------------------------------------------------
@@ -346,6 +357,7 @@ class TailSieveTrainer(PPOTrainerSync):
                   and (state.groups[uid].pool == Pool.TAIL or state.cutoff_s is None)]
         if not failed:
             return
+        failed = self._settle_refused(state, failed)
         self._drop_dead_replicas([g.uid for g in failed])
         for group in failed:
             if group.attempt >= MAX_DISPATCH_ATTEMPTS:
@@ -355,6 +367,53 @@ class TailSieveTrainer(PPOTrainerSync):
         for group in failed:
             self._dispatch(state, [(group.identity, group.pool, group.row)], attempt=group.attempt + 1)
         state.redispatched += len(failed)
+
+    def _settle_refused(self, state: ActiveStep, failed: list[InflightGroup]) -> list[InflightGroup]:
+        """Failed groups the engine refused (it rejected the request: a prompt longer than max_model_len, a
+        sampling parameter it rejects) fail again on any replica. Stop naming the prompt and the engine's
+        reason (``tailsieve.on_refused_request=stop``, the default), or drop the prompt (counted, logged) and
+        run a fresh prompt in its slot (``skip``): the step still consumes exactly B groups. Returns the
+        groups to re-dispatch, refused slots with their new row."""
+        reasons = self._refusal_reasons([g.uid for g in failed])
+        settled = []
+        for group in failed:
+            reason = reasons.get(group.uid)
+            if reason is None:
+                settled.append(group)
+                continue
+            plan = state.plan
+            origin = "carried" if group.identity in plan.requeued_ids or (
+                group.identity in plan.tail_ids and group.identity not in plan.fresh_tail_ids) else "fresh"
+            where = (f"step {self.global_steps}: the engine refused {origin} prompt {prompt_key(group.row)} "
+                     f"({_prompt_excerpt(group.row)!r}, {group.pool.value} pool): {reason}")
+            if self.settings.on_refused_request == "stop":
+                raise RolloutStepError(f"{where}; fix the prompt or the engine limit it breaks, or set "
+                                       f"+tailsieve.on_refused_request=skip to drop such prompts (counted) and train "
+                                       f"fresh ones in their place")
+            state.refused += 1
+            if state.refused >= self.batch_size:
+                raise RolloutStepError(f"{where}; {state.refused} refusals in one step of {self.batch_size} groups: a "
+                                       f"setting, not a prompt, is at fault (tailsieve.on_refused_request=skip skips "
+                                       f"prompts, not settings)")
+            self.skipped_prompts.append(prompt_key(group.row))
+            row = _row(self._next_train_batch(1), 0)
+            self.prompt_keys[group.identity] = prompt_key(row)  # the slot's record entry follows its new prompt
+            logger.warning("TailSieve: %s; tailsieve.on_refused_request=skip: dropped (%d prompts this run), a fresh "
+                           "prompt runs in its place", where, len(self.skipped_prompts))
+            settled.append(replace(group, row=row, attempt=0))
+        return settled
+
+    def _refusal_reasons(self, uids: list[str], wait_s: float = 5.0) -> dict[str, str]:
+        """The engine's reason for each of the failed ``uids`` it refused. The agent loops report each
+        sample before verl marks its group failed, over another channel: wait briefly for the reports."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            known = ray.get(self.router.refusals.remote(uids))
+            complete = all(uid in known and (known[uid]["refused"] or known[uid]["reported"] >= self.samples_per_group)
+                           for uid in uids)
+            if complete or time.monotonic() > deadline:
+                return {uid: report["refused"] for uid, report in known.items() if report["refused"]}
+            time.sleep(self.settings.poll_interval_s)
 
     def _drop_dead_replicas(self, uids: list[str]) -> None:
         servers = ray.get(self.router.group_servers.remote(uids))
@@ -487,35 +546,41 @@ class TailSieveTrainer(PPOTrainerSync):
         lens = [tag.get("prompt_len", 0) for tag in batch.tags]
         return float(np.mean(lens)) if lens else 0.0
 
-    # ---- checkpoint / resume -------------------------------------------------------------------
-    def tailsieve_state(self) -> dict:
-        return self.cycle.state_dict() | {"carried_rows": dict(self.carried_rows)}
+    # ---- checkpoint / resume (integration.checkpoint: format, atomic write, the mismatch rule) -------
+    def init(self):
+        """A foreign or broken ``tailsieve.pt`` in the checkpoint verl will resume from stops the run
+        here, before verl launches any worker or replica (verl's ``init`` does all of that)."""
+        folder = resume_folder(self.config.trainer)
+        self.checked_resume = (folder, restore_for_resume(folder, self.run_shape, self.settings.on_checkpoint_mismatch))
+        super().init()
 
-    def load_tailsieve_state(self, state: dict) -> None:
-        self.cycle.load_state_dict(state)
-        self.carried_rows = dict(state["carried_rows"])
-        missing = set(self.cycle.selector.carried) - set(self.carried_rows)
-        if missing:
-            raise RolloutStepError(f"checkpoint is missing the prompt rows of carried groups {sorted(missing)[:3]}")
+    @property
+    def run_shape(self) -> RunShape:
+        return RunShape.of(self.config, self.settings)
+
+    def tailsieve_state(self) -> dict:
+        return checkpoint_state(self.cycle.state_dict(), self.carried_rows, self.run_shape)
+
+    def load_tailsieve_state(self, restore: Restore) -> None:
+        """Put back a checked :class:`Restore` (``integration.checkpoint.plan_restore``)."""
+        self.cycle.load_state_dict(restore.cycle_state)
+        self.carried_rows = dict(restore.carried_rows)
         self.prompt_keys = {identity: prompt_key(row) for identity, row in self.carried_rows.items()}
 
     def _save_checkpoint(self):
         folder = os.path.join(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}")
-        os.makedirs(folder, exist_ok=True)
-        torch.save(self.tailsieve_state(), os.path.join(folder, STATE_FILE))  # before verl marks it latest
+        save_state(folder, self.tailsieve_state())  # atomic, and before verl marks the step latest
         super()._save_checkpoint()
 
     def _load_checkpoint(self):
         super()._load_checkpoint()
         if self.global_steps == 0:
             return
-        trainer_cfg = self.config.trainer
-        folder = (trainer_cfg.resume_from_path if trainer_cfg.resume_mode == "resume_path"
-                  else os.path.join(trainer_cfg.default_local_dir, f"global_step_{self.global_steps}"))
-        path = os.path.join(folder, STATE_FILE)
-        if not os.path.exists(path):
-            logger.warning("TailSieve: %s has no %s (not a TailSieve checkpoint); starting with an empty carried "
-                           "queue", folder, STATE_FILE)
-            return
-        self.load_tailsieve_state(torch.load(path, weights_only=False))
-        logger.info("TailSieve: restored %d carried groups from %s", len(self.carried_rows), path)
+        folder = resume_folder(self.config.trainer)
+        checked_folder, restore = getattr(self, "checked_resume", (None, None))  # read in init(), before launch
+        if checked_folder != folder:
+            restore = restore_for_resume(folder, self.run_shape, self.settings.on_checkpoint_mismatch)
+        self.checked_resume = (None, None)
+        if restore is not None:
+            self.load_tailsieve_state(restore)
+            logger.info("TailSieve: restored %d carried groups from %s", len(self.carried_rows), folder)
