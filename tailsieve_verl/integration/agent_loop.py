@@ -7,7 +7,8 @@ TransferQueue, per-sample measurements for the controller — on verl's unchange
   name into ``tailsieve_inner_agent``). It runs the inner loop inside a :class:`GroupContext`
   (a context variable), so single-turn, tool and user-registered loops all work unchanged.
 * :class:`GroupTaggedClient` (the trainer's ``get_llm_client``) tags each request id with the group
-  uid for the pool router and records aborted outputs in the context.
+  uid — for the pool router, and for the server, which aborts a group's requests by that tag
+  (``abort_groups``) — and records aborted outputs in the context.
 * A sample whose generation came back aborted raises :class:`SampleAborted` out of the agent loop:
   verl then writes no trajectory for it and marks its group ``failure``, so an aborted trajectory
   never enters TransferQueue; the trainer never selects such a group either.
@@ -29,7 +30,7 @@ from omegaconf import OmegaConf
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopOutput, _agent_loop_registry, register
 from verl.workers.rollout.llm_server import LLMServerClient
 
-from tailsieve_verl.integration.router import tag_request_id
+from tailsieve_verl.integration.router import group_of_request, tag_request_id
 
 logger = logging.getLogger(__name__)
 
@@ -89,6 +90,12 @@ class GroupTaggedClient(LLMServerClient):
             sample.aborted = True
             sample.aborted_tokens += len(output.token_ids)
         return output
+
+    def _vllm_request_id(self, request_id: str) -> str:
+        """verl sends every turn to the server under a fresh id; keep the group tag in front of it."""
+        server_id = super()._vllm_request_id(request_id)
+        group = group_of_request(request_id)
+        return server_id if group is None or server_id == request_id else tag_request_id(group, server_id)
 
 
 @register(AGENT_NAME)

@@ -25,9 +25,9 @@ from tailsieve_verl.core.perf import DEFAULT_PERF_MODEL, PerfModel, parse_perf_m
 
 TRAINER_MODE = "tailsieve"
 SIM_ROLLOUT_NAME = "tailsieve_sim"
-# Backends whose verl server implements abort_all_requests()/resume_generation() (verified in the
-# verl 0.9.1 source: vllm_async_server.py, async_sglang_server.py) plus our simulated backend.
-ABORT_CAPABLE_ROLLOUTS = ("vllm", "sglang", SIM_ROLLOUT_NAME)
+# Backends whose server can abort single prompt groups without pausing the engine (abort_groups):
+# verl's vLLM server through TailSieve's subclass (integration.vllm_server) and the simulated backend.
+ABORT_CAPABLE_ROLLOUTS = ("vllm", SIM_ROLLOUT_NAME)
 MODES = ("adaptive", "fixed", "uniform")
 MISMATCH_POLICIES = ("stop", "keep_carried", "drop_carried")  # tailsieve.on_checkpoint_mismatch
 REFUSAL_POLICIES = ("stop", "skip")  # tailsieve.on_refused_request
@@ -84,9 +84,17 @@ class TailSieveConfig:
     tail: PoolEngineConfig = field(default_factory=PoolEngineConfig)
     bulk: PoolEngineConfig = field(default_factory=PoolEngineConfig)
     sim: SimBackendConfig = field(default_factory=SimBackendConfig)
-    drain_timeout_s: float = 600.0  # abort → all aborted groups settled; longer is an error
+    drain_timeout_s: float = 600.0  # the cutoff's abort → every aborted group settled; longer is an error
+    # A replica with requests in flight that generates no token for this long is stuck: the step stops,
+    # naming it (a healthy step may run as long as it needs; only a lack of progress ends it).
+    stall_timeout_s: float = 300.0
+    # Time limit of every engine call the trainer makes (per-group abort, liveness probe, verl's sleep,
+    # the weight update); a replica that does not answer within it stops the run, named.
+    engine_call_timeout_s: float = 600.0
     poll_interval_s: float = 0.05  # TransferQueue status polling while waiting for groups
     log_bias: bool = True  # length-bias monitor metrics
+    # Warn when the length-bias KS exceeds its noise level this many steps in a row (0: never warn).
+    bias_warning_steps: int = 5
     # Pools route whole groups (all n samples on one replica, the paper's setting; for prefix-cache-heavy
     # prompts) instead of each sample to the pool's least-loaded replica, as stock verl routes.
     group_atomic: bool = False
@@ -213,7 +221,9 @@ def _check_types(cfg: TailSieveConfig) -> None:
             raise TailSieveConfigError(f"tailsieve.{name} must be one of {', '.join(allowed)}, got {getattr(cfg, name)!r}")
     _check_int(cfg.q0, "tailsieve.q0", 0)
     _check_int(cfg.tail_replicas, "tailsieve.tail_replicas", 0)
-    _check_positive(cfg.drain_timeout_s, "tailsieve.drain_timeout_s")
+    for name in ("drain_timeout_s", "stall_timeout_s", "engine_call_timeout_s"):
+        _check_positive(getattr(cfg, name), f"tailsieve.{name}")
+    _check_int(cfg.bias_warning_steps, "tailsieve.bias_warning_steps", 0)
     _check_positive(cfg.poll_interval_s, "tailsieve.poll_interval_s")
     for pool in ("tail", "bulk"):
         pool_cfg: PoolEngineConfig = getattr(cfg, pool)
@@ -290,7 +300,7 @@ def validate_verl_config(config: Any) -> TailSieveConfig:
     rollout_name = _select(config, "actor_rollout_ref.rollout.name")
     if rollout_name not in ABORT_CAPABLE_ROLLOUTS:
         raise TailSieveConfigError(
-            f"actor_rollout_ref.rollout.name={rollout_name!r} cannot abort in-flight requests, which TailSieve "
+            f"actor_rollout_ref.rollout.name={rollout_name!r} cannot abort single prompt groups, which TailSieve "
             f"needs to cut the bulk pool at B - q finished groups; use one of {', '.join(ABORT_CAPABLE_ROLLOUTS)}"
         )
     if bool(_select(config, "actor_rollout_ref.rollout.disaggregation.enabled", False)):

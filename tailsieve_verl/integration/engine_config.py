@@ -72,24 +72,30 @@ def specialise_rollout_config(rollout_config: Any, pool: PoolEngineConfig) -> An
     return dataclasses.replace(rollout_config, **changes) if changes else rollout_config
 
 
-def _load_pool_specialised_vllm():
+def _load_tailsieve_vllm():
+    import ray
     from verl.workers.rollout.vllm_rollout.vllm_async_server import vLLMReplica
 
-    class PoolSpecialisedVLLMReplica(vLLMReplica):
-        """verl's vLLMReplica launched with its pool's engine settings (keyed on replica_rank)."""
+    from tailsieve_verl.integration.vllm_server import TailSieveVLLMHttpServer
+
+    class TailSieveVLLMReplica(vLLMReplica):
+        """verl's vLLMReplica launched with its pool's engine settings (keyed on replica_rank), whose
+        servers abort single groups and report progress (:mod:`integration.vllm_server`)."""
 
         def __init__(self, replica_rank: int, config: Any, *args: Any, **kwargs: Any):
             super().__init__(replica_rank, config, *args, **kwargs)
             settings = settings_from_rollout_config(self.config)
             self.pool = launch_pool(replica_rank, settings)
-            self.config = specialise_rollout_config(self.config, pool_engine(replica_rank, settings))
+            if has_pool_engine_settings(settings):
+                self.config = specialise_rollout_config(self.config, pool_engine(replica_rank, settings))
+            self.server_class = ray.remote(TailSieveVLLMHttpServer)
 
-    return PoolSpecialisedVLLMReplica
+    return TailSieveVLLMReplica
 
 
-def install_pool_specialised_vllm() -> None:
-    """Point verl's ``vllm`` replica entry at the pool-specialised subclass (trainer process only,
-    and only when per-pool settings exist, so stock runs keep verl's own class)."""
+def install_tailsieve_vllm() -> None:
+    """Point verl's ``vllm`` replica entry at :class:`TailSieveVLLMReplica` (the TailSieve trainer's
+    process only, so stock runs keep verl's own class)."""
     from verl.workers.rollout.replica import RolloutReplicaRegistry
 
-    RolloutReplicaRegistry.register("vllm", _load_pool_specialised_vllm)
+    RolloutReplicaRegistry.register("vllm", _load_tailsieve_vllm)

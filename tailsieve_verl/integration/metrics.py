@@ -11,10 +11,14 @@ verl's V1 trainer aggregates ``_step_once`` metrics by key name and hands them t
 ``tailsieve/record_tail_groups``  fresh prompts sent straight to the tail pool by the per-prompt
                                length record (known heavy from an earlier epoch)
 ``tailsieve/requeued_groups``  carried candidates beyond q, regenerated from scratch in the bulk pool
-``tailsieve/aborted_groups``   bulk groups aborted (or finished too late) and carried as candidates
+                               (committed: never aborted again, consumed this step)
+``tailsieve/max_deferral_steps``  the most steps a prompt consumed this step waited since it was
+                               first pulled (the selector's figure; at most 1: a carried prompt is
+                               consumed in the step after its abort)
+``tailsieve/aborted_groups``   fresh bulk groups aborted (or finished too late) and carried as candidates
 ``tailsieve/aborted_tokens``   tokens those groups had generated: the wasted work
 ``tailsieve/tail_makespan_s``  last regenerated tail group's finish (worker clock, from dispatch)
-``tailsieve/bulk_makespan_s``  the bulk cutoff: the (B − T)-th finished bulk group
+``tailsieve/bulk_makespan_s``  the bulk pool's last consumed group (the cutoff, or a requeued group)
 ``tailsieve/makespan_s``       max of the two
 ``tailsieve/cutoff_wall_s``    when the trainer saw the cutoff and aborted (its clock, incl. polling)
 ``tailsieve/pred_verl_makespan_s``  the perf model's makespan of this step's B consumed groups
@@ -53,6 +57,7 @@ class StepMeasurement:
     aborted: int
     aborted_tokens: int
     cutoff_s: float
+    max_deferral_steps: int = 0
     tail: list[GroupRecord] = field(default_factory=list)
     bulk: list[GroupRecord] = field(default_factory=list)
     redispatched: int = 0
@@ -99,6 +104,7 @@ def step_metrics(measurement: StepMeasurement, observation: StepObservation, dec
         "tailsieve/bulk_makespan_s": float(observation.bulk_cutoff_s),
         "tailsieve/makespan_s": float(observation.makespan_s),
         "tailsieve/cutoff_wall_s": float(measurement.cutoff_s),
+        "tailsieve/max_deferral_steps": float(measurement.max_deferral_steps),
         "tailsieve/pred_verl_makespan_s": float(verl),
         "tailsieve/pred_uniform_makespan_s": float(uniform),
         "tailsieve/pred_makespan_s": float(split),

@@ -36,8 +36,29 @@ def tag_request_id(group_uid: str, nonce: str) -> str:
 
 
 def group_of_request(request_id: str) -> str | None:
+    """The group uid a request id carries (servers may see it with a suffix added: ``ts:<uid>:<rest>``)."""
     parts = str(request_id).split(":", 2)
     return parts[1] if len(parts) == 3 and parts[0] == REQUEST_PREFIX else None
+
+
+class AbortedGroups:
+    """The groups a server was told to abort, so that their later requests (a next turn, a sample not
+    sent yet) come back aborted at once. Bounded: group uids are fresh per dispatch attempt, and the
+    oldest are forgotten long after their step ended."""
+
+    def __init__(self, capacity: int = 65536):
+        self._uids: dict[str, None] = {}
+        self._capacity = capacity
+
+    def add(self, uids: list[str]) -> set[str]:
+        for uid in uids:
+            self._uids[str(uid)] = None
+        while len(self._uids) > self._capacity:
+            del self._uids[next(iter(self._uids))]
+        return {str(uid) for uid in uids}
+
+    def __contains__(self, uid: object) -> bool:
+        return uid in self._uids
 
 
 @dataclass(frozen=True)
@@ -118,9 +139,10 @@ class PoolRouter:
     def report_sample(self, sample: dict) -> None:
         self._samples.setdefault(str(sample["uid"]), {})[int(sample["session_id"])] = dict(sample)
 
-    def take_reports(self, uids: list[str], min_samples: int) -> dict[str, dict]:
-        """Group reports of ``uids`` with at least ``min_samples`` samples reported (removed once taken)."""
-        ready = [uid for uid in uids if len(self._samples.get(uid, {})) >= min_samples]
+    def take_reports(self, expected: dict[str, int]) -> dict[str, dict]:
+        """Reports of the groups in ``expected`` (group uid -> its number of samples, verl's per-row
+        ``__rollout_n__`` or ``rollout.n``) whose every sample has reported; removed once taken."""
+        ready = [uid for uid, n in expected.items() if len(self._samples.get(uid, {})) >= n]
         return {uid: asdict(GroupReport.from_samples(uid, self._samples.pop(uid))) for uid in ready}
 
     def refusals(self, uids: list[str]) -> dict[str, dict]:

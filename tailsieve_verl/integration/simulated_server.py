@@ -13,6 +13,12 @@ Why: a user can dry-run a recipe's routing on a CPU, and the tests drive verl's 
 (agent loops, TransferQueue, replay buffer, router) without a GPU. The weights are not simulated:
 ``tailsieve_sim`` runs as standalone replicas (the trainer's weight sync to them is a no-op).
 
+Beyond verl's server API it answers what the TailSieve trainer asks every server it runs on (the
+vLLM subclass in :mod:`integration.engine_config` answers the same): ``abort_groups`` (abort one
+prompt group's requests, and every later one, without pausing the engine), ``progress`` (tokens
+generated so far, for the trainer's stall detection) and ``check_engine`` (liveness of the engine,
+not just of the actor). :meth:`SimServer.inject_fault` breaks a server on purpose (fault drills, tests).
+
 Response lengths (documented source): :class:`LengthModel`, a deterministic per-prompt log-normal
 model — the prompt's token ids seed its mean (the prompt effect, ``sim.prompt_sigma``), the request
 id seeds the sample around it (the sampling effect, ``sim.sample_sigma``). Generated token ids are
@@ -33,6 +39,7 @@ import ray
 
 from tailsieve_verl.core.perf import PerfModel, parse_perf_model
 from tailsieve_verl.integration.config import SIM_ROLLOUT_NAME, SimBackendConfig, parse_tailsieve_section
+from tailsieve_verl.integration.router import AbortedGroups, group_of_request
 
 logger = logging.getLogger(__name__)
 
@@ -111,6 +118,14 @@ class SimServer:
         self._resume_event.set()
         self._rejecting = False
         self._loop_task: asyncio.Task | None = None
+        self._aborted_groups = AbortedGroups()
+        self._chunk: tuple[float, np.ndarray] | None = None  # the decode steps being slept through
+        self._fault: str | None = None
+        # verl's output type, imported here: a first import inside generate() would block the actor's
+        # event loop for seconds, and every other call (progress, abort) with it
+        from verl.workers.rollout.replica import TokenOutput
+
+        self._token_output = TokenOutput
 
     # ---- verl server API -------------------------------------------------------------------
     def get_server_address(self) -> tuple[str, int]:
@@ -120,12 +135,14 @@ class SimServer:
                        image_data: Optional[list[Any]] = None, video_data: Optional[list[Any]] = None,
                        audio_data: Optional[list[Any]] = None, mm_processor_kwargs: Optional[dict] = None,
                        priority: int = 0, **_: Any):
-        from verl.workers.rollout.replica import TokenOutput
-
+        self._raise_if_engine_dead()
         while self._paused:  # parked behind a closed gate, like vLLMHttpServer._park_until_admitted
             if self._rejecting:
-                return TokenOutput(token_ids=[], stop_reason="aborted", extra_fields={"global_steps": self.global_steps})
+                return self._token_output(token_ids=[], stop_reason="aborted", extra_fields={"global_steps": self.global_steps})
             await self._resume_event.wait()
+        if group_of_request(request_id) in self._aborted_groups:  # a later turn or sample of an aborted group
+            self.stats.aborted += 1
+            return self._token_output(token_ids=[], stop_reason="aborted", extra_fields={"global_steps": self.global_steps})
         prompt_ids = [int(t) for t in prompt_ids]
         room = self.max_model_len - len(prompt_ids)
         if room < 1:
@@ -142,7 +159,7 @@ class SimServer:
         self._wake.set()
         generated, stop_reason = await request.done
         log_probs = [0.0] * generated if sampling_params.get("logprobs") else None
-        return TokenOutput(token_ids=tokens[:generated], log_probs=log_probs, stop_reason=stop_reason,
+        return self._token_output(token_ids=tokens[:generated], log_probs=log_probs, stop_reason=stop_reason,
                            num_preempted=0, extra_fields={"global_steps": self.global_steps})
 
     async def abort_all_requests(self, reset_prefix_cache: bool = True, reject_request: bool = False) -> dict:
@@ -151,15 +168,79 @@ class SimServer:
         self._paused = True
         self._rejecting = reject_request
         self._resume_event.clear()
+        self._exit_if("exit_on_abort")
         victims = self._active + self._waiting
-        self._active, self._waiting = [], []
+        self._finish_aborted(victims)
+        return {"aborted_count": len(victims), "request_ids": [r.request_id for r in victims]}
+
+    async def abort_groups(self, group_uids: list[str]) -> dict:
+        """Abort the waiting and running requests of these prompt groups (partial tokens returned with
+        stop_reason="aborted") and answer their later requests aborted at once; the engine keeps running."""
+        self._exit_if("exit_on_abort")
+        groups = self._aborted_groups.add(group_uids)
+        victims = [r for r in self._active + self._waiting if group_of_request(r.request_id) in groups]
+        self._finish_aborted(victims)
+        return {"aborted_count": len(victims), "request_ids": [r.request_id for r in victims]}
+
+    def _finish_aborted(self, victims: list[_Request]) -> None:
+        """Settle aborted requests, crediting the running ones with the decode steps of the current chunk."""
+        done_steps = self._chunk_steps()
+        running = {id(r) for r in self._active}
+        for request in victims:
+            if id(request) in running:
+                steps = min(done_steps, request.target - request.generated)
+                request.generated += steps
+                self.stats.tokens += steps
+        gone = {id(r) for r in victims}
+        self._active = [r for r in self._active if id(r) not in gone]
+        self._waiting = [r for r in self._waiting if id(r) not in gone]
         for request in victims:
             self.stats.aborted += 1
             self.stats.aborted_tokens += request.generated
             if not request.done.done():
                 request.done.set_result((request.generated, "aborted"))
         self._wake.set()
-        return {"aborted_count": len(victims), "request_ids": [r.request_id for r in victims]}
+
+    def progress(self) -> dict:
+        """Tokens generated so far (the decode steps under way included) and requests in flight."""
+        return {"tokens": self.stats.tokens + len(self._active) * self._chunk_steps(),
+                "in_flight": len(self._active) + len(self._waiting)}
+
+    def _chunk_steps(self) -> int:
+        """Whole decode steps done so far in the chunk the decode loop is sleeping through."""
+        if self._chunk is None:
+            return 0
+        start, clock = self._chunk
+        return int(np.searchsorted(clock, (time.monotonic() - start) / self.sim.time_scale, side="right"))
+
+    def check_engine(self) -> bool:
+        """Raises when the engine is dead (the actor may still answer)."""
+        self._raise_if_engine_dead()
+        return True
+
+    def inject_fault(self, fault: str) -> None:
+        """Break this server on purpose: ``engine_dead`` (the engine dies now, the actor lives on: running
+        requests fail, nothing decodes), ``engine_hung`` (the engine stops decoding but its health check
+        passes, as vLLM's only reads an error flag; waiting for its requests to drain, e.g. verl's sleep,
+        never returns), ``exit_on_abort`` (the actor exits when asked to abort)."""
+        if fault not in ("engine_dead", "engine_hung", "exit_on_abort"):
+            raise ValueError(f"unknown fault {fault!r}")
+        self._fault = fault
+        self._wake.set()  # the decode loop sees the fault now
+        if fault == "engine_dead":
+            for request in self._active + self._waiting:
+                if not request.done.done():
+                    request.done.set_exception(RuntimeError(f"simulated engine of {self.address} is dead"))
+            self._active, self._waiting = [], []
+            self._wake.set()
+
+    def _raise_if_engine_dead(self) -> None:
+        if self._fault == "engine_dead":
+            raise RuntimeError(f"simulated engine of {self.address} is dead")
+
+    def _exit_if(self, fault: str) -> None:
+        if self._fault == fault:
+            ray.actor.exit_actor()
 
     async def resume_generation(self) -> None:
         self._paused = False
@@ -173,6 +254,8 @@ class SimServer:
         await self.resume_generation()
 
     async def wait_for_requests_to_drain(self) -> None:
+        if self._fault == "engine_hung":
+            await asyncio.Event().wait()
         while self._active or self._waiting:
             await asyncio.sleep(0.005)
 
@@ -213,7 +296,7 @@ class SimServer:
             self._loop_task = asyncio.get_running_loop().create_task(self._decode_loop())
 
     async def _decode_loop(self) -> None:
-        while True:
+        while self._fault not in ("engine_dead", "engine_hung"):
             while len(self._active) < self.max_num_seqs and self._waiting:  # FIFO admission under the cap
                 self._active.append(self._waiting.pop(0))
             if not self._active:
@@ -228,12 +311,14 @@ class SimServer:
             clock = np.cumsum(step_s)
             self._wake.clear()
             start = time.monotonic()
+            self._chunk = (start, clock)
             woken = False
             try:
                 await asyncio.wait_for(self._wake.wait(), timeout=float(clock[-1]) * self.sim.time_scale)
                 woken = True
             except asyncio.TimeoutError:
                 pass
+            self._chunk = None
             if not self._active:  # aborted while sleeping
                 continue
             steps = horizon

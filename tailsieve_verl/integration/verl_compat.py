@@ -86,6 +86,8 @@ INTERNALS: tuple[Internal, ...] = (
     Internal("verl.workers.rollout.llm_server:LLMServerClient", "generate", ("self", "request_id", "prompt_ids",
                                                                             "sampling_params"),
              "overridden: tags requests with their group", keywords=True),
+    Internal("verl.workers.rollout.llm_server:LLMServerClient", "_vllm_request_id", ("self", "request_id"),
+             "overridden: keeps the group tag in the id the server sees (per-group abort)"),
     Internal("verl.checkpoint_engine.base:CheckpointEngineManager", "remove_replicas", ("self", "replicas"),
              "called: drops a dead replica from weight sync"),
 )

@@ -4,7 +4,7 @@ Two things differ from the GPU stack verl 0.9.1 was written for:
 
 * **API drift.** verl calls ``AsyncLLM.pause_generation(wait_for_inflight_requests=...)``; vLLM 0.32
   replaced that keyword with ``mode="abort" | "wait" | "keep"``. Without the fix every
-  ``abort_all_requests`` (TailSieve's cutoff, verl's weight sync) raises ``TypeError``.
+  ``abort_all_requests`` (verl's weight sync) raises ``TypeError``.
   :class:`CPUCompatVLLMHttpServer` wraps the engine's method so both spellings work.
 * **CPU placement.** vLLM binds each engine's OpenMP threads (``VLLM_CPU_OMP_THREADS_BIND``); left
   on ``auto``, every replica on one host binds the same first core. Each replica here binds its
@@ -13,7 +13,7 @@ Two things differ from the GPU stack verl 0.9.1 was written for:
 
 Use :class:`CPUCompatVLLMReplica` where verl's ``vLLMReplica`` would be used, or call
 :func:`install_vllm_cpu_compat` to wrap whatever class is registered as verl's ``vllm`` rollout
-(e.g. TailSieve's pool-specialised replica) so the trainer picks it up.
+(e.g. TailSieve's replica) so the trainer picks it up.
 
 Only the test tiers use it (``tests/vllm``, ``tests/e2e``; ``scripts/bench_vllm_cpu.sh`` talks to
 vLLM's own OpenAI server and does not), yet it stays in the package: the server actor class is
@@ -31,7 +31,9 @@ import inspect
 import os
 from typing import Any
 
-from verl.workers.rollout.vllm_rollout.vllm_async_server import vLLMHttpServer, vLLMReplica
+from verl.workers.rollout.vllm_rollout.vllm_async_server import vLLMReplica
+
+from tailsieve_verl.integration.vllm_server import TailSieveVLLMHttpServer
 
 CORES_PER_REPLICA_ENV = "TAILSIEVE_VLLM_CPU_CORES_PER_REPLICA"
 
@@ -65,8 +67,9 @@ def omp_binding(replica_rank: int, cores_per_replica: int, host_cores: int) -> s
     return ",".join(str(c) for c in cores)
 
 
-class CPUCompatVLLMHttpServer(vLLMHttpServer):
-    """verl's vLLM server with the vLLM 0.32 pause API and per-replica CPU binding."""
+class CPUCompatVLLMHttpServer(TailSieveVLLMHttpServer):
+    """TailSieve's vLLM server (verl's, plus per-group abort) with the vLLM 0.32 pause API and
+    per-replica CPU binding."""
 
     async def launch_server(self, *args: Any, **kwargs: Any):
         cores = int(os.environ.get(CORES_PER_REPLICA_ENV, "1"))

@@ -109,7 +109,7 @@ def _headline_cells() -> dict[str, dict[str, float]]:
 
     folder = ROOT / "scripts" / "results" / "controller_vs_stock_verl"
     cells = {}
-    for scale, name in (("64x8", "controller_v2_64x8_probe.json"), ("256x16", "controller_v2_256x16_probe.json"),
+    for scale, name in (("64x8", "no_starvation_64x8.json"), ("256x16", "no_starvation_256x16.json"),
                         ("oracle", "controller_v2_64x8_oracle_crn.json")):
         rows = json.loads((folder / name).read_text())
         for cell in {r["cell"] for r in rows}:

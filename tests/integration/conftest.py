@@ -22,6 +22,8 @@ os.environ.setdefault("VERL_LOGGING_LEVEL", "WARN")
 os.environ.setdefault("RAY_DEDUP_LOGS", "1")
 
 N_PROMPTS = 96
+AGENTS_DIR = Path(__file__).parent / "agents"
+AGENTS_YAML = AGENTS_DIR / "agents.yaml"
 
 
 def _write_tiny_model(out: Path) -> Path:
@@ -63,8 +65,11 @@ def ray_session():
     import ray
 
     if not ray.is_initialized():
+        # AGENTS_DIR: the test agent loops (agents/agents.yaml), imported by the agent-loop workers
+        pythonpath = os.pathsep.join(p for p in (str(AGENTS_DIR), os.environ.get("PYTHONPATH", "")) if p)
         ray.init(num_cpus=16, object_store_memory=256 * 1024**2, include_dashboard=False, log_to_driver=False,
-                 runtime_env={"env_vars": {"VERL_LOGGING_LEVEL": "WARN", "TOKENIZERS_PARALLELISM": "false"}})
+                 runtime_env={"env_vars": {"VERL_LOGGING_LEVEL": "WARN", "TOKENIZERS_PARALLELISM": "false",
+                                           "PYTHONPATH": pythonpath}})
     yield ray
     ray.shutdown()
 

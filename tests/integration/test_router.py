@@ -7,7 +7,7 @@ from collections import Counter
 import pytest
 
 from tailsieve_verl.core.kinds import Pool
-from tailsieve_verl.integration.router import PoolRouter, tag_request_id
+from tailsieve_verl.integration.router import AbortedGroups, PoolRouter, tag_request_id
 
 SERVERS = {f"10.0.{node}.1:8000": f"handle-{node}" for node in range(4)}  # one replica per node
 ADDRS = list(SERVERS)
@@ -90,9 +90,28 @@ def test_sample_ledger_aggregates_a_group():
     router = PoolRouter(dict(SERVERS))
     router.report_sample({"uid": "g", "session_id": 1, "duration_s": 2.0, "tokens": 7, "aborted_tokens": 0,
                           "aborted": False, "failed": False})
-    assert router.take_reports(["g"], min_samples=2) == {}
+    assert router.take_reports({"g": 2}) == {}
     router.report_sample({"uid": "g", "session_id": 0, "duration_s": 3.0, "tokens": 5, "aborted_tokens": 0,
                           "aborted": False, "failed": False})
-    report = router.take_reports(["g"], min_samples=2)["g"]
+    report = router.take_reports({"g": 2})["g"]
     assert report["duration_s"] == 3.0 and report["tokens"] == (5, 7) and not report["aborted"]
-    assert router.take_reports(["g"], min_samples=1) == {}  # taken once
+    assert router.take_reports({"g": 1}) == {}  # taken once
+
+
+def test_reports_wait_for_each_groups_own_sample_count():
+    """verl's per-row ``__rollout_n__``: a group of 1 sample is reported next to a group of 3."""
+    router = PoolRouter(dict(SERVERS))
+    sample = {"duration_s": 1.0, "tokens": 4, "aborted_tokens": 0, "aborted": False, "failed": False}
+    router.report_sample({**sample, "uid": "one", "session_id": 0})
+    for session in range(2):
+        router.report_sample({**sample, "uid": "three", "session_id": session})
+    assert set(router.take_reports({"one": 1, "three": 3})) == {"one"}
+    router.report_sample({**sample, "uid": "three", "session_id": 2})
+    assert router.take_reports({"three": 3})["three"]["tokens"] == (4, 4, 4)
+
+
+def test_aborted_groups_are_remembered_and_bounded():
+    groups = AbortedGroups(capacity=3)
+    assert groups.add(["a", "b"]) == {"a", "b"} and "a" in groups and "c" not in groups
+    groups.add(["c", "d"])
+    assert "a" not in groups and {"b", "c", "d"} == {u for u in "abcd" if u in groups}

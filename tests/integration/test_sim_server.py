@@ -69,3 +69,26 @@ def test_abort_returns_partial_tokens_and_parks_new_requests_until_resume():
     assert all(o.stop_reason == "aborted" for o in aborted)
     assert parked_before_resume and late.stop_reason == "completed"
     assert server.stats.aborted == 4 and server.stats.aborted_tokens == sum(len(o.token_ids) for o in aborted)
+
+
+def test_abort_groups_aborts_one_group_and_its_later_requests_while_the_engine_runs_on():
+    server = make_server(16, time_scale=2.0)  # ~40 ms per decode step
+
+    async def run():
+        doomed = [asyncio.create_task(server.generate([1, 2], {"max_tokens": 100}, request_id=f"ts:ga:{i}"))
+                  for i in range(2)]
+        other = asyncio.create_task(server.generate([3, 4], {"max_tokens": 100}, request_id="ts:gb:0"))
+        await asyncio.sleep(0.2)
+        progress = server.progress()
+        result = await server.abort_groups(["ga"])
+        aborted = await asyncio.gather(*doomed)
+        late = await server.generate([1, 2], {"max_tokens": 4}, request_id="ts:ga:next-turn")
+        return progress, result, aborted, late, await other
+
+    progress, result, aborted, late, other = asyncio.run(run())
+    assert progress["in_flight"] == 3 and progress["tokens"] > 0  # counted mid-chunk
+    assert result["aborted_count"] == 2 and sorted(result["request_ids"]) == ["ts:ga:0", "ts:ga:1"]
+    assert all(o.stop_reason == "aborted" and 0 < len(o.token_ids) < 100 for o in aborted)  # partial tokens
+    assert late.stop_reason == "aborted" and late.token_ids == []  # a later turn: aborted at once, never parked
+    assert other.stop_reason == "completed" and not server.get_stats()["paused"]
+    assert server.stats.aborted_tokens == sum(len(o.token_ids) for o in aborted)
