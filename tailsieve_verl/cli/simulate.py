@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 from ..core.perf import DEFAULT_PERF_MODEL, parse_perf_model
-from ..core.sim import ALL_POLICIES, POLICIES, SPEC_POLICIES, SimConfig, SimResult, simulate
+from ..core.sim import ALL_POLICIES, POLICIES, SPEC_POLICIES, STOCK_SPEC_POLICIES, SimConfig, SimResult, simulate
 from ..core.trace import read_trace
 from ..core.workload import PRESETS, PromptPool
 from .checks import output_dir, perf_model_file
@@ -112,12 +112,14 @@ def _print_summary(result: SimResult, out: Path, plots: list) -> None:
     c = result.config
     vs_verl, vs_uniform = result.speedup_vs("verl"), result.speedup_vs("uniform")
     best_stock = result.best_stock
-    vs_best = result.speedup_vs(best_stock) if best_stock else {}
+    # against the best stock configuration: a column of its own only where stock speculation ran
+    vs_best = result.speedup_vs(best_stock) if any(p in STOCK_SPEC_POLICIES for p in result.policies) else None
     table = Table(title=f"{c.steps} steps, workload {result.workload}, R={c.n_replicas}, B={c.batch_size}×{c.n}, "
                         f"{result.perf}")
     table.add_column("policy", no_wrap=True)
     bias = result.length_bias()
-    for column in ("mean makespan", "vs stock verl", "vs best stock", "vs group RR", "final q", "final m", "wasted tokens",
+    for column in ("mean makespan", "vs stock verl") + (("vs best stock",) if vs_best is not None else ()) + (
+            "vs group RR", "final q", "final m", "wasted tokens",
                    "lost / dup / stale", "max deferral", "mean length", "length KS / noise"):
         table.add_column(column, justify="right")
     for name, r in result.policies.items():
@@ -125,7 +127,7 @@ def _print_summary(result: SimResult, out: Path, plots: list) -> None:
         tailsieve = name.startswith("tailsieve")
         table.add_row(name + (f" ({r.choice})" if r.choice else ""), f"{r.mean_makespan_s:.2f} s",
                       f"{vs_verl[name]:.3f}×" if name in vs_verl else "-",
-                      f"{vs_best[name]:.3f}×" if name in vs_best else "-",
+                      *([f"{vs_best[name]:.3f}×" if name in vs_best else "-"] if vs_best is not None else []),
                       f"{vs_uniform[name]:.3f}×" if name in vs_uniform else "-",
                       str(last.next_q) if tailsieve else "-", str(last.next_m) if tailsieve else "-",
                       f"{100 * r.wasted_fraction:.1f} %", f"{r.lost} / {r.duplicated} / {r.stale}",
