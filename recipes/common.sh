@@ -20,6 +20,8 @@
 #   TAILSIEVE_Q0, TAILSIEVE_M0  initial (q, m) of the adaptive variants   (default: B/8, 1)
 #   PERF_MODEL          controller's concurrency-throughput model        (default: table:h200-dense / -moe)
 #   MTP_BULK_TOKENS, MTP_TAIL_TOKENS  MTP depth on bulk and tail replicas (default: 1, 3)
+#   MTP_SCHEDULE        dynamic-SD variants: vLLM's batch-size schedule [[b_lo,b_hi,k],...] on every replica
+#                       (default: vLLM's documented [[1,64,3],[65,128,1],[129,256,0]]; its deepest k is the depth)
 #   DFLASH_DRAFT_PATH, DFLASH_TOKENS  DFlash drafter for the target model, its block size (default: 8)
 #   PYTHON              interpreter with verl and tailsieve-verl          (default: python3)
 #   TAILSIEVE_DRY_RUN=1     compose and validate the full config against the installed verl, print
@@ -40,6 +42,7 @@ TOTAL_STEPS=${TOTAL_STEPS:-30}
 TRAIN_BATCH_SIZE=${TRAIN_BATCH_SIZE:-64}
 MTP_BULK_TOKENS=${MTP_BULK_TOKENS:-1}
 MTP_TAIL_TOKENS=${MTP_TAIL_TOKENS:-3}
+MTP_SCHEDULE=${MTP_SCHEDULE:-[[1,64,3],[65,128,1],[129,256,0]]}
 DFLASH_TOKENS=${DFLASH_TOKENS:-8}
 
 # One sampling configuration per workload, shared by every recipe, baseline and variant alike
@@ -157,6 +160,26 @@ stock_verl() {
 stock_verl_mtp() {
   stock_verl
   mtp_everywhere
+}
+
+# Stock verl with MTP on vLLM's batch-size schedule ("dynamic SD") on every replica: k falls by
+# itself as a replica's running batch grows. The strongest stock configuration `tailsieve simulate`
+# measures next to All-MTP (verl-dynsd); verl passes rollout.engine_kwargs.vllm.speculative_config
+# into the MTP speculative config.
+stock_verl_dynsd() {
+  stock_verl
+  local depth
+  depth=$("${PYTHON}" -c "import json, sys; print(max(k for _, _, k in json.loads(sys.argv[1])))" "${MTP_SCHEDULE}" 2>/dev/null) || {
+    echo "${RECIPE_NAME}: MTP_SCHEDULE must be a JSON list of [batch_lo, batch_hi, k], got '${MTP_SCHEDULE}'" >&2
+    exit 2
+  }
+  ARGS+=(
+    actor_rollout_ref.model.mtp.enable=True
+    actor_rollout_ref.model.mtp.enable_rollout=True
+    actor_rollout_ref.model.mtp.method=mtp
+    "actor_rollout_ref.model.mtp.num_speculative_tokens=${depth}"
+    "+actor_rollout_ref.rollout.engine_kwargs.vllm.speculative_config.num_speculative_tokens_per_batch_size=${MTP_SCHEDULE}"
+  )
 }
 
 # Uniform routing on TailSieve's code path: TailSieve off, (q, m) = (0, 0); with per-sample pools

@@ -2,17 +2,16 @@
 ``--max-num-batched-tokens``, ``--num-speculative-tokens``, ``--spec-acceptance``,
 ``--spec-schedule``), shared by every subcommand that evaluates replicas: one
 :class:`core.engine.EngineConfig` for all of them. Without any flag the engine binds nothing
-(today's model)."""
+(today's model). The ``--spec-*`` flags also describe the speculation of ``simulate``'s speculation
+policies (:data:`core.sim.SPEC_POLICIES`), MTP-like assumptions where a flag is not given."""
 
 from __future__ import annotations
 
 import argparse
 from dataclasses import replace
-from typing import Callable
-
-from ..core.engine import H200_MODELS, EngineConfig, SpeculativeConfig, prefill_cost_from_perf
+from ..core.engine import H200_MODELS, EngineConfig, EngineConfigError, SpeculativeConfig, prefill_cost_from_perf
 from ..core.perf import PerfModel
-from ..core.replica import NO_LIMITS, evaluate_samples
+from ..core.sim import DEFAULT_SPECULATION
 from .checks import MAX_COUNT, CLIError, FloatRule, IntRule
 
 MAX_BLOCKS = 10 ** 9
@@ -42,9 +41,11 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--spec-schedule", type=_schedule, metavar="B1-B2:K,...",
                    help="vLLM dynamic SD: k by running batch size, e.g. 1-64:3,65-128:1,129-256:0")
     g.add_argument("--spec-draft-cost", type=FloatRule(0.0, 10.0, lo_open=False),
-                   help="drafting cost per draft token as a fraction of a decode step (MTP ~ 1/layers; default 0)")
+                   help="drafting cost per draft token as a fraction of a decode step (MTP ~ 1/layers; default 0, "
+                        "for the speculation policies 1/28)")
     g.add_argument("--spec-acceptance-half-life", type=FloatRule(0.0, 1e9), metavar="TOKENS",
                    help="context length over which acceptance halves (default: no decay)")
+
 
 
 def _acceptance(text: str) -> tuple[float, ...]:
@@ -72,8 +73,9 @@ def _schedule(text: str) -> tuple[tuple[int, int, int], ...]:
     return tuple(entries)
 
 
-def engine_config_from_args(args: argparse.Namespace, perf: PerfModel) -> EngineConfig:
-    """The engine the flags describe (``EngineConfig()`` without any)."""
+def engine_config_from_args(args: argparse.Namespace, perf: PerfModel, spec_policies: bool = False) -> EngineConfig:
+    """The engine the flags describe (``EngineConfig()`` without any). ``spec_policies``: speculation
+    policies run, so ``--spec-*`` flags without a depth describe only their speculation."""
     spec_flags = (args.spec_acceptance, args.spec_schedule, args.spec_draft_cost, args.spec_acceptance_half_life)
     base = (EngineConfig.verl_defaults(args.engine_defaults, perf, block_size=args.block_size or 16)
             if args.engine_defaults else EngineConfig())
@@ -84,7 +86,7 @@ def engine_config_from_args(args: argparse.Namespace, perf: PerfModel) -> Engine
     k = args.num_speculative_tokens
     if k is None and args.spec_schedule:
         k = max(entry[2] for entry in args.spec_schedule)
-    if k is None and any(v is not None for v in spec_flags):
+    if k is None and any(v is not None for v in spec_flags) and not spec_policies:
         raise CLIError("--spec-acceptance/--spec-schedule/--spec-draft-cost/--spec-acceptance-half-life need "
                        "--num-speculative-tokens K (or a --spec-schedule with some K > 0)")
     if k is not None:
@@ -99,9 +101,20 @@ def engine_config_from_args(args: argparse.Namespace, perf: PerfModel) -> Engine
     return replace(base, **fields)
 
 
-def engine_execute(args: argparse.Namespace, n_replicas: int, perf: PerfModel) -> Callable | None:
-    """The simulator's ``execute`` for the flags' engine on every replica (None: the default one)."""
-    engine = engine_config_from_args(args, perf)
-    if engine == NO_LIMITS:
-        return None
-    return lambda name, groups, samples: evaluate_samples(groups, samples, n_replicas, perf, engine=engine)
+def speculation_from_args(args: argparse.Namespace) -> SpeculativeConfig:
+    """The speculation of ``simulate``'s speculation policies: the ``--spec-*`` flags, and where one is
+    not given the MTP-like assumption :data:`core.sim.DEFAULT_SPECULATION` (acceptance 0.85,0.8,0.75,
+    draft cost 1/28, k = 3, no decay)."""
+    base = DEFAULT_SPECULATION
+    k = args.num_speculative_tokens
+    if k is None and args.spec_schedule:
+        k = max(entry[2] for entry in args.spec_schedule)
+    try:
+        return SpeculativeConfig(k or base.num_speculative_tokens,
+                                 args.spec_acceptance if args.spec_acceptance is not None else base.acceptance,
+                                 acceptance_half_life=(args.spec_acceptance_half_life
+                                                       if args.spec_acceptance_half_life is not None
+                                                       else base.acceptance_half_life),
+                                 draft_cost=args.spec_draft_cost if args.spec_draft_cost is not None else base.draft_cost)
+    except EngineConfigError as exc:
+        raise CLIError(str(exc)) from None

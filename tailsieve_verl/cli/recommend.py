@@ -1,6 +1,8 @@
 """The one line that ends `tailsieve simulate` and `tailsieve plan`: which configuration to run, and the
 verl overrides that turn it on, or stay with stock verl when no deployable configuration beats it by
-more than the run's own noise (a few per cent is below what one simulated run resolves)."""
+more than the run's own noise (a few per cent is below what one simulated run resolves). A stock
+speculation configuration (MTP on every replica, at a fixed depth or on vLLM's batch-size schedule) is
+a candidate like TailSieve: when it is the fastest, it is what the line recommends."""
 
 from __future__ import annotations
 
@@ -11,6 +13,10 @@ import numpy as np
 from ..core.perf import DEFAULT_PERF_MODEL
 
 TRAINER_MODE = "trainer.v1.trainer_mode=tailsieve"
+MTP_ON = "actor_rollout_ref.model.mtp.enable=true actor_rollout_ref.model.mtp.enable_rollout=true"
+# verl 0.9.1 merges rollout.engine_kwargs.vllm.speculative_config into the MTP speculative config
+# (workers/rollout/vllm_rollout/utils.py build_mtp_speculative_config)
+SCHEDULE_KEY = "+actor_rollout_ref.rollout.engine_kwargs.vllm.speculative_config.num_speculative_tokens_per_batch_size"
 
 
 @dataclass(frozen=True)
@@ -34,6 +40,25 @@ def pin_overrides(q: int, m: int) -> str:
     """Overrides that pin the split (q, m): no replica moves, no q adaptation."""
     return (f"+tailsieve.mode=fixed +tailsieve.q0={q} +tailsieve.tail_replicas={m} "
             "+tailsieve.controller.inner_loop=false")
+
+
+def parse_schedule(text: str) -> list[list[int]]:
+    """A schedule as the simulator names it (``1-64:3,65-128:1``) in vLLM's list form."""
+    out = []
+    for part in text.split(","):
+        batches, _, k = part.partition(":")
+        lo, _, hi = batches.partition("-")
+        out.append([int(lo), int(hi), int(k)])
+    return out
+
+
+def stock_speculation_overrides(k: int, schedule: list[list[int]] | None = None) -> str:
+    """Stock verl with MTP at depth k on every replica, and vLLM's batch-size schedule when given
+    (shell-quoted: the list has brackets)."""
+    overrides = f"{MTP_ON} actor_rollout_ref.model.mtp.num_speculative_tokens={k}"
+    if schedule:
+        overrides += f" '{SCHEDULE_KEY}=[{','.join(f'[{lo},{hi},{k}]' for lo, hi, k in schedule)}]'"
+    return overrides
 
 
 def perf_model_override(spec: str) -> str:
@@ -76,6 +101,27 @@ def from_simulation(result, perf_spec: str) -> str:
         elif name == "best-static" and last.next_m > 0:
             overrides = f"{common} {pin_overrides(last.next_q, last.next_m)}"
             label = f"best-static (q={last.next_q}, m={last.next_m}, the best fixed split in hindsight)"
+        elif name == "verl-spec":
+            k = int(r.choice.removeprefix("k="))
+            overrides = stock_speculation_overrides(k)
+            label = f"stock verl with MTP k={k} on every replica (verl-spec, the best depth in hindsight)"
+        elif name in ("verl-dynsd", "verl-dynsd-best"):
+            schedule = parse_schedule(r.choice)
+            overrides = stock_speculation_overrides(max(k for _, _, k in schedule), schedule)
+            label = f"stock verl with MTP on vLLM's batch-size schedule {r.choice} ({name})"
+        elif name == "tailsieve-dynsd":
+            schedule = parse_schedule(r.choice)
+            overrides = (f"{common} +tailsieve.tail_replicas=0 "
+                         f"{stock_speculation_overrides(max(k for _, _, k in schedule), schedule)}")
+        elif name == "tailsieve-spec":
+            tail_k, schedule = r.choice.split(" / bulk ")
+            schedule = parse_schedule(schedule)
+            bulk_k = max(k for _, _, k in schedule)
+            overrides = (f"{common} +tailsieve.mode=fixed +tailsieve.q0={max(last.next_q, last.next_m)} "
+                         f"+tailsieve.tail_replicas={last.next_m} {stock_speculation_overrides(bulk_k)} "
+                         f"+tailsieve.tail.num_speculative_tokens={tail_k.removeprefix('tail k=')} "
+                         "'+tailsieve.bulk.engine_kwargs={speculative_config:{num_speculative_tokens_per_batch_size:"
+                         f"[{','.join(f'[{lo},{hi},{k}]' for lo, hi, k in schedule)}]}}}}'")
         else:
             continue  # stock verl itself, group round-robin, or a reference no rollout layer can run
         noise = two_standard_errors((stock - r.makespans) / stock.mean())

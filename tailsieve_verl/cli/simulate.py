@@ -9,11 +9,11 @@ import json
 from pathlib import Path
 
 from ..core.perf import DEFAULT_PERF_MODEL, parse_perf_model
-from ..core.sim import ALL_POLICIES, POLICIES, SimConfig, SimResult, simulate
+from ..core.sim import ALL_POLICIES, POLICIES, SPEC_POLICIES, STOCK_SPEC_POLICIES, SimConfig, SimResult, simulate
 from ..core.trace import read_trace
 from ..core.workload import PRESETS, PromptPool
 from .checks import output_dir, perf_model_file
-from .engine_args import add_engine_args, engine_execute
+from .engine_args import add_engine_args, engine_config_from_args, speculation_from_args
 from .recommend import from_simulation
 
 DEFAULTS = SimConfig()
@@ -38,7 +38,10 @@ def register(subparsers) -> None:
     p.add_argument("--policies", default=",".join(POLICIES),
                    help="comma-separated subset of " + ", ".join(ALL_POLICIES) + " (best-static, the best fixed (q, m) "
                         "in hindsight, runs a grid of TailSieve runs: opt-in; verl-redraw, stock verl with its own length "
-                        "draws, shows the run's noise floor)")
+                        "draws, shows the run's noise floor; " + ", ".join(SPEC_POLICIES) + ": speculative decoding, "
+                        "opt-in, as the --spec-* flags describe it: stock verl at the best depth in hindsight, with "
+                        "vLLM's documented batch-size schedule, with the best schedule of a grid in hindsight; TailSieve "
+                        "with a deep tail pool and the schedule in the bulk pool, with the schedule everywhere)")
     p.add_argument("--fixed-tail-replicas", type=int, default=None,
                    help="tail replicas of tailsieve-fixed (default replicas // 2)")
     p.add_argument("--group-atomic", action="store_true",
@@ -55,10 +58,13 @@ def register(subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     perf = parse_perf_model(args.perf_model)
+    policies = tuple(p.strip() for p in args.policies.split(",") if p.strip())
+    spec_policies = any(p in SPEC_POLICIES for p in policies)
     config = SimConfig(steps=args.steps, n_replicas=args.replicas, batch_size=args.batch, n=args.n, seed=args.seed,
-                       policies=tuple(p.strip() for p in args.policies.split(",") if p.strip()),
+                       policies=policies,
                        fixed_tail_replicas=args.fixed_tail_replicas, group_atomic=args.group_atomic,
-                       oracle_time_limit_s=args.oracle_time_limit)
+                       oracle_time_limit_s=args.oracle_time_limit,
+                       engine=engine_config_from_args(args, perf, spec_policies), speculation=speculation_from_args(args))
     config.validate()
     output_dir(args.out, "--out", ("simulate.json", "makespan_per_step.png", "controller_trajectories.png",
                                    "gantt_step.png"),
@@ -68,8 +74,7 @@ def run(args: argparse.Namespace) -> int:
         pool, workload = PromptPool.from_trace(trace, seed=args.seed), f"prompts:{args.prompts}"
     else:
         pool, workload = PromptPool(args.workload, args.pool_size, seed=args.seed), args.workload
-    result = _run_with_progress(config, pool, perf, workload, show=not args.json,
-                                execute=engine_execute(args, config.n_replicas, perf))
+    result = _run_with_progress(config, pool, perf, workload, show=not args.json)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     report = result.to_json()
@@ -88,18 +93,16 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_with_progress(config: SimConfig, pool: PromptPool, perf, workload: str, show: bool,
-                       execute=None) -> SimResult:
+def _run_with_progress(config: SimConfig, pool: PromptPool, perf, workload: str, show: bool) -> SimResult:
     if not show:
-        return simulate(config, pool, perf, workload, execute=execute)
+        return simulate(config, pool, perf, workload)
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     with Progress(TextColumn("simulating"), BarColumn(), TextColumn("{task.completed}/{task.total} policy-steps"),
                   TimeElapsedColumn(), console=Console(stderr=True), transient=True) as progress:
         task = progress.add_task("sim", total=config.steps * len(config.policies))
-        return simulate(config, pool, perf, workload, progress=lambda done, total: progress.update(task, completed=done),
-                        execute=execute)
+        return simulate(config, pool, perf, workload, progress=lambda done, total: progress.update(task, completed=done))
 
 
 def _print_summary(result: SimResult, out: Path, plots: list) -> None:
@@ -108,18 +111,23 @@ def _print_summary(result: SimResult, out: Path, plots: list) -> None:
 
     c = result.config
     vs_verl, vs_uniform = result.speedup_vs("verl"), result.speedup_vs("uniform")
+    best_stock = result.best_stock
+    # against the best stock configuration: a column of its own only where stock speculation ran
+    vs_best = result.speedup_vs(best_stock) if any(p in STOCK_SPEC_POLICIES for p in result.policies) else None
     table = Table(title=f"{c.steps} steps, workload {result.workload}, R={c.n_replicas}, B={c.batch_size}×{c.n}, "
                         f"{result.perf}")
     table.add_column("policy", no_wrap=True)
     bias = result.length_bias()
-    for column in ("mean makespan", "vs stock verl", "vs group RR", "final q", "final m", "wasted tokens",
+    for column in ("mean makespan", "vs stock verl") + (("vs best stock",) if vs_best is not None else ()) + (
+            "vs group RR", "final q", "final m", "wasted tokens",
                    "lost / dup / stale", "max deferral", "mean length", "length KS / noise"):
         table.add_column(column, justify="right")
     for name, r in result.policies.items():
         last = r.records[-1]
         tailsieve = name.startswith("tailsieve")
-        table.add_row(name, f"{r.mean_makespan_s:.2f} s",
+        table.add_row(name + (f" ({r.choice})" if r.choice else ""), f"{r.mean_makespan_s:.2f} s",
                       f"{vs_verl[name]:.3f}×" if name in vs_verl else "-",
+                      *([f"{vs_best[name]:.3f}×" if name in vs_best else "-"] if vs_best is not None else []),
                       f"{vs_uniform[name]:.3f}×" if name in vs_uniform else "-",
                       str(last.next_q) if tailsieve else "-", str(last.next_m) if tailsieve else "-",
                       f"{100 * r.wasted_fraction:.1f} %", f"{r.lost} / {r.duplicated} / {r.stale}",
@@ -132,6 +140,9 @@ def _print_summary(result: SimResult, out: Path, plots: list) -> None:
         console.print("clairvoyant-* know each step's lengths and route one step at a time: references, not "
                       "deployable. TailSieve defers a long group by at most one step (max deferral), so a "
                       "TailSieve speedup above them is a bug until shown otherwise.")
+    if best_stock and best_stock != "verl":
+        console.print(f"best stock configuration: {best_stock} ({result.policies[best_stock].choice}); verl-spec and "
+                      "verl-dynsd-best are picked in hindsight, which flatters stock verl.")
     for warning in result.warnings():
         console.print(f"[bold yellow]warning:[/] {warning}")
     if "verl-redraw" in vs_verl:

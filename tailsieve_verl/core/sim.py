@@ -3,7 +3,9 @@
 Every policy consumes ``batch_size`` (B) groups × ``n`` responses per step on ``n_replicas`` (R)
 replicas; lengths are drawn fresh at every (re)generation from a :class:`core.workload.PromptPool`
 (persistent prompt difficulty), and every pool is timed by the one evaluator,
-:func:`core.replica.evaluate_samples`, with the given performance model.
+:func:`core.replica.evaluate_samples`, with the given performance model and engine
+(``SimConfig.engine`` on every replica; a TailSieve step puts ``tail_engine`` on its m tail replicas
+and ``bulk_engine`` on the rest, :meth:`SimConfig.pool_engines`).
 
 Policies:
 
@@ -21,9 +23,19 @@ Policies:
   prompt stream; reports the one with the lowest mean makespan. What a perfect static controller
   reaches. Opt-in: one TailSieve run per grid point; ``best_static_screen`` stops all but the best
   few after the first steps (a screened grid: a lower bound on the full grid's best).
+* ``verl-spec`` / ``verl-dynsd`` / ``verl-dynsd-best`` — stock verl's routing with speculative decoding
+  on every replica (``SimConfig.speculation``: acceptance, draft cost): each depth of ``spec_depths``, the
+  best in hindsight (its k named); vLLM's documented batch-size schedule (:func:`vllm_doc_schedule`); the
+  best schedule of :func:`schedule_grid` in hindsight. With ``verl`` these are the stock configurations;
+  ``best_stock`` names the fastest, the bar TailSieve must clear (opt-in).
+* ``tailsieve-spec`` — TailSieve with route-specialised speculation: the tail pool (pinned at
+  ``fixed_tail_replicas``) at the deepest k, the bulk pool on vLLM's schedule; q adapts.
+  ``tailsieve-dynsd`` — adaptive TailSieve with vLLM's schedule on every replica, m free (opt-in). The
+  controller's prior and yardstick stay on the engine without limits (a known gap).
 * ``clairvoyant-group`` / ``clairvoyant-sample`` — know this step's lengths: the B fresh groups
   (or their single samples) routed ``topk-balanced`` (:mod:`core.policies`) with the best (k, m),
-  searched coarse-to-fine within ``oracle_time_limit_s`` per step. References, not policies one
+  searched coarse-to-fine within ``oracle_time_limit_s`` per step, on ``SimConfig.engine`` (no per-pool
+  engines, no speculation unless the engine has it). References, not policies one
   can deploy. TailSieve shifts a long group by at most one step (``max_deferral_steps``), so it can
   edge past them only by that shift: a larger gap is a bug until shown otherwise (``warnings()``).
 
@@ -44,7 +56,7 @@ from __future__ import annotations
 
 import zlib
 from collections import Counter
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Callable, Sequence
 
 import numpy as np
@@ -52,6 +64,7 @@ import numpy as np
 from .bias import ks_distance, ks_noise
 from .controller import ControllerConfig, GroupRecord, max_q
 from .cycle import TailSieveCycle
+from .engine import EngineConfig, SpeculativeConfig
 from .errors import TailSieveError
 from .perf import PerfModel
 from .oracle import SetCost
@@ -63,10 +76,53 @@ from .trace import Group
 from .workload import PromptPool
 
 POLICIES = ("verl", "uniform", "tailsieve-fixed", "tailsieve", "clairvoyant-group", "clairvoyant-sample")
+# speculation (opt-in): stock verl with speculative decoding on every replica (a fixed depth, the best in
+# hindsight; vLLM's batch-size schedule; the best schedule of a small grid in hindsight), and TailSieve with
+# speculation per pool or one schedule on every replica (:data:`SPEC_POLICIES`)
+STOCK_SPEC_POLICIES = ("verl-spec", "verl-dynsd", "verl-dynsd-best")
+SPEC_POLICIES = STOCK_SPEC_POLICIES + ("tailsieve-spec", "tailsieve-dynsd")
+STOCK_POLICIES = ("verl",) + STOCK_SPEC_POLICIES  # what a verl 0.9.1 user can run without TailSieve
 # opt-in (``--policies ...,best-static``): one TailSieve run per grid point, ~50 runs at R = 8;
 # ``verl-redraw``: the noise floor, stock verl again with an independent set of length draws
-ALL_POLICIES = POLICIES + ("best-static", "verl-redraw")
+ALL_POLICIES = POLICIES + ("best-static", "verl-redraw") + SPEC_POLICIES
 BASELINE = "verl"  # every speedup is measured against stock verl first
+SPEC_DEPTHS = (1, 2, 3, 4, 5, 6)  # verl-spec's depths, the best in hindsight reported
+
+# Speculation assumed when none is given (MTP, from public figures, not measured here): conditional
+# acceptance per draft position (DeepSeek-V3's 2nd token 85-90 %, vLLM PR #48892's per-position fall), a
+# one-layer drafter at 1/28 of a decode step per draft token (one of a 28-layer model's layers), k = 3.
+DEFAULT_SPECULATION = SpeculativeConfig(3, (0.85, 0.8, 0.75), draft_cost=1 / 28)
+
+
+def vllm_doc_schedule(k: int) -> tuple[tuple[int, int, int], ...]:
+    """vLLM's dynamic-SD documentation schedule (k = 3 for batch 1-64, 1 for 65-128, 0 above), its depths
+    scaled to ``k`` (3 → 3, 1, 0)."""
+    return ((1, 64, k), (65, 128, max(1, round(k / 3))), (129, 256, 0))
+
+
+def schedule_grid(k_max: int) -> dict[str, tuple[tuple[int, int, int], ...]]:
+    """``verl-dynsd-best``'s schedules: deep depth d ≤ ``k_max`` up to batch b, depth 1 up to 2b, 0 above
+    (vLLM's documented shape at other depths and batch thresholds), named like ``--spec-schedule``."""
+    grid = {}
+    for d in sorted({min(k_max, x) for x in (2, 3, 4, 6)}):
+        for b in (16, 32, 64, 128):
+            off = (2 * b + 1, max(2 * b + 1, 256), 0)  # 256: verl's max_num_seqs; above it k stays 0
+            schedule = ((1, b, d), (b + 1, 2 * b, 1), off) if d > 1 else ((1, 2 * b, 1), off)
+            grid[schedule_text(schedule)] = schedule
+    return grid
+
+
+def schedule_text(schedule: Sequence[Sequence[int]]) -> str:
+    """A schedule in ``--spec-schedule`` words, e.g. 1-64:3,65-128:1,129-129:0."""
+    return ",".join(f"{lo}-{hi}:{k}" for lo, hi, k in schedule)
+
+
+def with_speculation(engine: EngineConfig, profile: SpeculativeConfig, k: int,
+                     schedule: tuple = ()) -> EngineConfig:
+    """``engine`` with ``profile``'s acceptance and draft cost at depth ``k`` (or a schedule whose
+    deepest k is the depth)."""
+    depth = max([k] + [entry[2] for entry in schedule])
+    return replace(engine, speculative=replace(profile, num_speculative_tokens=depth, schedule=tuple(schedule)))
 
 # Runs one step's samples (policy name, groups, replica of every sample) and reports when each
 # finished. The default is the performance model (:func:`evaluate_samples`); a real engine can take
@@ -96,6 +152,14 @@ class SimConfig:
     #   other values give a run that differs only in its regeneration luck)
     best_static_screen: tuple[int, int] = (8, 6)  # best-static: after this many steps keep this many best
     #   grid points (and (0, 0)) running; (0, 0) = run the whole grid every step
+    engine: EngineConfig = field(default_factory=EngineConfig)  # every replica's engine (default: no limit)
+    tail_engine: EngineConfig | None = None  # TailSieve's tail-pool replicas (None: ``engine``)
+    bulk_engine: EngineConfig | None = None  # TailSieve's bulk-pool replicas, and every replica of a step
+    #   without a tail pool (None: ``engine``)
+    speculation: SpeculativeConfig = DEFAULT_SPECULATION  # acceptance, draft cost and depth (k) of the
+    #   speculation policies (:data:`SPEC_POLICIES`); its k scales vLLM's documented schedule
+    spec_depths: tuple[int, ...] = SPEC_DEPTHS  # verl-spec's depths (best in hindsight); tailsieve-spec's
+    #   tail pool speculates at the deepest
 
     def validate(self) -> None:
         if self.steps < 1 or self.batch_size < 2 or self.n < 1:
@@ -109,6 +173,21 @@ class SimConfig:
             raise SimError(f"regeneration_draws must be >= 0, got {self.regeneration_draws}")
         if not 1 <= self.fixed_m < self.n_replicas:
             raise SimError(f"fixed tail replicas must be in 1..{self.n_replicas - 1}, got {self.fixed_m}")
+        for name in ("engine", "tail_engine", "bulk_engine"):
+            value = getattr(self, name)
+            if not (isinstance(value, EngineConfig) or (value is None and name != "engine")):
+                raise SimError(f"{name} must be an EngineConfig, got {value!r}"[:200])
+        if not isinstance(self.speculation, SpeculativeConfig):
+            raise SimError(f"speculation must be a SpeculativeConfig, got {self.speculation!r}"[:200])
+        if not self.spec_depths or not all(isinstance(k, int) and 1 <= k <= 64 for k in self.spec_depths):
+            raise SimError(f"spec_depths must be integers in 1..64, got {self.spec_depths}")
+
+    def pool_engines(self, m: int) -> list[EngineConfig]:
+        """One engine per replica for a TailSieve step with m tail replicas: [tail]*m + [bulk]*(R−m)
+        (m = 0: the bulk engine everywhere)."""
+        tail = self.tail_engine or self.engine
+        bulk = self.bulk_engine or self.engine
+        return [tail] * m + [bulk] * (self.n_replicas - m)
 
     @property
     def fixed_m(self) -> int:
@@ -154,6 +233,7 @@ class PolicyResult:
     duplicated: int = 0
     stale: int = 0  # consumed groups generated under an older policy version
     max_deferral_steps: int = 0  # the most steps a prompt waited between its pull and its consumption
+    choice: str = ""  # a best-in-hindsight policy's pick (best-static's split, verl-spec's k, a schedule)
 
     @property
     def makespans(self) -> np.ndarray:
@@ -194,6 +274,13 @@ class SimResult:
         base = self.policies[baseline].makespans[window or slice(None)].mean()
         return {name: float(base / r.makespans[window or slice(None)].mean()) for name, r in self.policies.items()}
 
+    @property
+    def best_stock(self) -> str | None:
+        """The fastest stock configuration that ran (:data:`STOCK_POLICIES`: stock verl with or without
+        speculation), the bar TailSieve must clear; None when none ran."""
+        stock = [name for name in STOCK_POLICIES if name in self.policies]
+        return min(stock, key=lambda name: self.policies[name].mean_makespan_s, default=None)
+
     def length_bias(self) -> dict[str, tuple[float, float]]:
         """(KS distance, its noise) of every policy's consumed lengths against stock verl's on the same
         stream ({} when stock verl did not run): a routing-induced length bias shows as a KS well above
@@ -231,7 +318,12 @@ class SimResult:
             "steps": self.config.steps, "replicas": self.config.n_replicas,
             "batch": self.config.batch_size, "n": self.config.n, "seed": self.config.seed,
             "group_atomic": self.config.group_atomic,
-            "policies": {name: {"mean_makespan_s": r.mean_makespan_s,
+            "engine": asdict(self.config.engine),
+            "tail_engine": asdict(self.config.tail_engine) if self.config.tail_engine else None,
+            "bulk_engine": asdict(self.config.bulk_engine) if self.config.bulk_engine else None,
+            "speculation": (asdict(self.config.speculation)
+                            if any(p in SPEC_POLICIES for p in self.policies) else None),
+            "policies": {name: {"mean_makespan_s": r.mean_makespan_s, "choice": r.choice or None,
                                 "final_q": final[name].next_q, "final_m": final[name].next_m,
                                 "wasted_token_fraction": r.wasted_fraction,
                                 "prompts_lost": r.lost, "prompts_duplicated": r.duplicated,
@@ -244,6 +336,8 @@ class SimResult:
                          for name, r in self.policies.items()},
             "speedup_vs_verl": self.speedup_vs("verl"),
             "speedup_vs_uniform": self.speedup_vs("uniform"),
+            "best_stock": self.best_stock,
+            "speedup_vs_best_stock": self.speedup_vs(self.best_stock) if self.best_stock else {},
             "warnings": self.warnings(),
         }
 
@@ -329,7 +423,7 @@ class _Runner:
 
     def __init__(self, cfg: SimConfig, pool: PromptPool, perf: PerfModel, execute: Execute | None = None):
         self.cfg, self.pool, self.perf = cfg, pool, perf
-        self.execute = execute or (lambda name, groups, samples: evaluate_samples(groups, samples, cfg.n_replicas, perf))
+        self.execute = execute
         self.stream = PromptStream(pool.prompt_ids, cfg.seed)
         self.draw_stream = 12 if self.name == "verl-redraw" else 11
         self.routing_rng = np.random.default_rng([cfg.seed, 13])  # verl's random tie-breaks, apart from lengths
@@ -350,6 +444,16 @@ class _Runner:
     def in_flight(self) -> list[str]:
         return []
 
+    def engines(self, m: int) -> list[EngineConfig]:
+        """Every replica's engine in a step whose tail pool has m replicas."""
+        return [self.cfg.engine] * self.cfg.n_replicas
+
+    def run(self, groups: Sequence[Group], samples: np.ndarray, m: int) -> Evaluation:
+        """One step's samples on their replicas: the ``execute`` hook, else the engine model."""
+        if self.execute is not None:
+            return self.execute(self.name, groups, samples)
+        return evaluate_samples(groups, samples, self.cfg.n_replicas, self.perf, engine=self.engines(m))
+
     def finish(self) -> PolicyResult:
         self.result.lost, self.result.duplicated = self.ledger.audit(self.in_flight())
         self.result.stale = self.ledger.stale
@@ -363,6 +467,7 @@ class StaticRunner(_Runner):
     ``clairvoyant-*`` know this step's lengths (references, not deployable)."""
 
     NAMES = ("verl", "verl-redraw", "uniform", "clairvoyant-group", "clairvoyant-sample")
+    STOCK_ROUTING = ("verl", "verl-redraw") + STOCK_SPEC_POLICIES  # verl's per-sample least-in-flight
 
     def __init__(self, cfg: SimConfig, pool: PromptPool, perf: PerfModel, name: str, execute: Execute | None = None):
         self.name = name
@@ -374,7 +479,7 @@ class StaticRunner(_Runner):
         self.ledger.pull(ids, t)
         groups = self.sample(ids, t)
         samples, m = self.assign(groups)
-        ev = self.execute(self.name, groups, samples)
+        ev = self.run(groups, samples, m)
         self.ledger.consume(ids, dict.fromkeys(ids, t), t)
         lengths = tuple(x for g in groups for x in g.lengths)
         starts = ev.group_starts
@@ -390,7 +495,7 @@ class StaticRunner(_Runner):
     def assign(self, groups: list[Group]) -> tuple[np.ndarray, int]:
         """Replica of every sample and the tail pool's size (replicas 0..m-1; 0 = one pool)."""
         R = self.cfg.n_replicas
-        if self.name in ("verl", "verl-redraw"):
+        if self.name in self.STOCK_ROUTING:
             return least_inflight_assignment(sum(g.n for g in groups), R, rng=self.routing_rng), 0
         if self.name == "uniform":
             return route("uniform", groups, R, self.perf).sample_assignment, 0
@@ -416,6 +521,9 @@ class TailSieveRunner(_Runner):
     def in_flight(self) -> list[str]:
         return list(self.cycle.selector.carried)
 
+    def engines(self, m: int) -> list[EngineConfig]:
+        return self.cfg.pool_engines(m)
+
     def draw_key(self, instance_id: str, step: int) -> list[int]:
         key = super().draw_key(instance_id, step)
         if self.cfg.regeneration_draws and instance_id in self.generated:  # generated before: a regeneration
@@ -434,7 +542,7 @@ class TailSieveRunner(_Runner):
         groups = tail + bulk
         samples = np.concatenate([pool_assignment(tail, m, 0, cfg.group_atomic, self.routing_rng),
                                   pool_assignment(bulk, R - m, m, cfg.group_atomic, self.routing_rng)])
-        ev = self.execute(self.name, groups, samples)
+        ev = self.run(groups, samples, m)
         tail_finish = ev.group_finish_s[:len(tail)]
         bulk_finish = ev.group_finish_s[len(tail):]
         # requeued groups run to completion; the fresh ones still running at the cutoff are aborted. After
@@ -491,47 +599,114 @@ def static_split_runner(cfg: SimConfig, pool: PromptPool, perf: PerfModel, split
     return TailSieveRunner(cfg, pool, perf, pinned, name, execute)
 
 
-class BestStaticRunner:
-    """``best-static``: one TailSieve run per fixed (q, m) of :func:`static_grid` on the same stream
-    (same prompt order, length draws and routing tie-breaks as ``tailsieve``); the best in hindsight."""
+class HindsightRunner:
+    """The best of several runs of one policy on the same stream (same prompt order, length draws and
+    routing tie-breaks), picked in hindsight by mean makespan: a reference no deployment can choose in
+    advance. ``screen`` = (steps, survivors): after that many steps only the best few keep running
+    (a lower bound on the full set's best); (0, 0) runs every one to the end."""
 
-    def __init__(self, cfg: SimConfig, pool: PromptPool, perf: PerfModel, name: str = "best-static",
-                 execute: Execute | None = None):
-        self.name = name
-        self.runners = {split: static_split_runner(cfg, pool, perf, split, name, execute)
-                        for split in static_grid(cfg.n_replicas, cfg.batch_size, cfg.controller.max_q_fraction)}
-        self.screen = cfg.best_static_screen
+    def __init__(self, name: str, runners: dict, screen: tuple[int, int] = (0, 0), keep=None):
+        self.name, self.runners, self.screen, self.keep = name, runners, screen, keep
 
     def step(self, t: int, keep: bool) -> None:
         screen_steps, survivors = self.screen
         if screen_steps and t == screen_steps:
-            ranked = sorted(self.runners, key=lambda split: self.runners[split].result.mean_makespan_s)
-            kept = set(ranked[:survivors]) | {(0, 0)}
-            self.runners = {split: r for split, r in self.runners.items() if split in kept}
+            ranked = sorted(self.runners, key=lambda key: self.runners[key].result.mean_makespan_s)
+            kept = set(ranked[:survivors]) | ({self.keep} if self.keep in self.runners else set())
+            self.runners = {key: r for key, r in self.runners.items() if key in kept}
         for runner in self.runners.values():
             runner.step(t, keep)
 
     def finish(self) -> PolicyResult:
-        results = {split: runner.finish() for split, runner in self.runners.items()}
-        self.split = min(results, key=lambda split: results[split].mean_makespan_s)
-        self.grid = {split: r.mean_makespan_s for split, r in results.items()}
-        return results[self.split]
+        results = {key: runner.finish() for key, runner in self.runners.items()}
+        self.best = min(results, key=lambda key: results[key].mean_makespan_s)
+        self.grid = {key: r.mean_makespan_s for key, r in results.items()}
+        results[self.best].choice = self.label(self.best)
+        return results[self.best]
+
+    def label(self, key) -> str:
+        return str(key)
 
 
-def build_runners(cfg: SimConfig, pool: PromptPool, perf: PerfModel, execute: Execute | None = None) -> list[_Runner]:
-    runners: list[_Runner] = []
+class BestStaticRunner(HindsightRunner):
+    """``best-static``: one TailSieve run per fixed (q, m) of :func:`static_grid`; the best in hindsight."""
+
+    def __init__(self, cfg: SimConfig, pool: PromptPool, perf: PerfModel, name: str = "best-static",
+                 execute: Execute | None = None):
+        runners = {split: static_split_runner(cfg, pool, perf, split, name, execute)
+                   for split in static_grid(cfg.n_replicas, cfg.batch_size, cfg.controller.max_q_fraction)}
+        super().__init__(name, runners, cfg.best_static_screen, keep=(0, 0))
+
+    @property
+    def split(self) -> tuple[int, int]:
+        return self.best
+
+    def label(self, key) -> str:
+        return f"q={key[0]}, m={key[1]}"
+
+
+def stock_spec_runner(cfg: SimConfig, pool: PromptPool, perf: PerfModel, name: str) -> _Runner | HindsightRunner:
+    """Stock verl's routing with speculation on every replica (``cfg.speculation``'s acceptance and draft
+    cost): ``verl-spec`` every depth of ``cfg.spec_depths``, the best in hindsight; ``verl-dynsd`` vLLM's
+    documented schedule at ``cfg.speculation``'s k; ``verl-dynsd-best`` the best of :func:`schedule_grid`."""
+    profile = cfg.speculation
+    if name == "verl-dynsd":
+        schedule = vllm_doc_schedule(profile.num_speculative_tokens)
+        runner = StaticRunner(replace(cfg, engine=with_speculation(cfg.engine, profile, 0, schedule)), pool, perf, name)
+        runner.result.choice = schedule_text(schedule)
+        return runner
+    if name == "verl-spec":
+        variants = {f"k={k}": with_speculation(cfg.engine, profile, k) for k in cfg.spec_depths}
+    else:
+        variants = {label: with_speculation(cfg.engine, profile, 0, schedule)
+                    for label, schedule in schedule_grid(max(cfg.spec_depths)).items()}
+    return HindsightRunner(name, {label: StaticRunner(replace(cfg, engine=engine), pool, perf, name)
+                                  for label, engine in variants.items()})
+
+
+def tailsieve_spec_config(cfg: SimConfig, name: str) -> SimConfig:
+    """The engines of TailSieve with speculation: ``tailsieve-spec`` speculates at the deepest of
+    ``cfg.spec_depths`` in the tail pool (pinned at ``cfg.fixed_m`` replicas, as a deployment sets engines
+    at launch) and runs vLLM's documented schedule in the bulk pool; ``tailsieve-dynsd`` runs that schedule on every replica, so the
+    tail pool's small batch picks the deep k by itself and the split stays free."""
+    profile = cfg.speculation
+    scheduled = with_speculation(cfg.engine, profile, 0, vllm_doc_schedule(profile.num_speculative_tokens))
+    if name == "tailsieve-dynsd":
+        return replace(cfg, engine=scheduled, tail_engine=None, bulk_engine=None)
+    return replace(cfg, tail_engine=with_speculation(cfg.engine, profile, max(cfg.spec_depths)),
+                   bulk_engine=scheduled)
+
+
+def spec_label(cfg: SimConfig) -> str:
+    """What a TailSieve speculation run's engines do: ``tail k=K / bulk SCHEDULE`` or one schedule."""
+    if cfg.tail_engine is None:
+        return schedule_text(cfg.engine.speculative.schedule)
+    return f"tail k={cfg.tail_engine.speculative.num_speculative_tokens} / bulk {schedule_text(cfg.bulk_engine.speculative.schedule)}"
+
+
+def build_runners(cfg: SimConfig, pool: PromptPool, perf: PerfModel,
+                  execute: Execute | None = None) -> list[_Runner | HindsightRunner]:
+    runners: list[_Runner | HindsightRunner] = []
     for name in cfg.policies:
+        if name in SPEC_POLICIES and execute is not None:
+            raise SimError(f"{name} runs on the engine model; a real engine (execute) is configured per launch")
         if name in StaticRunner.NAMES:
             runners.append(StaticRunner(cfg, pool, perf, name, execute))
+        elif name in STOCK_SPEC_POLICIES:
+            runners.append(stock_spec_runner(cfg, pool, perf, name))
         elif name == "best-static":
             runners.append(BestStaticRunner(cfg, pool, perf, name, execute))
-        elif name == "tailsieve":
-            runners.append(TailSieveRunner(cfg, pool, perf, replace(cfg.controller, fixed_tail_replicas=None), name,
-                                           execute))
-        else:
+        elif name in ("tailsieve", "tailsieve-dynsd"):
+            run_cfg = cfg if name == "tailsieve" else tailsieve_spec_config(cfg, name)
+            runners.append(TailSieveRunner(run_cfg, pool, perf, replace(cfg.controller, fixed_tail_replicas=None),
+                                           name, execute))
+            runners[-1].result.choice = "" if name == "tailsieve" else spec_label(run_cfg)
+        else:  # tailsieve-fixed, and tailsieve-spec: per-pool engines are set at launch, so the split is pinned
             fixed = replace(cfg.controller, fixed_tail_replicas=cfg.fixed_m,
                             q_init=max(1, cfg.controller.q_init or cfg.batch_size // 16))
-            runners.append(TailSieveRunner(cfg, pool, perf, fixed, name, execute))
+            run_cfg = tailsieve_spec_config(cfg, name) if name == "tailsieve-spec" else cfg
+            runners.append(TailSieveRunner(run_cfg, pool, perf, fixed, name, execute))
+            runners[-1].result.choice = spec_label(run_cfg) if name == "tailsieve-spec" else ""
     return runners
 
 

@@ -68,3 +68,52 @@ def test_bad_engine_flags_are_one_line(tmp_path, capsys, flags, needle):
     assert status == 2
     err = capsys.readouterr().err.strip()
     assert needle in err and "\n" not in err
+
+
+SPEC = ["--steps", "3", "--batch", "16", "--n", "4", "--replicas", "4", "--pool-size", "64", "--no-plots"]
+
+
+def test_speculation_policies_report_the_best_stock_configuration(tmp_path, capsys):
+    """The --spec-* flags describe the speculation policies' drafts without switching speculation on for
+    stock verl; the JSON names the fastest stock configuration and every policy's speedup over it, and the
+    recommendation names a stock speculation config with its verl overrides when that is the fastest."""
+    assert main(["simulate", *SPEC, "--policies", "verl,verl-spec,verl-dynsd,tailsieve", "--spec-acceptance", "0.95",
+                 "--spec-draft-cost", "0.01", "--out", str(tmp_path), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["engine"]["speculative"] is None  # stock verl itself runs without speculation
+    assert report["speculation"]["acceptance"] == [0.95] and report["speculation"]["draft_cost"] == 0.01
+    means = {name: p["mean_makespan_s"] for name, p in report["policies"].items()}
+    best = report["best_stock"]
+    assert best in ("verl-spec", "verl-dynsd") and means[best] == min(means[n] for n in ("verl", "verl-spec", "verl-dynsd"))
+    assert report["speedup_vs_best_stock"][best] == 1.0
+    assert report["speedup_vs_best_stock"]["tailsieve"] == pytest.approx(means[best] / means["tailsieve"])
+    assert report["policies"]["verl-spec"]["choice"].startswith("k=")
+    rec = report["recommendation"]
+    assert rec.startswith("recommendation: stock verl with MTP ")
+    assert "actor_rollout_ref.model.mtp.enable=true actor_rollout_ref.model.mtp.enable_rollout=true " \
+           "actor_rollout_ref.model.mtp.num_speculative_tokens=" in rec
+    if best == "verl-dynsd":
+        assert "'+actor_rollout_ref.rollout.engine_kwargs.vllm.speculative_config.num_speculative_tokens_per_batch_size=" \
+               "[[1,64,3],[65,128,1],[129,256,0]]'" in rec
+
+
+def test_speculation_policies_in_the_table(tmp_path, capsys):
+    assert main(["simulate", *SPEC, "--policies", "verl,verl-spec,tailsieve-dynsd", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "verl-spec (k=" in out and "best stock configuration: verl-spec (k=" in out
+    assert "vs best" in out  # the column (its header may wrap)
+
+
+@pytest.mark.parametrize("flags, needle", [
+    (["--spec-acceptance", "1.5"], "every acceptance must be in [0, 1]"),
+    (["--spec-draft-cost", "-1"], "--spec-draft-cost"),
+    (["--spec-acceptance", ""], "expected comma-separated acceptances"),
+])
+def test_bad_speculation_for_the_spec_policies_is_one_line(tmp_path, capsys, flags, needle):
+    try:
+        status = main(["simulate", *SPEC, "--policies", "verl,verl-spec", "--out", str(tmp_path), *flags])
+    except SystemExit as e:
+        status = e.code
+    assert status == 2
+    err = capsys.readouterr().err.strip()
+    assert needle in err and "\n" not in err

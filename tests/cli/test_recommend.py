@@ -86,3 +86,18 @@ def test_noise_and_perf_model_overrides():
     assert perf_model_override("table:h200-dense") == ""
     assert perf_model_override("table:h200-moe") == "+tailsieve.perf_model=table:h200-moe"
     assert perf_model_override("linear:a=0.002,c=0.0002") == "\"+tailsieve.perf_model='linear:a=0.002,c=0.0002'\""
+
+
+def test_simulate_recommends_per_pool_speculation_with_its_overrides(tmp_path, capsys):
+    """Where TailSieve with speculation per pool is the fastest that ran, the line gives the overrides that
+    launch it: MTP on, the tail pool's depth, vLLM's schedule on the bulk pool only, the split pinned."""
+    lines = _run(simulate_cli, ["simulate", "--steps", "4", "--batch", "16", "--n", "4", "--replicas", "4",
+                                "--pool-size", "64", "--policies", "verl,tailsieve-spec", "--fixed-tail-replicas", "1",
+                                "--spec-acceptance", "1.0", "--spec-draft-cost", "0", "--out", str(tmp_path),
+                                "--no-plots"], capsys)
+    last = lines[-1]
+    assert last.startswith("recommendation: tailsieve-spec is fastest for this workload")
+    assert ("+tailsieve.mode=fixed" in last and "+tailsieve.tail_replicas=1" in last
+            and "actor_rollout_ref.model.mtp.num_speculative_tokens=3 +tailsieve.tail.num_speculative_tokens=6 "
+                "'+tailsieve.bulk.engine_kwargs={speculative_config:{num_speculative_tokens_per_batch_size:"
+                "[[1,64,3],[65,128,1],[129,256,0]]}}'" in last)

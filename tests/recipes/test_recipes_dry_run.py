@@ -23,7 +23,7 @@ DRAFT = "/models/qwen3-dflash-drafter"
 def recipe_env(**extra: str) -> dict[str, str]:
     env = dict(os.environ, PYTHON=sys.executable, DFLASH_DRAFT_PATH=DRAFT)
     for key in ("TAILSIEVE_DRY_RUN", "TAILSIEVE_PRINT_ARGS", "MODEL_PATH", "WORKLOAD", "N_GPUS", "NNODES",
-                "TAILSIEVE_Q0", "TAILSIEVE_M0", "PERF_MODEL", "MTP_BULK_TOKENS", "MTP_TAIL_TOKENS"):
+                "TAILSIEVE_Q0", "TAILSIEVE_M0", "PERF_MODEL", "MTP_BULK_TOKENS", "MTP_TAIL_TOKENS", "MTP_SCHEDULE"):
         env.pop(key, None)
     env.update(extra)
     return env
@@ -43,7 +43,7 @@ def test_recipe_set_covers_the_issue():
         for v in ("verl", "uniform", "tailsieve", "tailsieve_fixed"):
             assert f"{model}_{v}" in names
     for model in ("qwen3_5-2b", "qwen3_5-35b-a3b"):
-        assert {f"{model}_verl_mtp", f"{model}_uniform_mtp", f"{model}_tailsieve_mtp"} <= names
+        assert {f"{model}_verl_mtp", f"{model}_verl_dynsd", f"{model}_uniform_mtp", f"{model}_tailsieve_mtp"} <= names
     for model in ("qwen3-4b", "qwen3-8b", "qwen3-30b-a3b"):
         assert f"{model}_tailsieve_dflash" in names
 
@@ -100,6 +100,9 @@ def test_every_recipe_dry_runs(recipe, dry_run):
         assert all(p[1:] == (False, None, None) for p in plan_summary(plans))
     if kind in ("uniform_mtp", "verl_mtp"):
         assert all(p[1:] == (True, bulk_depth, None) for p in plan_summary(plans))
+    if kind == "verl_dynsd":  # vLLM's documented batch-size schedule on every replica, depth = its deepest k
+        schedule = {"num_speculative_tokens_per_batch_size": [[1, 64, 3], [65, 128, 1], [129, 256, 0]]}
+        assert all(p[1:] == (True, 3, schedule) for p in plan_summary(plans))
     if kind == "tailsieve_mtp":
         for pool, mtp, depth, spec in plan_summary(plans):
             assert mtp and spec is None
@@ -185,3 +188,18 @@ def test_shipped_config_name_form_and_bad_overrides(dry_run):
         dry_run([*base, "actor_rollout_ref.rollout.no_such_key=1"])
     with pytest.raises(DryRunError, match="unsupported command-line flag"):
         dry_run(["--multirun", *base])
+
+
+def test_dynsd_schedule_from_the_environment(dry_run):
+    recipe = ROOT / "recipes" / "qwen3_5-35b-a3b_verl_dynsd.sh"
+    config, _, plans = dry_run(recipe_args(recipe, MTP_SCHEDULE="[[1,32,6],[33,64,1],[65,256,0]]"))
+    schedule = {"num_speculative_tokens_per_batch_size": [[1, 32, 6], [33, 64, 1], [65, 256, 0]]}
+    assert plan_summary(plans) == [("uniform", True, 6, schedule)] * 4  # the depth is the schedule's deepest k
+
+
+def test_dynsd_rejects_a_bad_schedule_in_one_line():
+    proc = subprocess.run(["bash", str(ROOT / "recipes" / "qwen3_5-2b_verl_dynsd.sh")],
+                          env=recipe_env(TAILSIEVE_PRINT_ARGS="1", MTP_SCHEDULE="1-64:3"), capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1] == ("qwen3_5-2b_verl_dynsd: MTP_SCHEDULE must be a JSON list of "
+                                                    "[batch_lo, batch_hi, k], got '1-64:3'")

@@ -1,0 +1,136 @@
+"""TailSieve against the strongest stock configuration: stock verl with speculation on every replica (issue 22).
+
+For each cell (setup × tail preset × batch shape × engine) and seed, one 30-step `core.sim` run of the
+stock configurations — verl (no speculation), verl-spec (one depth on every replica, the best of k = 1..6
+in hindsight), verl-dynsd (vLLM's documented batch-size schedule), verl-dynsd-best (the best schedule of
+a small grid in hindsight) — and TailSieve routing-only (adaptive), tailsieve-spec (tail pool at k = 6,
+pinned at m = 1 and at m = R/2, bulk pool on vLLM's schedule; q adapts), tailsieve-dynsd (vLLM's
+schedule on every replica, m free) and "tailsieve k=6 all" (adaptive TailSieve with k = 6 on every
+replica: what routing adds on top of the deepest fixed-depth stock engine). Speculation: `core.sim.DEFAULT_SPECULATION` (MTP-like assumptions:
+conditional acceptance 0.85, 0.8, 0.75, draft cost 1/28 of a step per draft token), with
+`--half-life` an acceptance decay with context. Prints, per cell, every policy's speedup vs stock verl
+and vs the best stock configuration of the same seed (mean, worst seed), which stock configuration was
+best, and TailSieve's max_deferral_steps.
+
+    python scripts/experiments/strongest_stock.py [--seeds 8] [--jobs 2] [--shape 64x8] [--engine none|verl]
+    python scripts/experiments/strongest_stock.py --shape 256x16 --engine verl --cells dense-real,moe-real --seeds 4
+
+`--engine verl` runs every replica with verl 0.9.1's rollout defaults on one H200 (`EngineConfig.verl_defaults`:
+max_num_seqs 256, 8192-token chunked prefill, KV cache at gpu_memory_utilization 0.5) for the cell's model
+shape; `--cap` sets the workload's response cap (16k by default). Results: scripts/results/strongest_stock/
+(docs/results.md names every file and its command).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+from tailsieve_verl.core import sim
+from tailsieve_verl.core.engine import EngineConfig
+from tailsieve_verl.core.perf import parse_perf_model
+from tailsieve_verl.core.workload import PromptPool, get_preset
+
+SETUPS = {"dense": ("table:h200-dense", 8, "qwen3-1.7b"), "moe": ("table:h200-moe", 4, "qwen3-30b-a3b")}
+POLICIES = ("verl", "verl-spec", "verl-dynsd", "verl-dynsd-best", "tailsieve", "tailsieve-spec", "tailsieve-dynsd")
+STOCK = sim.STOCK_POLICIES
+
+
+def run(job: dict) -> dict:
+    setup, preset = job["cell"].split("-")
+    perf_name, n_replicas, model = SETUPS[setup]
+    perf = parse_perf_model(perf_name)
+    engine = EngineConfig.verl_defaults(model, perf) if job["engine"] == "verl" else EngineConfig()
+    speculation = replace(sim.DEFAULT_SPECULATION, acceptance_half_life=job["half_life"])
+    cfg = sim.SimConfig(steps=job["steps"], n_replicas=n_replicas, batch_size=job["batch"], n=job["n"], seed=job["seed"],
+                        policies=POLICIES, fixed_tail_replicas=n_replicas // 2, engine=engine, speculation=speculation)
+    pool = PromptPool(get_preset(preset, max_response_length=job["cap"]), job["pool"], seed=job["seed"])
+    runners = sim.build_runners(cfg, pool, perf)
+    one = sim.build_runners(replace(cfg, fixed_tail_replicas=1, policies=("tailsieve-spec",)), pool, perf)[0]
+    one.name = one.result.name = "tailsieve-spec m=1"
+    runners.append(one)
+    # TailSieve's routing on the strongest fixed-depth engine: k = 6 on every replica (verl-spec's usual
+    # pick), both pools alike — what routing adds on top of stock speculation
+    deep = replace(cfg, engine=sim.with_speculation(engine, speculation, max(cfg.spec_depths)))
+    on_deep = sim.TailSieveRunner(deep, pool, perf, replace(cfg.controller, fixed_tail_replicas=None), "tailsieve k=6 all")
+    runners.append(on_deep)
+    t0 = time.time()
+    for t in range(cfg.steps):
+        for r in runners:
+            r.step(t, keep=False)
+    results = {r.name: r.finish() for r in runners}
+    means = {name: r.mean_makespan_s for name, r in results.items()}
+    best_stock = min(STOCK, key=means.get)
+    return {"cell": job["cell"], "seed": job["seed"], "shape": f"{job['batch']}x{job['n']}", "engine": job["engine"],
+            "cap": job["cap"], "half_life": job["half_life"], "wall_s": time.time() - t0, "mean_makespan_s": means,
+            "speedup_vs_verl": {k: means["verl"] / v for k, v in means.items()},
+            "best_stock": best_stock, "speedup_vs_best_stock": {k: means[best_stock] / v for k, v in means.items()},
+            "choice": {k: r.choice for k, r in results.items() if r.choice},
+            "max_deferral_steps": {k: r.max_deferral_steps for k, r in results.items()},
+            "lost_dup_stale": sum(r.lost + r.duplicated + r.stale for r in results.values()),
+            "final_m": {k: r.records[-1].next_m for k, r in results.items() if k.startswith("tailsieve")}}
+
+
+def table(rows: list[dict]) -> str:
+    names = list(rows[0]["speedup_vs_verl"])
+    out = [f"{rows[0]['shape']}, engine {rows[0]['engine']}, cap {rows[0]['cap']}, acceptance half-life "
+           f"{rows[0]['half_life']}, {len({r['seed'] for r in rows})} seeds, 30 steps; mean over seeds [worst seed]"]
+    for cell in dict.fromkeys(r["cell"] for r in rows):
+        cr = [r for r in rows if r["cell"] == cell]
+        out.append(f"\n{cell}: best stock per seed {dict(sorted(_count(r['best_stock'] for r in cr).items()))}; "
+                   f"verl-spec k {dict(sorted(_count(r['choice']['verl-spec'] for r in cr).items()))}; "
+                   f"verl-dynsd-best {dict(sorted(_count(r['choice']['verl-dynsd-best'] for r in cr).items()))}")
+        out.append(f"  {'policy':<22}{'vs stock verl':>22}{'vs best stock':>22}{'max deferral':>14}{'final m':>10}")
+        for name in names:
+            a = np.array([r["speedup_vs_verl"][name] for r in cr])
+            b = np.array([r["speedup_vs_best_stock"][name] for r in cr])
+            m = [r["final_m"].get(name) for r in cr]
+            out.append(f"  {name:<22}{a.mean():>13.3f} [{a.min():.3f}]{b.mean():>13.3f} [{b.min():.3f}]"
+                       f"{max(r['max_deferral_steps'][name] for r in cr):>14}"
+                       f"{('-' if m[0] is None else f'{np.mean(m):.1f}'):>10}")
+    out.append(f"\nlost + duplicated + stale prompts over all runs: {sum(r['lost_dup_stale'] for r in rows)}; "
+               f"wall per (cell, seed): mean {np.mean([r['wall_s'] for r in rows]):.1f} s")
+    return "\n".join(out)
+
+
+def _count(values) -> dict:
+    out: dict = {}
+    for v in values:
+        out[v] = out.get(v, 0) + 1
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cells", default="dense-weak,dense-real,dense-strong,moe-weak,moe-real,moe-strong")
+    ap.add_argument("--seeds", type=int, default=8)
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--shape", default="64x8", help="B x n")
+    ap.add_argument("--engine", default="none", choices=["none", "verl"])
+    ap.add_argument("--cap", type=int, default=16384, help="response length cap of the workload")
+    ap.add_argument("--half-life", type=float, default=None, help="acceptance half-life in context tokens")
+    ap.add_argument("--pool", type=int, default=4096)
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--out", default="", help="stem: writes STEM.json and STEM.txt")
+    args = ap.parse_args()
+    batch, n = (int(x) for x in args.shape.split("x"))
+    jobs = [dict(cell=c, seed=s, steps=args.steps, batch=batch, n=n, pool=args.pool, engine=args.engine, cap=args.cap,
+                 half_life=args.half_life) for c in args.cells.split(",") for s in range(args.seeds)]
+    t0 = time.time()
+    with ProcessPoolExecutor(args.jobs) as ex:
+        rows = list(ex.map(run, jobs))
+    text = table(rows) + f"\ntotal wall {time.time() - t0:.0f} s with --jobs {args.jobs}"
+    print(text)
+    if args.out:
+        Path(args.out + ".json").write_text(json.dumps(rows, indent=1))
+        Path(args.out + ".txt").write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,118 @@
+"""Stock verl with speculation on every replica (verl-spec, verl-dynsd, verl-dynsd-best), TailSieve with
+per-pool engines, and the best stock configuration as the bar (issue 22)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from tailsieve_verl.core import sim
+from tailsieve_verl.core.controller import ControllerConfig
+from tailsieve_verl.core.engine import EngineConfig, SpeculativeConfig
+from tailsieve_verl.core.perf import parse_perf_model
+from tailsieve_verl.core.sim import SimConfig, SimError, TailSieveRunner, simulate
+from tailsieve_verl.core.workload import PromptPool, get_preset
+
+PERF = parse_perf_model("table:h200-dense")
+POOL = PromptPool(get_preset("real", max_response_length=2048), 128, seed=3)
+
+
+def _run(policies, speculation=sim.DEFAULT_SPECULATION, **fields):
+    cfg = SimConfig(steps=4, n_replicas=4, batch_size=16, n=4, seed=3, policies=tuple(policies),
+                    speculation=speculation, **fields)
+    return simulate(cfg, POOL, PERF)
+
+
+def test_free_perfect_speculation_beats_stock_verl_and_the_deepest_k_wins():
+    result = _run(("verl", "verl-spec"), SpeculativeConfig(3, (1.0,), draft_cost=0.0))
+    assert result.speedup_vs("verl")["verl-spec"] > 2.0
+    assert result.policies["verl-spec"].choice == "k=6"
+    assert result.best_stock == "verl-spec"
+
+
+def test_useless_drafts_only_cost_and_the_best_depth_is_the_smallest():
+    result = _run(("verl", "verl-spec", "verl-dynsd"), SpeculativeConfig(3, (0.0,), draft_cost=1 / 28))
+    vs_verl = result.speedup_vs("verl")
+    assert vs_verl["verl-spec"] < 1.0 and vs_verl["verl-dynsd"] < 1.0  # verify and draft cost, nothing gained
+    assert result.policies["verl-spec"].choice == "k=1"
+    assert result.best_stock == "verl"
+
+
+def test_hindsight_picks_the_fastest_of_its_runs():
+    cfg = SimConfig(steps=3, n_replicas=4, batch_size=16, n=4, seed=3, spec_depths=(1, 4))
+    runner = sim.stock_spec_runner(cfg, POOL, PERF, "verl-spec")
+    for t in range(cfg.steps):
+        runner.step(t, keep=False)
+    result = runner.finish()
+    assert set(runner.grid) == {"k=1", "k=4"}
+    assert result.mean_makespan_s == min(runner.grid.values())
+    assert result.choice == min(runner.grid, key=runner.grid.get)
+
+
+def test_vllm_doc_schedule_and_its_scaling():
+    assert sim.vllm_doc_schedule(3) == ((1, 64, 3), (65, 128, 1), (129, 256, 0))
+    assert sim.vllm_doc_schedule(6)[:2] == ((1, 64, 6), (65, 128, 2))
+    grid = sim.schedule_grid(6)
+    assert "1-64:3,65-128:1,129-256:0" in grid and all(max(k for *_, k in s) <= 6 for s in grid.values())
+
+
+def test_per_pool_engines_reach_m_tail_and_r_minus_m_bulk_replicas(monkeypatch):
+    tail = EngineConfig(max_num_seqs=1)
+    bulk = EngineConfig(max_num_seqs=3)
+    cfg = SimConfig(steps=2, n_replicas=4, batch_size=16, n=4, seed=3, tail_engine=tail, bulk_engine=bulk)
+    assert cfg.pool_engines(1) == [tail, bulk, bulk, bulk] and cfg.pool_engines(0) == [bulk] * 4
+    seen = []
+    real = sim.evaluate_samples
+    monkeypatch.setattr(sim, "evaluate_samples", lambda *a, engine, **k: seen.append(list(engine)) or real(*a, engine=engine, **k))
+    runner = TailSieveRunner(cfg, POOL, PERF, ControllerConfig(fixed_tail_replicas=1, q_init=2, inner_loop=False),
+                             "tailsieve-fixed")
+    runner.step(0, keep=False)  # nothing carried yet: no tail pool, the bulk engine everywhere
+    runner.step(1, keep=False)
+    assert [r.m for r in runner.result.records] == [0, 1]
+    assert seen == [[bulk] * 4, [tail, bulk, bulk, bulk]]
+    # and the tail engine really ran there: one request at a time makes the tail pool slower than unlimited
+    free = TailSieveRunner(replace(cfg, tail_engine=None, bulk_engine=bulk), POOL, PERF,
+                           ControllerConfig(fixed_tail_replicas=1, q_init=2, inner_loop=False), "tailsieve-fixed")
+    free.step(0, keep=False)
+    free.step(1, keep=False)
+    assert runner.result.records[1].tail_s > free.result.records[1].tail_s
+
+
+def test_tailsieve_spec_runs_a_deep_tail_and_the_schedule_in_the_bulk():
+    cfg = SimConfig(n_replicas=4, batch_size=16, n=4, fixed_tail_replicas=1)
+    spec = sim.tailsieve_spec_config(cfg, "tailsieve-spec")
+    assert spec.tail_engine.speculative.num_speculative_tokens == 6 and not spec.tail_engine.speculative.schedule
+    assert spec.bulk_engine.speculative.schedule == sim.vllm_doc_schedule(3)
+    dyn = sim.tailsieve_spec_config(cfg, "tailsieve-dynsd")
+    assert dyn.pool_engines(2) == [dyn.engine] * 4 and dyn.engine.speculative.schedule == sim.vllm_doc_schedule(3)
+    result = _run(("verl", "tailsieve-spec", "tailsieve-dynsd"), fixed_tail_replicas=1)
+    for name in ("tailsieve-spec", "tailsieve-dynsd"):
+        r = result.policies[name]
+        assert (r.lost, r.duplicated, r.stale) == (0, 0, 0) and r.max_deferral_steps <= 1
+    assert result.policies["tailsieve-spec"].choice == "tail k=6 / bulk 1-64:3,65-128:1,129-256:0"
+
+
+def test_default_engine_is_todays_model():
+    """SimConfig.engine defaults to no limits: the same makespans as an explicit EngineConfig()."""
+    a = _run(("verl", "tailsieve"))
+    b = _run(("verl", "tailsieve"), engine=EngineConfig(), tail_engine=EngineConfig(), bulk_engine=EngineConfig())
+    for name in ("verl", "tailsieve"):
+        assert a.policies[name].makespans.tolist() == b.policies[name].makespans.tolist()
+
+
+@pytest.mark.parametrize("fields, needle", [
+    ({"engine": None}, "engine must be an EngineConfig"),
+    ({"tail_engine": "deep"}, "tail_engine must be an EngineConfig"),
+    ({"speculation": (0.8,)}, "speculation must be a SpeculativeConfig"),
+    ({"spec_depths": (0, 2)}, "spec_depths must be integers in 1..64"),
+])
+def test_bad_engine_settings_are_one_clear_line(fields, needle):
+    with pytest.raises(SimError, match=needle):
+        SimConfig(**fields).validate()
+
+
+def test_speculation_policies_need_the_engine_model():
+    cfg = SimConfig(steps=1, n_replicas=4, batch_size=16, n=4, policies=("verl-spec",))
+    with pytest.raises(SimError, match="verl-spec runs on the engine model"):
+        sim.build_runners(cfg, POOL, PERF, execute=lambda name, groups, samples: None)
