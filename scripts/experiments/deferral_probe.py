@@ -13,13 +13,10 @@ from __future__ import annotations
 
 import sys
 
-import numpy as np
-
 from tailsieve_verl.core import selector
 from tailsieve_verl.core.perf import parse_perf_model
 from tailsieve_verl.core.sim import SimConfig, simulate
-from tailsieve_verl.core.trace import Group, Trace
-from tailsieve_verl.core.workload import PromptPool
+from tailsieve_verl.core.workload import PromptPool, rare_extreme_pool
 
 streaks: dict[int, dict] = {}
 _finish_step = selector.TailSelector.finish_step
@@ -31,17 +28,6 @@ def _counting_finish_step(self, plan, *args, **kwargs):
     state["carried"] = {p: state["carried"].get(p, 0) + 1 for p in out.carried_ids}
     state["longest"] = max([state["longest"], *state["carried"].values()])
     return out
-
-
-def rare_extreme_pool(seed: int = 0) -> PromptPool:
-    rng = np.random.default_rng(seed)
-    groups = []
-    for i in range(192):
-        lengths = rng.lognormal(np.log(155), 0.35, 8)
-        if i % 32 == 0:
-            lengths[0] = 16000
-        groups.append(Group(f"x{i:03d}", tuple(int(max(1, v)) for v in lengths), 0))
-    return PromptPool.from_trace(Trace(tuple(groups), name="rare-extreme"), seed=seed)
 
 
 def main(which: str) -> None:

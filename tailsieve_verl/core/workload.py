@@ -252,6 +252,22 @@ class PromptPool:
             raise WorkloadError(f"unknown prompt {prompt_id!r}; the pool has {len(self)} prompts") from None
 
 
+def rare_extreme_pool(seed: int = 0, n_prompts: int = 192, median_len: float = 155.0, cap: int = 16000,
+                      every: int = 32) -> PromptPool:
+    """A stress pool for deferral and length bias (issue 20): short responses (median ~``median_len``,
+    8 observed per prompt) and every ``every``-th prompt now and then (one draw in 8) at the ``cap``.
+    A selector that may abort a drained prompt again keeps exactly these prompts out of the consumed
+    batches for many steps."""
+    rng = np.random.default_rng(seed)
+    groups = []
+    for i in range(n_prompts):
+        lengths = rng.lognormal(np.log(median_len), 0.35, 8)
+        if i % every == 0:
+            lengths[0] = cap
+        groups.append(Group(f"x{i:03d}", tuple(int(max(1, v)) for v in lengths), 0))
+    return PromptPool.from_trace(Trace(tuple(groups), name="rare-extreme"), seed=seed)
+
+
 def generate_trace(workload: WorkloadSpec | str, n_groups: int, group_size: int, seed: int = 0, step: int = 0,
                    name: str | None = None) -> Trace:
     """One rollout step's groups from a fresh pool of ``n_groups`` prompts."""

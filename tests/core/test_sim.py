@@ -2,7 +2,6 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-import numpy as np
 import pytest
 
 from tailsieve_verl.core.controller import ControllerConfig
@@ -10,8 +9,8 @@ from tailsieve_verl.core.perf import LinearPerf, parse_perf_model
 from tailsieve_verl.core.policies import evaluate_samples
 from tailsieve_verl.core.replica import tokens_generated_at
 from tailsieve_verl.core.sim import POLICIES, Ledger, SimConfig, SimError, TailSieveRunner, build_runners, simulate
-from tailsieve_verl.core.trace import Group, Trace
-from tailsieve_verl.core.workload import PromptPool, get_preset
+from tailsieve_verl.core.trace import Group
+from tailsieve_verl.core.workload import PromptPool, get_preset, rare_extreme_pool
 
 
 def test_1000_steps_lose_duplicate_and_stale_nothing():
@@ -157,26 +156,13 @@ def test_pool_too_small_is_refused():
         simulate(SimConfig(batch_size=64), PromptPool("real", 100), LinearPerf(0.01, 0.0))
 
 
-def _rare_extreme_pool(seed: int = 0) -> PromptPool:
-    """192 prompts, median response ~155 tokens; every 32nd prompt now and then (1 sample in 8 of its
-    record) runs into the 16,000-token cap. On this pool the old drain aborted such a prompt again and
-    again (carried 9 steps in a row in 30, tailsieve-fixed 1.152x stock verl vs the clairvoyant
-    per-sample reference's 1.088x): its long responses were never consumed."""
-    rng = np.random.default_rng(seed)
-    groups = []
-    for i in range(192):
-        lengths = rng.lognormal(np.log(155), 0.35, 8)
-        if i % 32 == 0:
-            lengths[0] = 16000
-        groups.append(Group(f"x{i:03d}", tuple(int(max(1, v)) for v in lengths), 0))
-    return PromptPool.from_trace(Trace(tuple(groups), name="rare-extreme"), seed=seed)
-
-
 @pytest.mark.parametrize("workload", ["rare-extreme", "strong"])
 def test_no_prompt_is_deferred_more_than_one_step(workload):
     """Every prompt is consumed at most one step after it was pulled, measured by the ledger (pull step
-    vs consume step) independently of the selector, while q climbs and the record isolates."""
-    pool = _rare_extreme_pool() if workload == "rare-extreme" else PromptPool("strong", 1024, seed=0)
+    vs consume step) independently of the selector, while q climbs and the record isolates. On the
+    rare-extreme pool the old drain aborted a cap-length prompt again and again (carried 9 steps in a
+    row in 30; tailsieve-fixed 1.152x stock verl vs the clairvoyant per-sample reference's 1.088x)."""
+    pool = rare_extreme_pool() if workload == "rare-extreme" else PromptPool("strong", 1024, seed=0)
     perf, replicas = (parse_perf_model("table:h200-moe"), 4) if workload == "rare-extreme" else (
         parse_perf_model("table:h200-dense"), 8)
     cfg = SimConfig(steps=30, n_replicas=replicas, batch_size=64, n=8, seed=0,
