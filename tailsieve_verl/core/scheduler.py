@@ -371,7 +371,6 @@ class ReplicaScheduler:
         """Record the refill stretch's steps and bring every request's state to clock index ``stop``."""
         run = self.run
         span = stop - step0
-        n_new = len(new)
         idx = np.concatenate([run, np.array([x[0] for x in new], dtype=np.int64)])
         start = np.concatenate([np.full(len(run), step0), np.array([x[1] for x in new], dtype=np.int64)])
         done_at = np.concatenate([f_run, np.array([x[2] for x in new], dtype=np.int64)])

@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
@@ -181,7 +180,7 @@ def test_the_unversioned_format_and_an_unknown_version_stop_with_one_line(tmp_pa
 def test_a_file_with_carried_prompts_but_not_their_rows_is_unusable(tmp_path):
     state, carried = _state_after_one_step()
     folder = _write_folder(tmp_path, dict(state, carried_rows={}))
-    with pytest.raises(CheckpointMismatchError, match=f"lacks the prompt rows of carried groups"):
+    with pytest.raises(CheckpointMismatchError, match="lacks the prompt rows of carried groups"):
         restore_for_resume(str(folder), SHAPE, "stop")
 
 
