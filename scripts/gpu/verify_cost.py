@@ -243,22 +243,22 @@ def time_step(fn, device, replays: int, graphs: bool) -> list[float]:
 
 def best_of(fn_for_backend, backends, device, replays, graphs):
     """(times, backend) of the fastest backend that runs this step; a backend that cannot (no
-    kernel for these shapes) is skipped."""
-    best = None
-    errors = []
+    kernel for these shapes) is skipped, and torch's own choice is tried when none of them ran."""
+    timed, errors = [], []
     for backend in backends:
         try:
-            times = time_step(lambda: fn_for_backend(backend), device, replays, graphs)
+            timed.append((time_step(lambda: fn_for_backend(backend), device, replays, graphs), backend))
+        except torch.cuda.OutOfMemoryError:
+            raise
         except RuntimeError as e:  # no kernel for this backend and shape
             errors.append(f"{backend}: {str(e).splitlines()[0][:120]}")
             if device.type == "cuda":
                 torch.cuda.synchronize()
-            continue
-        if best is None or statistics.median(times) < statistics.median(best[0]):
-            best = (times, backend)
-    if best is None:
+    if not timed and "default" not in backends:
+        return best_of(fn_for_backend, ("default",), device, replays, graphs)
+    if not timed:
         raise RuntimeError("no attention backend ran this step: " + "; ".join(errors))
-    return best
+    return min(timed, key=lambda entry: statistics.median(entry[0]))
 
 
 def row(model: str, kind: str, batch: int, context: int, k: int, times: list[float], backend: str) -> dict:
@@ -286,7 +286,7 @@ def check_attention(device, dtype, verify_backends, decode_backends) -> None:
             except RuntimeError:
                 continue  # not available here; best_of skips it too
             err = (got - want).abs().max().item()
-            if err > 3e-2:
+            if err > 5e-2:
                 raise SystemExit(f"attention with backend {backend} ({n} query tokens) differs from the "
                                  f"token-at-a-time reference by {err:.3g}")
 
@@ -301,7 +301,7 @@ class Run:
         self.graphs = self.device.type == "cuda"
         cuda = self.device.type == "cuda"
         self.decode_backends = ("cudnn", "flash") if cuda else ("default",)
-        self.verify_backends = ("flash", "default") if cuda else ("default",)
+        self.verify_backends = ("flash", "cudnn") if cuda else ("default",)
         self.start = time.monotonic()
         self.rows: list[dict] = []
         self.skipped: list[dict] = []
@@ -368,32 +368,38 @@ class Run:
                 self.cell(model, batch, context, slots, tokens, over, zero_only=context == 0)
             except torch.cuda.OutOfMemoryError:
                 self.skipped.append({"model": s.name, "batch": batch, "context": context, "why": "out of memory"})
+            except RuntimeError as e:  # no backend ran a step here: keep the rest of the grid
+                self.skipped.append({"model": s.name, "batch": batch, "context": context,
+                                     "why": str(e).splitlines()[0][:300]})
             if self.device.type == "cuda":
                 torch.cuda.empty_cache()
             self.write()
 
     def cell(self, model: Model, batch: int, context: int, slots: int, tokens, over, zero_only: bool) -> None:
+        """Decode, verify at every k and draft at one (batch, context); the target's KV cache is
+        freed before the draft layer's is made."""
+        self.target_rows(model, batch, context, slots, tokens, over, zero_only)
+        if zero_only or over():
+            return
         s = model.s
-        cache = model.new_cache(batch, slots, s.layers)
-        decode_in = tokens(batch, 1)
-        self.rows.append(row(s.name, "decode", batch, context, 0, *self.measure(
-            lambda be: model.target_step(decode_in, cache, context, be), self.decode_backends)))
-        if zero_only:
-            return
-        for k in self.args.ks:
-            if over():
-                return
-            verify_in = tokens(batch, k + 1)
-            self.rows.append(row(s.name, "verify", batch, context, k, *self.measure(
-                lambda be: model.target_step(verify_in, cache, context, be), self.verify_backends)))
-        del cache
-        if over():
-            return
         mtp_cache = model.new_cache(batch, slots, 1)
         hidden = torch.randn(batch, s.hidden, device=self.device, dtype=self.dtype)
         draft_in = tokens(batch, 1)
         self.rows.append(row(s.name, "draft", batch, context, 1, *self.measure(
             lambda be: model.draft_step(draft_in, hidden, mtp_cache, context, be), self.decode_backends)))
+
+    def target_rows(self, model: Model, batch: int, context: int, slots: int, tokens, over, zero_only: bool) -> None:
+        s = model.s
+        cache = model.new_cache(batch, slots, s.layers)
+        decode_in = tokens(batch, 1)
+        self.rows.append(row(s.name, "decode", batch, context, 0, *self.measure(
+            lambda be: model.target_step(decode_in, cache, context, be), self.decode_backends)))
+        for k in () if zero_only else self.args.ks:
+            if over():
+                return
+            verify_in = tokens(batch, k + 1)
+            self.rows.append(row(s.name, "verify", batch, context, k, *self.measure(
+                lambda be: model.target_step(verify_in, cache, context, be), self.verify_backends)))
 
     def run(self) -> None:
         shapes = TINY_SHAPES if self.args.tiny else SHAPES
