@@ -13,7 +13,7 @@ cache of ``context`` tokens per request, output projection, RMSNorm, SwiGLU MLP 
 softmax top-8-of-128 router and experts as two ``torch._grouped_mm`` calls; final RMSNorm, LM head,
 greedy argmax). RoPE and Qwen3's q/k norms are left out, as in the bundled tables. Each step is
 captured as one CUDA graph per shape and timed as the median of 30 replays; each row keeps the
-faster of the attention backends tried (field ``attention``).
+faster of the attention backends tried (5 replays each pick it; field ``attention``).
 
 * ``decode``: one new token per request, attending its ``context`` cached tokens and itself.
 * ``verify``: k + 1 new tokens per request (the last accepted token and k drafts), each attending the
@@ -84,6 +84,7 @@ DEFAULT_BATCHES = (1, 4, 16, 64, 256)
 DEFAULT_CONTEXTS = (1024, 4096, 16384, 32768)
 DEFAULT_KS = (1, 2, 3, 4, 5, 6)
 EPS = 1e-6
+PROBE_RUNS = 5  # runs that pick the faster attention backend before the timed replays
 
 
 class Layer:
@@ -206,19 +207,12 @@ class Model:
         return self.logits_argmax(self.mtp_layer.forward(x, ck, cv, context, 1, attention))
 
 
-def time_step(fn, device, replays: int, graphs: bool) -> list[float]:
-    """Milliseconds of each of ``replays`` runs of ``fn``: replays of one CUDA graph on CUDA, eager
-    calls elsewhere (tests)."""
+def prepare(fn, device, graphs: bool):
+    """A callable that runs ``fn``'s step: a replay of one CUDA graph captured after two warm-up
+    runs on CUDA, ``fn`` itself elsewhere (tests)."""
     if device.type != "cuda" or not graphs:
         fn()
-        times = []
-        for _ in range(replays):
-            t0 = time.perf_counter()
-            fn()
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            times.append((time.perf_counter() - t0) * 1000)
-        return times
+        return fn
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -230,35 +224,49 @@ def time_step(fn, device, replays: int, graphs: bool) -> list[float]:
         fn()
     for _ in range(3):
         graph.replay()
-    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(replays)]
+    return graph.replay
+
+
+def timed_runs(step, device, n: int) -> list[float]:
+    """Milliseconds of each of ``n`` runs (CUDA events on CUDA, wall clock elsewhere)."""
+    if device.type != "cuda":
+        times = []
+        for _ in range(n):
+            t0 = time.perf_counter()
+            step()
+            times.append((time.perf_counter() - t0) * 1000)
+        return times
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)]
     for start, end in events:
         start.record()
-        graph.replay()
+        step()
         end.record()
     torch.cuda.synchronize()
-    times = [start.elapsed_time(end) for start, end in events]
-    del graph
-    return times
+    return [start.elapsed_time(end) for start, end in events]
 
 
 def best_of(fn_for_backend, backends, device, replays, graphs):
-    """(times, backend) of the fastest backend that runs this step; a backend that cannot (no
-    kernel for these shapes) is skipped, and torch's own choice is tried when none of them ran."""
-    timed, errors = [], []
+    """(times, backend): every backend that runs this step (one that cannot, for want of a kernel
+    for these shapes, is skipped; torch's own choice is tried when none ran) is timed over
+    ``PROBE_RUNS`` runs, and the fastest over ``replays`` more."""
+    ready, errors = [], []
     for backend in backends:
         try:
-            timed.append((time_step(lambda: fn_for_backend(backend), device, replays, graphs), backend))
+            ready.append((prepare(lambda backend=backend: fn_for_backend(backend), device, graphs), backend))
         except torch.cuda.OutOfMemoryError:
             raise
         except RuntimeError as e:  # no kernel for this backend and shape
             errors.append(f"{backend}: {str(e).splitlines()[0][:120]}")
             if device.type == "cuda":
                 torch.cuda.synchronize()
-    if not timed and "default" not in backends:
+    if not ready and "default" not in backends:
         return best_of(fn_for_backend, ("default",), device, replays, graphs)
-    if not timed:
+    if not ready:
         raise RuntimeError("no attention backend ran this step: " + "; ".join(errors))
-    return min(timed, key=lambda entry: statistics.median(entry[0]))
+    if len(ready) > 1:
+        ready.sort(key=lambda entry: statistics.median(timed_runs(entry[0], device, PROBE_RUNS)))
+    step, backend = ready[0]
+    return timed_runs(step, device, replays), backend
 
 
 def row(model: str, kind: str, batch: int, context: int, k: int, times: list[float], backend: str) -> dict:
