@@ -73,6 +73,10 @@ class VerifyTable:
         return cls(data.get("rows") if isinstance(data, dict) else data, path, model)
 
     @property
+    def name(self) -> str:
+        return f"{self.source}:{self.model}"
+
+    @property
     def max_k(self) -> int:
         return max(self.verify)
 

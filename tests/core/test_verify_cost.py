@@ -115,3 +115,18 @@ def test_cli_prints_the_report(tmp_path, capsys):
     assert [r["first_order_error"] for r in report[:2]] == pytest.approx([0.0, 1 / 1.5 - 1])
     assert main(["verify-cost", str(tmp_path / "missing.json")]) == 2
     assert "no such calibration file" in capsys.readouterr().err
+
+
+def test_simulate_prices_speculation_with_the_table_and_records_which(tmp_path, capsys):
+    path = tmp_path / "v.json"
+    path.write_text(json.dumps({"rows": rows()}))
+    common = ["simulate", "--steps", "2", "--replicas", "2", "--batch", "4", "--n", "2", "--policies", "verl",
+              "--num-speculative-tokens", "2", "--spec-acceptance", "0.8", "--no-plots", "--json"]
+    reports = {}
+    for name, extra in (("table", ["--spec-verify-table", str(path)]), ("first_order", [])):
+        assert main(common + extra + ["--out", str(tmp_path / name)]) == 0
+        reports[name] = json.loads(capsys.readouterr().out)
+    assert reports["table"]["engine"]["speculative"]["verify_table"] == f"{path}:m"
+    assert reports["first_order"]["engine"]["speculative"]["verify_table"] is None
+    table, first = (reports[n]["policies"]["verl"]["mean_makespan_s"] for n in ("table", "first_order"))
+    assert table != pytest.approx(first)
