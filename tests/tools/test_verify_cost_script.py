@@ -82,3 +82,32 @@ def test_verify_attention_is_lower_right_causal(vc):
     assert torch.allclose(vc.attend(q, kv, kv, "default"), want, atol=1e-5)
     top_left = torch.nn.functional.scaled_dot_product_attention(q, kv, kv, is_causal=True, enable_gqa=True)
     assert not torch.allclose(top_left, want, atol=1e-3)  # the mask a naive is_causal gives is caught
+
+
+def test_a_backend_without_a_kernel_is_skipped_and_out_of_memory_is_not(vc):
+    cpu = torch.device("cpu")
+    ran = []
+
+    def step(fails, error=RuntimeError):
+        def fn(backend):
+            if backend in fails:
+                raise error(f"No available kernel for {backend}")
+            ran.append(backend)
+        return fn
+
+    times, backend = vc.best_of(step({"flash"}), ("flash", "cudnn"), cpu, 3, graphs=False)
+    assert backend == "cudnn" and len(times) == 3
+    assert vc.best_of(step({"flash", "cudnn"}), ("flash", "cudnn"), cpu, 2, graphs=False)[1] == "default"
+    with pytest.raises(RuntimeError, match="no attention backend ran this step: default"):
+        vc.best_of(step({"flash", "cudnn", "default"}), ("flash", "cudnn"), cpu, 2, graphs=False)
+    with pytest.raises(torch.cuda.OutOfMemoryError):  # a grid point too big for memory, not a missing kernel
+        vc.best_of(step({"flash"}, torch.cuda.OutOfMemoryError), ("flash", "cudnn"), cpu, 2, graphs=False)
+
+
+def test_grid_points_that_do_not_fit_are_listed_and_the_rest_measured(vc, tmp_path, monkeypatch):
+    out = tmp_path / "skip.json"
+    monkeypatch.setattr(vc.Run, "fits", lambda self, model, batch, slots, layers: slots < 32)
+    assert vc.main(["--tiny", "--models", "tiny-dense", "--out", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert {(s["batch"], s["context"]) for s in data["skipped"]} == {(1, 32), (2, 32)}
+    assert {r["context"] for r in data["rows"]} == {0, 16}
