@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from ..core.perf import parse_perf_model
 from ..core.verify_cost import VerifyTable, format_report
 
 
@@ -19,13 +20,16 @@ def register(subparsers) -> None:
         "verify-cost", help="a measured verify cost (scripts/gpu/verify_cost.py) next to the first-order model",
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("table", metavar="PATH[:MODEL]", help="scripts/gpu/verify_cost.py's JSON (:MODEL picks one shape)")
+    p.add_argument("--decode-table", metavar="SPEC",
+                   help="also give this perf model's decode step and first-order verify price (what the engine "
+                        "model charges with it), e.g. table:h200-dense or table:h200-moe")
     p.add_argument("--json", action="store_true", help="print the report as JSON rows instead of a table")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     table = VerifyTable.load(args.table)
-    rows = table.report()
+    rows = table.report(parse_perf_model(args.decode_table) if args.decode_table else None)
     if args.json:
         print(json.dumps(rows, indent=1))
     else:

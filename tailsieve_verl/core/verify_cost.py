@@ -15,7 +15,7 @@ import os
 
 import numpy as np
 
-from .perf import Calibration, PerfModelError, TablePerf, read_calibration_file
+from .perf import Calibration, PerfModel, PerfModelError, TablePerf, read_calibration_file
 
 KINDS = ("decode", "verify", "draft")
 
@@ -94,15 +94,17 @@ class VerifyTable:
         cols = np.arange(len(b))
         return (1 - w) * ratios[j, cols] + w * ratios[j + 1, cols]
 
-    def first_order(self, batch, context, k) -> np.ndarray:
-        """The engine model's default verify price on this table's decode rows."""
+    def first_order(self, batch, context, k, perf: PerfModel | None = None) -> np.ndarray:
+        """The engine model's default verify price on this table's decode rows (or on ``perf``)."""
+        perf = perf or self.decode
         b, c, k = (np.atleast_1d(np.asarray(v, dtype=float)) for v in (batch, context, k))
         zero = np.zeros_like(b)
-        return self.decode.step_time(b * (k + 1), zero) + self.decode.step_time(b, c) - self.decode.step_time(b, zero)
+        return perf.step_time(b * (k + 1), zero) + perf.step_time(b, c) - perf.step_time(b, zero)
 
-    def report(self) -> list[dict]:
+    def report(self, perf: PerfModel | None = None) -> list[dict]:
         """Per measured verify step: milliseconds measured, first-order and their relative error, and
-        the draft step at the same (batch, context) as a fraction of the decode step."""
+        the draft step at the same (batch, context) as a fraction of the decode step. Given ``perf``
+        (say the bundled table of the same shape), also its decode step and first-order verify price."""
         out = []
         for r in sorted(self.verify_rows, key=lambda r: (r["context"], r["batch"], r["k"])):
             b, c, k = r["batch"], r["context"], r["k"]
@@ -110,19 +112,26 @@ class VerifyTable:
             predicted = float(self.first_order(b, c, k)[0])
             measured = r["step_ms"] / 1000
             draft = self.draft_rows.get((b, c))
-            out.append({"model": self.model, "batch": b, "context": c, "k": k, "decode_ms": 1000 * decode_s,
-                        "verify_ms": 1000 * measured, "first_order_ms": 1000 * predicted,
-                        "first_order_error": predicted / measured - 1,
-                        "draft_fraction": None if draft is None else draft / decode_s})
+            row = {"model": self.model, "batch": b, "context": c, "k": k, "decode_ms": 1000 * decode_s,
+                   "verify_ms": 1000 * measured, "first_order_ms": 1000 * predicted,
+                   "first_order_error": predicted / measured - 1,
+                   "draft_fraction": None if draft is None else draft / decode_s}
+            if perf is not None:
+                row["perf_decode_ms"] = 1000 * float(np.asarray(perf.step_time(np.array([b], float),
+                                                                               np.array([c], float)))[0])
+                row["perf_first_order_ms"] = 1000 * float(self.first_order(b, c, k, perf)[0])
+            out.append(row)
         return out
 
 
 def format_report(rows: list[dict]) -> str:
     """The report as an aligned text table."""
+    perf = bool(rows) and "perf_decode_ms" in rows[0]
     lines = [f"{'batch':>6} {'context':>8} {'k':>2} {'decode_ms':>10} {'verify_ms':>10} {'first_order_ms':>14} "
-             f"{'error':>7} {'draft/decode':>12}"]
+             f"{'error':>7} {'draft/decode':>12}" + (f" {'perf_decode_ms':>14} {'perf_first_order_ms':>19}" if perf else "")]
     for r in rows:
         draft = "-" if r["draft_fraction"] is None else f"{r['draft_fraction']:.4f}"
         lines.append(f"{r['batch']:>6} {r['context']:>8} {r['k']:>2} {r['decode_ms']:>10.3f} {r['verify_ms']:>10.3f} "
-                     f"{r['first_order_ms']:>14.3f} {r['first_order_error']:>+7.1%} {draft:>12}")
+                     f"{r['first_order_ms']:>14.3f} {r['first_order_error']:>+7.1%} {draft:>12}"
+                     + (f" {r['perf_decode_ms']:>14.3f} {r['perf_first_order_ms']:>19.3f}" if perf else ""))
     return "\n".join(lines)

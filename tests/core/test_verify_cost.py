@@ -113,6 +113,12 @@ def test_cli_prints_the_report(tmp_path, capsys):
     assert main(["verify-cost", str(path), "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert [r["first_order_error"] for r in report[:2]] == pytest.approx([0.0, 1 / 1.5 - 1])
+    # against a linear perf model (0.5 ms + 0.1 ms per request, whatever the context): its first-order
+    # verify price is the step at b·(k+1) requests
+    assert main(["verify-cost", str(path), "--json", "--decode-table", "linear:a=0.0005,c=0.0001"]) == 0
+    for r in json.loads(capsys.readouterr().out):
+        assert r["perf_decode_ms"] == pytest.approx(0.5 + 0.1 * r["batch"])
+        assert r["perf_first_order_ms"] == pytest.approx(0.5 + 0.1 * r["batch"] * (r["k"] + 1))
     assert main(["verify-cost", str(tmp_path / "missing.json")]) == 2
     assert "no such calibration file" in capsys.readouterr().err
 
