@@ -5,7 +5,7 @@ request, and a one-layer MTP-style draft step, versus batch and context (issue 2
 Torch only; copy this one file to a GPU box and run it:
 
     python verify_cost.py --out h200_verify_cost.json            # ~8 minutes on an H200
-    tailsieve verify-cost h200_verify_cost.json                   # measured next to the first-order model
+    tailsieve verify-cost h200_verify_cost.json:qwen3-1.7b        # measured next to the first-order model
 
 Method (the bundled ``h200_*_decode_curve.json`` tables' method, so decode rows are comparable): a
 Qwen3-shaped decoder with random bf16 weights (embedding; per layer RMSNorm, QKV, SDPA over a KV
