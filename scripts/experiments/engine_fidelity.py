@@ -41,7 +41,7 @@ from pathlib import Path
 import numpy as np
 
 from tailsieve_verl.core.errors import TailSieveError
-from tailsieve_verl.core.engine import EngineConfig, engine_from_calibration
+from tailsieve_verl.core.engine import EngineConfig, engine_from_calibration, usable_kv_blocks
 from tailsieve_verl.core.perf import TablePerf
 from tailsieve_verl.core.replica import simulate_replica
 from tailsieve_verl.tools.calibrate import SweepPlan, calibrate, describe_local_host, write_calibration
@@ -52,7 +52,7 @@ from tailsieve_verl.tools.vllm_metrics import SpecCounters, kv_capacity, parse_m
 
 BATCHED_TOKENS = 2048  # --max-num-batched-tokens of every server (and of the model)
 PLAIN_CAP = 32
-LIMITS_CAP, LIMITS_BLOCKS, LIMITS_MODEL_LEN = 4, 6, 768  # 6 blocks of 128 tokens (the CPU block size)
+LIMITS_CAP, LIMITS_BLOCKS, LIMITS_MODEL_LEN = 4, 6, 512  # 6 blocks of 128 tokens (the CPU block size), one of them vLLM's null block
 DYNAMIC_SCHEDULE = [[1, 2, 3], [3, 32, 1]]
 
 
@@ -160,10 +160,9 @@ def measure_server(spec: ServerSpec, args, model_dir: Path, base: dict | None) -
             path = out_dir / "calibration_plain.json"
             perf = TablePerf(write_calibration(doc, path))
             engine = engine_from_calibration(doc, max_num_seqs=spec.max_num_seqs, max_num_batched_tokens=BATCHED_TOKENS)
-            one_token = EngineConfig(**{**asdict(engine), "speculative": None})
             short, _ = doc["engine"]["prefill"]["prompt_lens"]
             b = doc["engine"]["prefill"]["batch"]
-            modelled = simulate_replica(np.ones(b, dtype=int), perf, np.full(b, short), engine=one_token).completion_s
+            modelled = simulate_replica(np.ones(b, dtype=int), perf, np.full(b, short), engine=engine).completion_s
             overhead = max(doc["engine"]["prefill"]["short_batch_s"] - modelled, 0.0)
             base = {"perf": perf, "engine": engine, "overhead_s": overhead, "calibration": str(path)}
             record.update(calibration=str(path), overhead_s=overhead)
@@ -184,7 +183,7 @@ def measure_server(spec: ServerSpec, args, model_dir: Path, base: dict | None) -
             else:
                 kv = kv_capacity(metrics(server))
                 engines[temperature] = replace(base["engine"], max_num_seqs=spec.max_num_seqs,
-                                               num_gpu_blocks=kv.num_gpu_blocks, block_size=kv.block_size)
+                                               num_gpu_blocks=usable_kv_blocks(kv.num_gpu_blocks), block_size=kv.block_size)
         record["engines"] = {f"T{t:g}": engine_summary(e) for t, e in engines.items()}
         predictions = {c.name: predict(c, perf, engines[c.temperature], overhead) for c in spec.cases}
         server.temperature = 1.0
@@ -199,7 +198,8 @@ def measure_server(spec: ServerSpec, args, model_dir: Path, base: dict | None) -
                               "temperature": case.temperature, **measured, **pred,
                               "error": abs(pred["predicted_s"] - measured["measured_s"]) / measured["measured_s"]})
                 print(f"  {spec.name:>10} | {case.name:<28} rep {rep}: measured {measured['measured_s']:.3f} s, "
-                      f"predicted {pred['predicted_s']:.3f} s ({steps[-1]['error']:+.1%})", flush=True)
+                      f"predicted {pred['predicted_s']:.3f} s "
+                      f"({(pred['predicted_s'] - measured['measured_s']) / measured['measured_s']:+.1%})", flush=True)
     return base, record, steps
 
 

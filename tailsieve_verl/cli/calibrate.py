@@ -109,8 +109,8 @@ def describe_engine(facts: dict, engine) -> str:
     """The engine facts in a few lines (what the calibration file's ``engine`` section holds)."""
     lines = []
     if engine.num_gpu_blocks is not None:
-        lines.append(f"KV cache: {engine.num_gpu_blocks} blocks x {engine.block_size} tokens "
-                     f"= {engine.capacity_tokens:,.0f} tokens (vllm:cache_config_info)")
+        lines.append(f"KV cache: {facts['num_gpu_blocks']} blocks x {engine.block_size} tokens (vllm:cache_config_info), "
+                     f"{engine.capacity_tokens:,.0f} tokens for requests (one block is vLLM's null block)")
     else:
         lines.append(f"KV cache: unknown ({facts.get('kv_note', 'not measured')})")
     if "prefill" in facts:

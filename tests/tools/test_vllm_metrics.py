@@ -61,7 +61,8 @@ def test_calibrate_records_the_servers_kv_cache_and_a_prefill_rate():
     assert engine["prefill"]["prompt_lens"] == [4, 64] and engine["prefill_s_per_token"] >= 0
     assert "speculative" not in engine  # counters that did not move are no speculation
     cfg = engine_from_calibration(doc, max_num_seqs=8)
-    assert (cfg.num_gpu_blocks, cfg.block_size, cfg.max_num_seqs, cfg.speculative) == (512, 128, 8, None)
+    # vLLM's block pool keeps one block as its null block: 511 for requests
+    assert (cfg.num_gpu_blocks, cfg.block_size, cfg.max_num_seqs, cfg.speculative) == (511, 128, 8, None)
 
 
 def test_a_server_without_metrics_gives_a_calibration_without_kv_facts():
@@ -95,6 +96,11 @@ def test_speculation_rows_become_k_acceptance_schedule_and_draft_cost():
     assert spec.k_for_batch(2) == 3 and spec.k_for_batch(8) == 1 and spec.k_for_batch(64) == 1
     assert spec.draft_cost == pytest.approx(0.5)
     assert engine_from_calibration({"engine": {"speculative": {"rows": rows}}}).speculative.draft_cost == 0.0
+
+
+def test_a_server_with_only_the_null_block_is_refused():
+    with pytest.raises(EngineConfigError, match="null block"):
+        engine_from_calibration({"engine": {"num_gpu_blocks": 1, "block_size": 16}})
 
 
 def test_a_calibration_without_engine_facts_is_refused_with_the_fix(tmp_path):
