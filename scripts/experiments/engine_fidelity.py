@@ -42,7 +42,7 @@ import numpy as np
 
 from tailsieve_verl.core.errors import TailSieveError
 from tailsieve_verl.core.engine import EngineConfig, engine_from_calibration, usable_kv_blocks
-from tailsieve_verl.core.perf import TablePerf
+from tailsieve_verl.core.perf import Calibration, TablePerf
 from tailsieve_verl.core.replica import simulate_replica
 from tailsieve_verl.tools.calibrate import SweepPlan, calibrate, describe_local_host, write_calibration
 from tailsieve_verl.tools.local_vllm import local_vllm_server, serve_command
@@ -146,6 +146,20 @@ def engine_summary(engine: EngineConfig) -> dict:
     return {k: v for k, v in d.items() if v is not None}
 
 
+def plain_base(path: Path, max_num_seqs: int) -> dict:
+    """What every prediction shares, from the plain server's calibration: the decode table, the engine
+    (KV cache, prefill rate) and the fixed per-batch overhead the model lacks (the calibration's batch
+    of one-token requests, measured minus modelled)."""
+    doc = json.loads(Path(path).read_text())
+    perf = TablePerf(Calibration.load(str(path)))
+    engine = engine_from_calibration(doc, max_num_seqs=max_num_seqs, max_num_batched_tokens=BATCHED_TOKENS)
+    short, _ = doc["engine"]["prefill"]["prompt_lens"]
+    b = doc["engine"]["prefill"]["batch"]
+    modelled = simulate_replica(np.ones(b, dtype=int), perf, np.full(b, short), engine=engine).completion_s
+    return {"perf": perf, "engine": engine, "calibration": str(path),
+            "overhead_s": max(doc["engine"]["prefill"]["short_batch_s"] - modelled, 0.0)}
+
+
 def measure_server(spec: ServerSpec, args, model_dir: Path, base: dict | None) -> tuple[dict, dict, list[dict]]:
     """Start the server, calibrate what it needs, and run its cases rep-major (odd reps reversed)."""
     out_dir: Path = args.out
@@ -158,21 +172,16 @@ def measure_server(spec: ServerSpec, args, model_dir: Path, base: dict | None) -
                              repeats=args.cal_repeats, prefill_lens=(16, 1024), prefill_batch=2)
             doc = calibrate(server, plan, device=describe_local_host())
             path = out_dir / "calibration_plain.json"
-            perf = TablePerf(write_calibration(doc, path))
-            engine = engine_from_calibration(doc, max_num_seqs=spec.max_num_seqs, max_num_batched_tokens=BATCHED_TOKENS)
-            short, _ = doc["engine"]["prefill"]["prompt_lens"]
-            b = doc["engine"]["prefill"]["batch"]
-            modelled = simulate_replica(np.ones(b, dtype=int), perf, np.full(b, short), engine=engine).completion_s
-            overhead = max(doc["engine"]["prefill"]["short_batch_s"] - modelled, 0.0)
-            base = {"perf": perf, "engine": engine, "overhead_s": overhead, "calibration": str(path)}
-            record.update(calibration=str(path), overhead_s=overhead)
+            write_calibration(doc, path)
+            base = plain_base(path, spec.max_num_seqs)
+            record.update(calibration=str(path), overhead_s=base["overhead_s"])
         perf, overhead = base["perf"], base["overhead_s"]
         engines: dict[float, EngineConfig] = {}
         for temperature in sorted({c.temperature for c in spec.cases}):
             if spec.speculative:  # k, acceptance and schedule at this temperature, from the counters
                 server.temperature = temperature
-                plan = SweepPlan(batches=(1, 2, 3, 4), prompt_lens=(16,), decode_short=16, decode_long=48,
-                                 repeats=2, prefill_batch=0)
+                plan = SweepPlan(batches=(1, 2, 3, 4), prompt_lens=(16,), decode_short=16, decode_long=64,
+                                 repeats=3, prefill_batch=0)
                 doc = calibrate(server, plan, device=describe_local_host())
                 path = out_dir / f"calibration_{spec.name.replace(' ', '_')}_T{temperature:g}.json"
                 write_calibration(doc, path)
@@ -262,12 +271,16 @@ def main() -> int:
     p.add_argument("--cal-repeats", type=int, default=3, help="repeats of the plain server's calibration")
     p.add_argument("--model-dir", type=Path, default=Path("/tmp/tailsieve-fidelity-tiny-qwen3"))
     p.add_argument("--servers", default="", help="comma list of server names to run (default: all)")
+    p.add_argument("--base-calibration", type=Path,
+                   help="reuse this plain-server calibration (calibration_plain.json of an earlier run) instead of "
+                        "measuring one; then the plain server runs only if --servers names it")
     args = p.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     model_dir = build_tiny_qwen3(args.model_dir)
     started, load_start = time.monotonic(), os.getloadavg()
     chosen = [s for s in servers() if not args.servers or s.name in args.servers.split(",")]
-    base, records, steps = None, [], []
+    base = plain_base(args.base_calibration, PLAIN_CAP) if args.base_calibration else None
+    records, steps = [], []
     for spec in chosen:
         print(f"server {spec.name}: starting (load {os.getloadavg()[0]:.1f})", flush=True)
         try:
