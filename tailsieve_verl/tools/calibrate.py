@@ -8,7 +8,13 @@ chunk) cancels in the difference, so
     step_s = (T(D2) − T(D1)) / (D2 − D1)
 
 is the time of one decode step with b requests active at a mean context of p + (D1 + D2)/2 tokens
-(the context the requests hold during the D1..D2 window). Short and long runs alternate, every
+(the context the requests hold during the D1..D2 window). With speculation on, that difference is
+the time per generated token; the spec-decode counters of ``/metrics`` read around each sample give
+k and the tokens a request gains per step at that batch, hence the engine's verify step time.
+
+The engine facts go under ``"engine"`` (read by :func:`core.engine.engine_from_calibration`): the KV
+cache (``vllm:cache_config_info``), a prefill rate — b requests of one generated token with a long
+and a short prompt, ``(T(long) − T(short)) / (b · Δprompt)`` — and the speculation rows. Short and long runs alternate, every
 repeat sweeps all points, and the median over repeats is kept, so a noisy machine's slow spells
 are discarded rather than written into a few points. The result is the calibration
 JSON that :class:`tailsieve_verl.core.perf.Calibration` reads (``table:PATH`` / ``fitted:PATH``).
@@ -27,7 +33,8 @@ from typing import Callable
 
 from ..core.errors import TailSieveError
 from ..core.perf import Calibration
-from .openai_client import ForcedRequest, OpenAIServer, synthetic_prompt
+from .openai_client import EndpointError, ForcedRequest, OpenAIServer, synthetic_prompt
+from .vllm_metrics import MetricsError, SpecCounters, kv_capacity, parse_metrics
 
 
 class CalibrationPlanError(TailSieveError):
@@ -41,6 +48,8 @@ class SweepPlan:
     decode_short: int = 16
     decode_long: int = 64
     repeats: int = 3
+    prefill_lens: tuple[int, int] = (16, 1024)  # short and long prompt of the prefill measurement
+    prefill_batch: int = 2  # requests per prefill sample (0: do not measure prefill)
 
     def __post_init__(self) -> None:
         if len(set(self.batches)) < 2 or min(self.batches) < 1:
@@ -52,6 +61,11 @@ class SweepPlan:
                                        f"{self.decode_long}")
         if self.repeats < 1:
             raise CalibrationPlanError(f"repeats must be >= 1, got {self.repeats}")
+        if len(self.prefill_lens) != 2 or not 1 <= self.prefill_lens[0] < self.prefill_lens[1]:
+            raise CalibrationPlanError(f"prefill_lens must be (short, long) with 1 <= short < long, "
+                                       f"got {list(self.prefill_lens)}")
+        if self.prefill_batch < 0:
+            raise CalibrationPlanError(f"prefill_batch must be >= 0, got {self.prefill_batch}")
 
     @property
     def points(self) -> list[tuple[int, int]]:
@@ -115,6 +129,77 @@ def describe_local_host() -> str:
     return f"{cpu}, {os.cpu_count()} cores{simd} (host of the client)"
 
 
+def read_metrics(server: OpenAIServer) -> dict | None:
+    """The server's parsed /metrics, or None when it serves none (not a vLLM server)."""
+    try:
+        return parse_metrics(server.metrics_text())
+    except EndpointError:
+        return None
+
+
+def measure_prefill(server: OpenAIServer, plan: SweepPlan) -> dict:
+    """Seconds per prefilled token: ``prefill_batch`` requests of one generated token, with the long
+    and the short prompt back to back (order alternating), median over ``repeats``. The short batch's
+    time (HTTP, scheduling, a short prefill and one step) is recorded as well."""
+    short, long_ = plan.prefill_lens
+    if server.max_model_len:
+        long_ = min(long_, int(server.max_model_len) - 2)
+    b = plan.prefill_batch
+    if long_ <= short:
+        raise CalibrationPlanError(f"the server's max_model_len {server.max_model_len} leaves no room for a "
+                                   f"prefill prompt longer than {short} tokens")
+    rates, short_s = [], []
+    for rep in range(plan.repeats):
+        seconds = {}
+        for p in ((short, long_) if rep % 2 == 0 else (long_, short)):
+            requests = [ForcedRequest(synthetic_prompt(p, ("prefill", rep, p, i)), 1) for i in range(b)]
+            seconds[p] = max(t.finish_s for t in server.run_together(requests))
+        rates.append((seconds[long_] - seconds[short]) / (b * (long_ - short)))
+        short_s.append(seconds[short])
+    return {"prefill_s_per_token": max(statistics.median(rates), 0.0),
+            "prefill": {"batch": b, "prompt_lens": [short, long_], "repeats": plan.repeats,
+                        "s_per_token_samples": [round(r, 9) for r in rates],
+                        "short_batch_s": statistics.median(short_s),
+                        "method": "(T(long) - T(short)) / (batch * (long - short)), one generated token, "
+                                  "median over repeats"}}
+
+
+def speculation_rows(model_rows: list[dict], windows: dict[tuple[int, int], SpecCounters]) -> list[dict] | None:
+    """Per point, what speculation did in its measured windows: k, tokens per verify step, the
+    conditional per-position acceptance, and the engine step (per-token step × tokens per step)."""
+    if not any(w.active for w in windows.values()):
+        return None
+    out = []
+    for row in model_rows:
+        w = windows[(row["batch"], row["prompt_len"])]
+        out.append({"batch": row["batch"], "context": row["context"], "k": round(w.k, 3),
+                    "tokens_per_step": round(w.tokens_per_step, 4),
+                    "acceptance": [None if a != a else round(a, 4) for a in w.conditional_acceptance()],
+                    "drafts": w.drafts, "draft_tokens": w.draft_tokens, "accepted": w.accepted,
+                    "accepted_per_pos": list(w.accepted_per_pos),
+                    "step_ms": round(row["step_ms"] * w.tokens_per_step, 4)})
+    return out
+
+
+def engine_facts(metrics: dict | None, prefill: dict | None, spec_rows: list[dict] | None) -> dict:
+    """The ``"engine"`` section: what the server's engine is, as the engine model reads it."""
+    facts: dict = {}
+    if metrics is None:
+        facts["kv_note"] = "the server has no /metrics: KV capacity unknown"
+    else:
+        try:
+            kv = kv_capacity(metrics)
+            facts.update(num_gpu_blocks=kv.num_gpu_blocks, block_size=kv.block_size)
+        except MetricsError as e:
+            facts["kv_note"] = str(e)
+    if prefill:
+        facts.update(prefill)
+    if spec_rows:
+        facts["speculative"] = {"rows": spec_rows,
+                                "method": "vllm:spec_decode_* counter differences over each point's measured runs"}
+    return facts
+
+
 def calibrate(server: OpenAIServer, plan: SweepPlan, device: str | None = None,
               on_sample: Callable[[int, int, int, float, float], None] | None = None) -> dict:
     """Sweep the plan against ``server`` and return the calibration document.
@@ -124,17 +209,23 @@ def calibrate(server: OpenAIServer, plan: SweepPlan, device: str | None = None,
     the per-point median then discards it. ``on_sample(done, total, batch, context, step_s)`` is
     called after every sample."""
     server.complete(ForcedRequest(synthetic_prompt(max(plan.prompt_lens), "warm-up"), plan.decode_short))
+    metrics = read_metrics(server)
     points = plan.points
     steps: dict[tuple[int, int], list[float]] = {point: [] for point in points}
+    windows = {point: SpecCounters() for point in points}
     done = 0
     for rep in range(plan.repeats):
         for batch, prompt_len in (points if rep % 2 == 0 else points[::-1]):
+            before = SpecCounters.from_metrics(read_metrics(server)) if metrics is not None else None
             step_s = measure_step(server, batch, prompt_len, plan, rep)
+            if before is not None:
+                windows[(batch, prompt_len)] += SpecCounters.from_metrics(read_metrics(server)) - before
             steps[(batch, prompt_len)].append(step_s)
             done += 1
             if on_sample:
                 on_sample(done, plan.repeats * len(points), batch, plan.context_of(prompt_len), step_s)
-    rows = {point: calibration_row(server.model, *point, plan, steps[point]) for point in points}
+    rows = [calibration_row(server.model, *point, plan, steps[point]) for point in points]
+    prefill = measure_prefill(server, plan) if plan.prefill_batch else None
     return {
         "device": device or describe_local_host(),
         "source": "tailsieve calibrate",
@@ -144,8 +235,11 @@ def calibrate(server: OpenAIServer, plan: SweepPlan, device: str | None = None,
         "method": "step_ms = (T(decode_long) - T(decode_short)) / (decode_long - decode_short), median over repeats; "
                   "context = prompt_len + (decode_short + decode_long) / 2",
         "plan": {"batches": list(plan.batches), "prompt_lens": list(plan.prompt_lens),
-                 "decode_short": plan.decode_short, "decode_long": plan.decode_long, "repeats": plan.repeats},
-        "rows": [rows[point] for point in points],
+                 "decode_short": plan.decode_short, "decode_long": plan.decode_long, "repeats": plan.repeats,
+                 "prefill_lens": list(plan.prefill_lens), "prefill_batch": plan.prefill_batch,
+                 "temperature": server.temperature},
+        "rows": rows,
+        "engine": engine_facts(metrics, prefill, speculation_rows(rows, windows)),
     }
 
 

@@ -43,7 +43,7 @@ class RequestTiming:
 class OpenAIServer:
     """One server: ``url`` like ``http://127.0.0.1:8000`` (a trailing ``/v1`` is accepted)."""
 
-    def __init__(self, url: str, model: str | None = None, timeout_s: float = 600.0):
+    def __init__(self, url: str, model: str | None = None, timeout_s: float = 600.0, temperature: float = 1.0):
         parts = urlsplit(url if "://" in url else f"http://{url}")
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise EndpointError(f"bad server URL {url!r}; expected http://HOST:PORT")
@@ -52,6 +52,7 @@ class OpenAIServer:
         self._host, self._port = parts.hostname, parts.port
         self._prefix = parts.path.rstrip("/").removesuffix("/v1")
         self.timeout_s = timeout_s
+        self.temperature = temperature  # sampling temperature of every request (verl's rollout default: 1)
         served = {str(m.get("id")): m for m in self._call("GET", "/v1/models").get("data", [])}
         if model is None:
             if len(served) != 1:
@@ -69,6 +70,13 @@ class OpenAIServer:
         return cls(self._host, self._port, timeout=self.timeout_s)
 
     def _call(self, method: str, path: str, body: dict | None = None) -> dict:
+        text = self._text(method, path, body)
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError:
+            raise EndpointError(f"{self.url}{path} did not answer JSON: {text[:200]!r}") from None
+
+    def _text(self, method: str, path: str, body: dict | None = None) -> str:
         conn = self._connection()
         try:
             payload = None if body is None else json.dumps(body)
@@ -83,10 +91,11 @@ class OpenAIServer:
             conn.close()
         if response.status != 200:
             raise EndpointError(f"{self.url}{path} answered HTTP {response.status}: {text[:300]}")
-        try:
-            return json.loads(text)
-        except json.JSONDecodeError:
-            raise EndpointError(f"{self.url}{path} did not answer JSON: {text[:200]!r}") from None
+        return text
+
+    def metrics_text(self) -> str:
+        """The server's Prometheus ``/metrics`` text (vLLM serves it beside the OpenAI routes)."""
+        return self._text("GET", "/metrics")
 
     def version(self) -> str:
         """The server's vLLM version, or "unknown" when it does not expose /version."""
@@ -106,7 +115,7 @@ class OpenAIServer:
             "max_tokens": request.length,
             "min_tokens": request.length,
             "ignore_eos": True,
-            "temperature": 1.0,
+            "temperature": self.temperature,
             "stream": False,
         }
         answer = self._call("POST", "/v1/completions", body)

@@ -14,12 +14,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 class FakeOpenAIServer:
     def __init__(self, models=("tiny",), max_model_len=1024, seconds_per_token=0.0005, short_by=0,
-                 reject_over=None):
+                 reject_over=None, metrics_text=None):
         self.models = list(models)
         self.max_model_len = max_model_len
         self.seconds_per_token = seconds_per_token
         self.short_by = short_by  # generate this many tokens fewer than forced (a misbehaving server)
         self.reject_over = reject_over  # answer HTTP 400 when prompt + max_tokens exceeds this
+        self.metrics_text = metrics_text  # served at /metrics when given (else 404, as a non-vLLM server)
         self.bodies: list[dict] = []
         self._lock = threading.Lock()
         fake = self
@@ -39,6 +40,13 @@ class FakeOpenAIServer:
             def do_GET(self):
                 if self.path == "/v1/models":
                     self._send(200, {"data": [{"id": m, "max_model_len": fake.max_model_len} for m in fake.models]})
+                elif self.path == "/metrics" and fake.metrics_text is not None:
+                    data = fake.metrics_text.encode()
+                    self.send_response(200)
+                    self.send_header("Content-Type", "text/plain")
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
                 elif self.path == "/version":
                     self._send(200, {"version": "fake-0"})
                 else:

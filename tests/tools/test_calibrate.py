@@ -87,8 +87,8 @@ def test_calibration_document_is_what_table_models_read(tmp_path):
     plan = SweepPlan(batches=(1, 2), prompt_lens=(4, 32), decode_short=2, decode_long=40, repeats=1)
     with FakeOpenAIServer(seconds_per_token=0.02) as fake:
         doc = calibrate(OpenAIServer(fake.url), plan, device="test host")
-    # warm-up + per point one short and one long run of `batch` requests
-    assert len(fake.bodies) == 1 + sum(2 * b for b, _ in plan.points)
+    # warm-up + per point one short and one long run of `batch` requests + the prefill pairs
+    assert len(fake.bodies) == 1 + sum(2 * b for b, _ in plan.points) + 2 * plan.prefill_batch * plan.repeats
     assert [(r["batch"], r["prompt_len"]) for r in doc["rows"]] == [(1, 4), (2, 4), (1, 32), (2, 32)]
     assert {r["context"] for r in doc["rows"]} == {4 + 21.0, 32 + 21.0}  # prompt + mean of short and long
     assert all(r["model"] == "tiny" and r["step_ms"] > 0 for r in doc["rows"])
@@ -131,3 +131,21 @@ def test_every_repeat_sweeps_every_point_so_a_slow_spell_hits_many_points_once()
     assert visits[-1][:2] == (9, 9)
     assert all(r["repeats"] == 3 and r["step_ms_spread"][0] <= r["step_ms"] <= r["step_ms_spread"][1]
                for r in doc["rows"])
+
+
+def test_cli_temperature_reaches_every_request_and_prints_the_engine(tmp_path, capsys):
+    parser = argparse.ArgumentParser()
+    cli_calibrate.register(parser.add_subparsers())
+    with FakeOpenAIServer(seconds_per_token=0.02) as fake:
+        args = parser.parse_args(["calibrate", "--url", fake.url, "--out", str(tmp_path / "c.json"), "--batches",
+                                  "1,2", "--prompt-lens", "4", "--decode-short", "2", "--decode-long", "40",
+                                  "--repeats", "1", "--prefill-lens", "4,32", "--prefill-batch", "1",
+                                  "--temperature", "0"])
+        assert args.func(args) == 0
+    assert {body["temperature"] for body in fake.bodies} == {0.0}
+    assert sorted({len(body["prompt"]) for body in fake.bodies if body["max_tokens"] == 1}) == [4, 32]
+    out = capsys.readouterr().out
+    assert "KV cache: unknown" in out and "prefill:" in out
+    args.temperature = -1
+    with pytest.raises(CalibrationPlanError, match="--temperature"):
+        args.func(args)
