@@ -92,15 +92,13 @@ def step_seconds(perf: PerfModel, cfg: EngineConfig, emitting, ctx_sum, query, k
 class ReplicaScheduler:
     """The run of one replica's requests (input order = arrival order); see the module docstring."""
 
-    def __init__(self, lengths: np.ndarray, prompts: np.ndarray, groups: np.ndarray | None, cfg: EngineConfig,
-                 max_num_seqs: int | None = None):
+    def __init__(self, lengths: np.ndarray, prompts: np.ndarray, groups: np.ndarray | None, cfg: EngineConfig):
         self.cfg = cfg
         n = self.n = len(lengths)
         self.L = lengths.astype(float)
         self.P = prompts.astype(np.int64)
         self.bs = cfg.block_size
-        cap = cfg.max_num_seqs if cfg.max_num_seqs is not None else max_num_seqs
-        self.cap = n + 1 if cap is None else cap
+        self.cap = n + 1 if cfg.max_num_seqs is None else cfg.max_num_seqs
         self.budget = np.inf if cfg.max_num_batched_tokens is None else cfg.max_num_batched_tokens
         self.capacity = cfg.num_gpu_blocks
         self.spec = cfg.speculative

@@ -7,6 +7,7 @@ import pytest
 from fake_openai_server import FakeOpenAIServer
 
 from tailsieve_verl.cli import main
+from tailsieve_verl.core.engine import EngineConfig
 from tailsieve_verl.core.perf import LinearPerf
 from tailsieve_verl.core.replica import evaluate_samples
 from tailsieve_verl.core.sim import SimConfig, simulate, step_times
@@ -94,6 +95,18 @@ def test_a_recorded_run_is_scored_again_under_another_model():
     slower = predict(json.loads(json.dumps(report)), LinearPerf(a=0.0004, c=0.0))
     assert [r["predicted_makespan_s"] for r in slower["steps"]] == pytest.approx([2 * x for x in first])
     assert slower["perf_model"] != report["perf_model"] or slower["median_prediction_error"] != 0
+
+
+def test_a_recorded_run_is_scored_again_under_the_servers_engine():
+    cfg = SimConfig(steps=2, n_replicas=2, batch_size=4, n=2, seed=3, policies=("verl", "tailsieve"))
+    with FakeOpenAIServer(seconds_per_token=0.0002) as fake:
+        report = closed_loop(cfg, PromptPool(SPEC, 12, seed=3), [OpenAIServer(fake.url)], PERF)
+    first = [r["predicted_makespan_s"] for r in report["steps"]]
+    roomy = predict(json.loads(json.dumps(report)), PERF, EngineConfig(num_gpu_blocks=10 ** 6, block_size=16))
+    assert [r["predicted_makespan_s"] for r in roomy["steps"]] == first
+    serial = predict(json.loads(json.dumps(report)), PERF, EngineConfig(max_num_seqs=1))
+    assert all(s > f for s, f in zip((r["predicted_makespan_s"] for r in serial["steps"]), first))
+    assert serial["engine"]["max_num_seqs"] == 1
 
 
 def test_closed_loop_refuses_clairvoyant_policies_and_a_missing_baseline():
