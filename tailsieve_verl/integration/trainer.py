@@ -243,12 +243,13 @@ class TailSieveTrainer(PPOTrainerSync):
         self.batch_size = int(config.data.train_batch_size)
         self.n_replicas = rollout_replica_count(config)
         self.samples_per_group = int(config.actor_rollout_ref.rollout.n)
-        # the pools' engine models (admission caps) behind the step metrics' predictions
+        # the pools' engine models (admission caps), for the controller's model and the step metrics' predictions
         self.pool_engines = pool_engine_models(self.settings, int(config.actor_rollout_ref.rollout.max_num_seqs))
         # selector, controller and per-prompt length record: the step logic the simulator runs too
         self.cycle = TailSieveCycle(self.batch_size, self.n_replicas, self.settings.controller_config(),
                                     self.settings.perf(), per_sample=not self.settings.group_atomic,
-                                    adaptive=self.settings.active, prompt_key=lambda identity: self.prompt_keys[identity])
+                                    adaptive=self.settings.active, prompt_key=lambda identity: self.prompt_keys[identity],
+                                    engines=self.pool_engines)
         self.carried_rows: dict[str, TensorDict] = {}
         self.prompt_keys: dict[str, str] = {}  # identity -> prompt_key of its row, for the carried and this step
         self.step_state: ActiveStep | None = None
