@@ -139,3 +139,27 @@ def test_cli_closed_loop_refuses_a_missing_calibration_before_any_server(tmp_pat
     assert code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "none.json" in err[0]
+
+
+def test_the_recorded_kv_pressure_run_rescored_by_the_engine_model():
+    """kv_pressure_rescore.py's ``old`` engine reproduces the run's own recorded predictions; the server's
+    engine (8 blocks of 128 tokens) preempts on the run's steps and predicts its worst step slower."""
+    import importlib.util
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    spec = importlib.util.spec_from_file_location("kv_rescore", root / "scripts/experiments/kv_pressure_rescore.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    from tailsieve_verl.core.perf import Calibration, TablePerf
+
+    perf = TablePerf(Calibration.load(str(root / script.CALIBRATION)))
+    recorded = json.loads((root / script.RUN).read_text())
+    engines = script.engines(perf)
+    old = predict(json.loads(json.dumps(recorded)), perf, engines["old"])
+    assert [r["predicted_makespan_s"] for r in old["steps"]] == pytest.approx(
+        [r["predicted_makespan_s"] for r in recorded["steps"]], rel=1e-9)
+    new = predict(json.loads(json.dumps(recorded)), perf, engines["new"])
+    assert script.engine_events(recorded, engines["new"], perf)["preemptions"] > 0
+    worst = max(range(len(old["steps"])), key=lambda i: abs(old["steps"][i]["prediction_error"]))
+    assert new["steps"][worst]["predicted_makespan_s"] > old["steps"][worst]["predicted_makespan_s"]
