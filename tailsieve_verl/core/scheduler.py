@@ -67,7 +67,10 @@ class _Steps:
 
 def steps_to_finish(left, rate):
     """Decode steps that bring ``left`` tokens at ``rate`` per step (fractional under speculation):
-    one rule for the walk and the spans, tolerant of rounding in the accumulated expectation."""
+    one rule for the walk and the spans, tolerant of rounding in the accumulated expectation. Two
+    Python numbers give an int (the same float arithmetic, without numpy's per-call cost)."""
+    if isinstance(left, float) and isinstance(rate, float):
+        return math.ceil(left / rate - 1e-9)
     return np.ceil(np.asarray(left) / rate - 1e-9)
 
 
@@ -248,7 +251,10 @@ class ReplicaScheduler:
         finish frees a slot that the next waiting request takes at the following step, its prefill
         done within that step (the closed form's FIFO refill). Admissions are played out with a heap,
         then the stretch is cut at the first step whose token budget or KV blocks would not hold it
-        (the scheduler walks from there). False when no step qualifies."""
+        (the scheduler walks from there). False when no step qualifies. The play-out goes in doubling
+        chunks of the queue, each checked against the limits up to the next admission: a stretch cut
+        early by the KV blocks does not play out the whole queue (the result is the same: the steps
+        before the next admission depend only on the admissions played out)."""
         run, b = self.run, len(self.run)
         if not self.waiting or b != self.cap or self.n_prefilling:
             return False
@@ -269,36 +275,52 @@ class ReplicaScheduler:
         new: list[tuple[int, int, int, float, int, bool]] = []  # (request, admitted at, done at, e, prefill, hit)
         zero: list[tuple[int, int]] = []  # (request, clock index) of zero-length requests, done on admission
         waiting = list(self.waiting)
-        pos = 0
+        pos, chunk = 0, 16
+        while True:
+            pos, stop = self._refill_chunk(heap, holding_end, new, zero, waiting, pos, pos + chunk, k)
+            played_out = stop is None
+            stop = heap[0] if played_out else stop  # played out: the first finish the queue does not refill
+            cut = min(stop, self._refill_budget_limit(b, k, new, stop))
+            if self.capacity is not None:
+                cut = self._refill_block_limit(k, step0, cut, e_run, f_run, new)
+            if cut < stop or played_out:
+                stop = cut
+                break
+            chunk *= 2
+        if stop <= step0:
+            return False
+        self._apply_refill(k, step0, stop, e_run, f_run, [x for x in new if x[1] < stop],
+                           [x for x in zero if x[1] < stop])
+        return True
+
+    def _refill_chunk(self, heap: list, holding_end: dict, new: list, zero: list, waiting: list, pos: int,
+                      until: int, k: int) -> tuple[int, int | None]:
+        """Play out the refill admissions of ``waiting[pos:until]`` (see :meth:`_refill_span`): the next
+        position in the queue and the clock index of its admission, None once the queue ran out (the
+        heap then holds the finishes)."""
         while pos < len(waiting):
+            if pos >= until:
+                return pos, heap[0]
             free_at = heapq.heappop(heap)
             while pos < len(waiting) and self.L[waiting[pos]] == 0:
                 zero.append((waiting[pos], free_at))
                 pos += 1
             if pos == len(waiting):
                 heapq.heappush(heap, free_at)  # a slot nobody takes: the batch shrinks here
-                break
+                return pos, None
             j = waiting[pos]
             pos += 1
             gid, g0 = int(self.gid[j]), float(self.g[j])
             hit = holding_end.get(gid, -1) > free_at  # a sibling still running holds the prompt's blocks
             self.ctx_mid[j] = self.P[j] + (g0 + self.L[j]) / 2
             e_j = float(self.spec.tokens_per_step(k, self.ctx_mid[j])) if k else 1.0
-            left = self.L[j] - g0 - 1  # after the prefill step's token
+            left = float(self.L[j]) - g0 - 1  # after the prefill step's token
             end = free_at + 1 + int(steps_to_finish(left, e_j))
             holding_end[gid] = max(holding_end.get(gid, -1), end)
             new.append((j, free_at, end, e_j, int(self.P[j]) + int(g0) - (int(self.hit_blocks[j]) * self.bs if hit else 0),
                         hit))
             heapq.heappush(heap, end)
-        stop = heap[0]  # the first finish the queue does not refill
-        stop = min(stop, self._refill_budget_limit(b, k, new, stop))
-        if self.capacity is not None:
-            stop = self._refill_block_limit(k, step0, stop, e_run, f_run, new)
-        if stop <= step0:
-            return False
-        self._apply_refill(k, step0, stop, e_run, f_run, [x for x in new if x[1] < stop],
-                           [x for x in zero if x[1] < stop])
-        return True
+        return pos, None
 
     def _refill_budget_limit(self, b: int, k: int, new: list, stop: int) -> int:
         """The first admission step whose decodes and whole prefills exceed the token budget."""
