@@ -175,6 +175,17 @@ class ReplicaScheduler:
             self.used -= int(self.held[i]) + (int(self.hit_blocks[i]) if self.refs[gid] == 0 else 0)
             self.held[i] = 0
 
+    def _release_all(self, finished: np.ndarray) -> None:
+        """:meth:`_release` of several requests at once (a group's members share one prompt length,
+        so which member frees the prompt blocks does not matter)."""
+        gids = self.gid[finished]
+        np.subtract.at(self.refs, gids, 1)
+        if self.capacity is not None:
+            groups, first = np.unique(gids, return_index=True)
+            emptied = self.refs[groups] == 0
+            self.used -= int(self.held[finished].sum()) + int(self.hit_blocks[finished[first[emptied]]].sum())
+            self.held[finished] = 0
+
     # ------------------------------------------------------------------ the run
 
     def run_to_end(self, perf: PerfModel) -> ReplicaRun:
@@ -537,9 +548,8 @@ class ReplicaScheduler:
             return
         finished = self.run[done]
         at = at[done] if isinstance(at, np.ndarray) else np.full(len(finished), at, dtype=np.int64)
-        for i, when in zip(finished.tolist(), at.tolist()):
-            self._release(i)
-            self.knots.append((i, when, float(self.L[i])))
+        self._release_all(finished)
+        self.knots.extend(zip(finished.tolist(), at.tolist(), self.L[finished].tolist()))
         self.finish_idx[finished] = at
         self.run = self.run[~done]
         self.unfinished -= len(finished)
