@@ -321,14 +321,14 @@ class ReplicaScheduler:
                 return pos, None
             j = waiting[pos]
             pos += 1
-            gid, g0 = int(self.gid[j]), float(self.g[j])
+            gid, g0, length, prompt = int(self.gid[j]), float(self.g[j]), float(self.L[j]), int(self.P[j])
             hit = holding_end.get(gid, -1) > free_at  # a sibling still running holds the prompt's blocks
-            self.ctx_mid[j] = self.P[j] + (g0 + self.L[j]) / 2
-            e_j = float(self.spec.tokens_per_step(k, self.ctx_mid[j])) if k else 1.0
-            left = float(self.L[j]) - g0 - 1  # after the prefill step's token
-            end = free_at + 1 + int(steps_to_finish(left, e_j))
+            mid = prompt + (g0 + length) / 2
+            self.ctx_mid[j] = mid
+            e_j = float(self.spec.tokens_per_step(k, mid)) if k else 1.0
+            end = free_at + 1 + steps_to_finish(length - g0 - 1, e_j)  # after the prefill step's token
             holding_end[gid] = max(holding_end.get(gid, -1), end)
-            new.append((j, free_at, end, e_j, int(self.P[j]) + int(g0) - (int(self.hit_blocks[j]) * self.bs if hit else 0),
+            new.append((j, free_at, end, e_j, prompt + int(g0) - (int(self.hit_blocks[j]) * self.bs if hit else 0),
                         hit))
             heapq.heappush(heap, end)
         return pos, None
