@@ -377,23 +377,21 @@ class ReplicaScheduler:
             boundary = (blocks_first[owner] + nth) * bs  # the step's tokens exceed this
             at = start[owner] + np.floor((boundary - lin0[owner]) / rate[owner]).astype(np.int64) + 1
             np.add.at(diff, np.maximum(at, start[owner] + 1) - step0, 1.0)
-        # group prompt blocks: held from a holding's first member to its last member's end
+        # group prompt blocks: held from a holding's first member to its last member's end (a group's
+        # members, by start, form one holding while each starts before the ends so far)
         order = np.lexsort((start, self.gid[idx]))
-        gids, starts, ends = self.gid[idx][order], start[order], end[order]
-        for lo, hi in _runs(gids):
-            blocks = int(self.hit_blocks[idx[order[lo]]])
-            if not blocks:
-                continue
-            open_at, close_at = starts[lo], ends[lo]
-            for s_, e_ in zip(starts[lo + 1:hi].tolist(), ends[lo + 1:hi].tolist()):
-                if s_ >= close_at:
-                    diff[open_at - step0] += blocks
-                    diff[close_at - step0] -= blocks
-                    open_at, close_at = s_, e_
-                else:
-                    close_at = max(close_at, e_)
-            diff[open_at - step0] += blocks
-            diff[close_at - step0] -= blocks
+        blocks = self.hit_blocks[idx][order]
+        shared = blocks > 0  # a group's members share one prompt length, hence one block count
+        gids, starts, ends, blocks = self.gid[idx][order][shared], start[order][shared], end[order][shared], blocks[shared]
+        if len(gids):
+            new_group = np.concatenate([[True], gids[1:] != gids[:-1]])
+            rank = np.cumsum(new_group) - 1
+            offset = rank * (int(ends.max()) + 1)  # a running max per group, as one running max
+            reach = np.maximum.accumulate(ends + offset) - offset
+            opens = np.flatnonzero(new_group | np.concatenate([[True], starts[1:] >= reach[:-1]]))
+            closes = np.concatenate([opens[1:] - 1, [len(gids) - 1]])
+            np.add.at(diff, starts[opens] - step0, blocks[opens])
+            np.add.at(diff, reach[closes] - step0, -blocks[opens])
         over = np.flatnonzero(np.cumsum(diff)[:span] > self.capacity)
         return step0 + int(over[0]) if len(over) else stop
 
@@ -717,12 +715,3 @@ class ReplicaScheduler:
         run = self.run
         if len(run):
             self._finish((self.g[run] >= self.L[run]) & ~self.prefilling[run], self.step)
-
-
-def _runs(keys: np.ndarray):
-    """(start, stop) of each run of equal values in a sorted array."""
-    if not len(keys):
-        return []
-    cuts = np.flatnonzero(np.diff(keys)) + 1
-    bounds = np.concatenate([[0], cuts, [len(keys)]])
-    return list(zip(bounds[:-1].tolist(), bounds[1:].tolist()))
