@@ -1,8 +1,11 @@
 """Engine model v2 speed: the replica evaluator's time per replica-step under verl 0.9.1's rollout
-defaults (vLLM scheduler walked around events) next to today's closed form (no limits).
+defaults (vLLM scheduler walked around events) next to today's closed form (no limits), and
+``tailsieve simulate`` under verl's defaults with speculation on (issue 21's speed benchmark: 256 x 16
+on 8 replicas, 30 steps, every non-clairvoyant policy, each policy timed on its own).
 
 Prints measurements (no pass/fail: machines are noisy). Run from the repo root:
     .venv/bin/python scripts/bench_engine.py [--steps 5] [--workload real] [--perf-model table:h200-dense]
+        [--sim-steps 30] [--sim-policies verl,...] (--sim-steps 0 skips the simulate benchmark)
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from tailsieve_verl.core.engine import EngineConfig, SpeculativeConfig  # noqa: 
 from tailsieve_verl.core.perf import parse_perf_model  # noqa: E402
 from tailsieve_verl.core.policies import least_inflight_assignment  # noqa: E402
 from tailsieve_verl.core.replica import evaluate_samples  # noqa: E402
+from tailsieve_verl.core.sim import ALL_POLICIES, SimConfig, simulate  # noqa: E402
 from tailsieve_verl.core.workload import PromptPool  # noqa: E402
 
 
@@ -32,6 +36,9 @@ def main() -> None:
     p.add_argument("--workload", default="real")
     p.add_argument("--perf-model", default="table:h200-dense")
     p.add_argument("--model", default="qwen3-1.7b", help="bundled H200 shape for the KV capacity")
+    p.add_argument("--sim-steps", type=int, default=30, help="steps of the simulate benchmark (0: skip it)")
+    p.add_argument("--sim-policies", default=",".join(NON_CLAIRVOYANT),
+                   help="policies of the simulate benchmark (default: every non-clairvoyant one)")
     args = p.parse_args()
     perf = parse_perf_model(args.perf_model)
     pool = PromptPool(args.workload, 4 * args.batch, seed=0)
@@ -63,6 +70,31 @@ def main() -> None:
         wait = np.mean([e.queue_wait_s for ev in evs for e in ev.replica_events]) / (args.batch * args.n / args.replicas)
         print(f"{name:>28} {elapsed / len(batches):>20.3f} {steps:>14} {elapsed / steps * 1e6:>16.2f} "
               f"{np.mean([ev.makespan_s for ev in evs]):>12.1f} s {preempt:>16.1f} {wait:>13.1f} s")
+    if args.sim_steps:
+        bench_simulate(args, perf, verl)
+
+
+NON_CLAIRVOYANT = tuple(name for name in ALL_POLICIES if not name.startswith("clairvoyant"))
+
+
+def bench_simulate(args, perf, engine: EngineConfig) -> None:
+    """``tailsieve simulate --engine-defaults MODEL`` with every policy given (the speculation policies
+    speculate as :data:`core.sim.DEFAULT_SPECULATION` says), one policy at a time: wall and CPU seconds."""
+    pool = PromptPool(args.workload, 2048, seed=0)  # the CLI's --pool-size default
+    policies = [name.strip() for name in args.sim_policies.split(",") if name.strip()]
+    print(f"\ntailsieve simulate --engine-defaults {args.model}: {args.batch} x {args.n} on {args.replicas} replicas, "
+          f"{args.sim_steps} steps, workload {args.workload}, {perf.name}")
+    print(f"{'policy':>18} {'wall s':>9} {'CPU s':>9} {'mean makespan':>14}")
+    wall_total = cpu_total = 0.0
+    for name in policies:
+        cfg = SimConfig(steps=args.sim_steps, n_replicas=args.replicas, batch_size=args.batch, n=args.n,
+                        policies=(name,), engine=engine)
+        wall, cpu = time.perf_counter(), time.process_time()
+        result = simulate(cfg, pool, perf, args.workload)
+        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+        wall_total, cpu_total = wall_total + wall, cpu_total + cpu
+        print(f"{name:>18} {wall:>9.1f} {cpu:>9.1f} {result.policies[name].mean_makespan_s:>12.1f} s", flush=True)
+    print(f"{'all':>18} {wall_total:>9.1f} {cpu_total:>9.1f}")
 
 
 if __name__ == "__main__":

@@ -6,7 +6,9 @@ the neighbouring splits: the expensive ones), plus the share of the time spent t
 observation's groups into arrays. Targets (issue 11): inner + outer < 1 ms median at 8 × 512 and
 < 5 ms at 64 × 4,096.
 
-    python scripts/experiments/bench_controller.py [--shapes 8x512,64x4096] [--n 8] [--decisions 200]
+    python scripts/experiments/bench_controller.py [--shapes 8x512,64x4096] [--n 8] [--decisions 200] [--max-num-seqs 256]
+
+``--max-num-seqs``: both pools' admission cap in the controller's model (its binding path).
 
 Recorded results: scripts/results/controller_decision_time/; every table and its command: docs/results.md.
 """
@@ -20,6 +22,7 @@ import numpy as np
 
 from tailsieve_verl.core.controller import (ControllerConfig, GroupRecord, HierarchicalController, StepObservation,
                                             _work_arrays)
+from tailsieve_verl.core.engine import EngineConfig
 from tailsieve_verl.core.perf import parse_perf_model
 from tailsieve_verl.core.workload import PromptPool
 
@@ -50,15 +53,17 @@ def time_decisions(ctl: HierarchicalController, obs: list[StepObservation]) -> n
 TARGET_MS = {(8, 512): 1.0, (64, 4096): 5.0}
 
 
-def bench(replicas: int, batch: int, n: int, decisions: int, perf) -> None:
+def bench(replicas: int, batch: int, n: int, decisions: int, perf, max_num_seqs: int | None = None) -> None:
     pool = PromptPool("real", 4 * batch, seed=0)
     q, m = batch // 16, max(1, replicas // 4)
     obs = observations(pool, batch, n, decisions, q, m, seed=1)
     # inner loop only: the fixed-allocation variant
-    inner = HierarchicalController(ControllerConfig(fixed_tail_replicas=m, q_init=q), replicas, batch, perf)
+    engines = (EngineConfig(max_num_seqs=max_num_seqs),) * 2
+    inner = HierarchicalController(ControllerConfig(fixed_tail_replicas=m, q_init=q), replicas, batch, perf,
+                                   engines=engines)
     # outer loop every step: an unreachable threshold keeps (q, m) where the data was made
     outer = HierarchicalController(ControllerConfig(m_init=m, q_init=q, settle_steps=0, switch_threshold=1e9),
-                                   replicas, batch, perf)
+                                   replicas, batch, perf, engines=engines)
     time_decisions(inner, obs[:5])
     time_decisions(outer, obs[:5])
     t_inner, t_outer = time_decisions(inner, obs), time_decisions(outer, obs)
@@ -69,7 +74,7 @@ def bench(replicas: int, batch: int, n: int, decisions: int, perf) -> None:
         ingest.append(time.thread_time() - t)
     ingest_ms = np.array(ingest) * 1e3
     print(f"\ncontroller decision latency, {replicas} replicas, {batch} groups × {n}, {decisions} decisions, "
-          f"{perf.name}")
+          f"{perf.name}, max_num_seqs {max_num_seqs}")
     print(f"{'decision kind':<34}{'median ms':>10}{'p90 ms':>10}{'max ms':>10}")
     for name, t in (("inner loop only (fixed split)", t_inner), ("inner + outer", t_outer),
                     ("  of which: ingest groups", ingest_ms)):
@@ -86,11 +91,13 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=8)
     ap.add_argument("--decisions", type=int, default=200)
     ap.add_argument("--perf-model", default="table:h200-dense")
+    ap.add_argument("--max-num-seqs", type=int, help="both pools' admission cap in the controller's model")
     args = ap.parse_args()
     perf = parse_perf_model(args.perf_model)
     for shape in args.shapes.split(","):
         replicas, batch = (int(x) for x in shape.split("x"))
-        bench(replicas, batch, args.n, args.decisions if batch <= 1024 else max(20, args.decisions // 5), perf)
+        bench(replicas, batch, args.n, args.decisions if batch <= 1024 else max(20, args.decisions // 5), perf,
+              args.max_num_seqs)
 
 
 if __name__ == "__main__":

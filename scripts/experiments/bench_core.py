@@ -17,6 +17,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the repository root
 
+from tailsieve_verl.core.engine import EngineConfig  # noqa: E402
 from tailsieve_verl.core.oracle import StepCostTable, brute_force, solve_exact  # noqa: E402
 from tailsieve_verl.core.perf import parse_perf_model  # noqa: E402
 from tailsieve_verl.core.policies import route  # noqa: E402
@@ -53,7 +54,7 @@ def bench_evaluator(perf, quick: bool) -> None:
     t = timed(lambda: evaluate_assignment(step.groups, assignment, 8, perf))
     print(f"full step 512 groups x 16 on 8 replicas: evaluate_assignment {t * 1e3:.1f} ms "
           f"({sum(step.lengths) / t:.3g} simulated tokens/s)")
-    t = timed(lambda: evaluate_assignment(step.groups, assignment, 8, perf, max_num_seqs=256))
+    t = timed(lambda: evaluate_assignment(step.groups, assignment, 8, perf, EngineConfig(max_num_seqs=256)))
     print(f"same with max_num_seqs=256 (FIFO admission): {t * 1e3:.1f} ms")
 
 

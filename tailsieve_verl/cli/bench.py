@@ -12,6 +12,7 @@ from ..core.trace import MAX_TOKENS, read_trace
 from ..core.workload import generate_trace
 from .calibrate import int_list, progress_bar
 from .checks import output_file, write_report
+from .engine_args import add_engine_args, engine_config_from_args
 
 
 def register(subparsers) -> None:
@@ -41,12 +42,12 @@ def register(subparsers) -> None:
     p.add_argument("--m", type=int, help="TailSieve tail replicas (with --q)")
     p.add_argument("--length-scale", type=float, default=1.0, help="multiply every response length (fit a small server)")
     p.add_argument("--max-len", type=int, help="clip response lengths after scaling")
-    p.add_argument("--max-num-seqs", type=int, help="the servers' max_num_seqs, for the prediction (default: no cap)")
     p.add_argument("--oracle-time-limit", type=float, default=10.0, help="seconds for the exact oracle search")
     p.add_argument("--calibration-prompt-lens", type=int_list, default=(16, 448),
                    help="prompt lengths of a calibration measured here")
     p.add_argument("--out", default="bench.json", help="report JSON file to write")
     p.add_argument("--json", action="store_true", help="print the report as JSON instead of a table")
+    add_engine_args(p)  # the servers' engine settings, for the prediction
     p.set_defaults(func=run)
 
 
@@ -91,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
     if given_cal is not None:
         cal = given_cal
     else:
-        plan = SweepPlan(batches=_calibration_batches(groups, args.max_num_seqs),
+        plan = SweepPlan(batches=_calibration_batches(groups, engine_config_from_args(args, None).max_num_seqs),
                          prompt_lens=tuple(args.calibration_prompt_lens))
         with progress_bar("calibrate", plan.repeats * len(plan.points), quiet=args.json) as advance:
             doc = calibrate(servers[0], plan, on_sample=lambda done, total, batch, context, step_s: advance(
@@ -101,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
     runs = args.repeats * len(policies) + ("tailsieve" in policies)
     with progress_bar("bench", runs, quiet=args.json) as advance:
         report = bench(groups, servers, args.replicas, perf, policies=policies, repeats=args.repeats,
-                       split=None if args.q is None else (args.q, args.m), max_num_seqs=args.max_num_seqs,
+                       split=None if args.q is None else (args.q, args.m), engine=engine_config_from_args(args, perf),
                        oracle_time_limit_s=args.oracle_time_limit, group_atomic=args.group_atomic,
                        on_run=lambda d, t, name, s: advance(f"{name}: {s:.2f}s"))
     report["trace"] = str(args.trace) if args.trace else f"preset:{args.preset}:B={args.groups}:n={args.group_size}:seed={args.seed}"

@@ -11,6 +11,7 @@ from ..core.sim import SimConfig
 from ..core.workload import PRESETS, PromptPool, get_preset
 from .calibrate import progress_bar
 from .checks import CLIError, output_file, write_report
+from .engine_args import add_engine_args, engine_config_from_args
 
 CLOSED_LOOP_POLICIES = "verl,tailsieve"
 
@@ -38,11 +39,9 @@ def register(subparsers) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--policies", default=CLOSED_LOOP_POLICIES,
                    help="comma list from verl,uniform,tailsieve,tailsieve-fixed; verl (stock verl) is required")
-    p.add_argument("--max-num-seqs", type=int,
-                   help="cap on a replica's concurrent requests in the prediction (the server's max_num_seqs, or "
-                        "what its KV cache holds; default: no cap)")
     p.add_argument("--out", default="closed_loop.json", help="report JSON file to write")
     p.add_argument("--json", action="store_true", help="print the report as JSON instead of a table")
+    add_engine_args(p)  # the servers' engine settings, for the prediction (and the controller's model)
     p.set_defaults(func=run)
 
 
@@ -56,15 +55,16 @@ def run(args: argparse.Namespace) -> int:
                        "at most once, so the dataset needs at least two batches")
     spec = get_preset(args.workload, median_len=args.median_len, max_response_length=args.max_len,
                       prompt_len=args.prompt_len)
+    perf = TablePerf(Calibration.load(args.calibration))  # before any server is contacted
     cfg = SimConfig(steps=args.steps, n_replicas=args.replicas, batch_size=args.batch, n=args.n, seed=args.seed,
-                    policies=tuple(p.strip() for p in args.policies.split(",") if p.strip()))
+                    policies=tuple(p.strip() for p in args.policies.split(",") if p.strip()),
+                    engine=engine_config_from_args(args, perf))
     cfg.validate()
     check_run(cfg, args.warmup)
     pool = PromptPool(spec, args.pool_size, seed=args.seed)
-    perf = TablePerf(Calibration.load(args.calibration))  # before any server is contacted
     servers = [OpenAIServer(url, args.model) for url in args.url]
     with progress_bar("closed loop", cfg.steps * len(cfg.policies), quiet=args.json) as advance:
-        report = closed_loop(cfg, pool, servers, perf, warmup=args.warmup, max_num_seqs=args.max_num_seqs,
+        report = closed_loop(cfg, pool, servers, perf, warmup=args.warmup,
                              on_step=lambda name, step, seconds: advance(f"{name} step {step}: {seconds:.2f}s"))
     report["calibration"] = args.calibration
     return write_report(report, out, args.json, print_report)

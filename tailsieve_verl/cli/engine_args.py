@@ -78,16 +78,18 @@ def _schedule(text: str) -> tuple[tuple[int, int, int], ...]:
     return tuple(entries)
 
 
-def engine_config_from_args(args: argparse.Namespace, perf: PerfModel, spec_policies: bool = False) -> EngineConfig:
-    """The engine the flags describe (``EngineConfig()`` without any). ``spec_policies``: speculation
-    policies run, so ``--spec-*`` flags without a depth describe only their speculation."""
+def engine_config_from_args(args: argparse.Namespace, perf: PerfModel | None, spec_policies: bool = False
+                            ) -> EngineConfig:
+    """The engine the flags describe (``EngineConfig()`` without any). ``perf`` prices prefill (None:
+    the limits alone, before a perf model exists, e.g. to size a calibration). ``spec_policies``:
+    speculation policies run, so ``--spec-*`` flags without a depth describe only their speculation."""
     spec_flags = (args.spec_acceptance, args.spec_schedule, args.spec_draft_cost, args.spec_acceptance_half_life,
                   args.spec_verify_table)
     base = (EngineConfig.verl_defaults(args.engine_defaults, perf, block_size=args.block_size or 16)
             if args.engine_defaults else EngineConfig())
     fields = {name: getattr(args, name) for name in ("max_num_seqs", "num_gpu_blocks", "block_size",
                                                      "max_num_batched_tokens") if getattr(args, name) is not None}
-    if args.max_num_batched_tokens is not None and not args.engine_defaults:
+    if args.max_num_batched_tokens is not None and not args.engine_defaults and perf is not None:
         fields["prefill_s_per_token"] = prefill_cost_from_perf(perf)
     k = args.num_speculative_tokens
     if k is None and args.spec_schedule:

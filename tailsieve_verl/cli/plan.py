@@ -10,6 +10,7 @@ import json
 from ..core.perf import DEFAULT_PERF_MODEL, parse_perf_model
 from ..core.planner import plan_from_trace
 from ..core.trace import read_trace
+from .engine_args import add_engine_args, engine_config_from_args
 from .recommend import from_plan, pin_overrides
 
 
@@ -25,13 +26,15 @@ def register(subparsers) -> None:
     p.add_argument("--steps", type=int, default=30, help="simulated steps per seed")
     p.add_argument("--seeds", type=int, default=5, help="independent simulations behind the band")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    add_engine_args(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     trace = read_trace(args.trace)
-    plan = plan_from_trace(trace, args.replicas, parse_perf_model(args.perf_model), batch_size=args.batch, n=args.n,
-                           steps=args.steps, seeds=args.seeds)
+    perf = parse_perf_model(args.perf_model)
+    plan = plan_from_trace(trace, args.replicas, perf, batch_size=args.batch, n=args.n,
+                           steps=args.steps, seeds=args.seeds, engine=engine_config_from_args(args, perf))
     recommendation = from_plan(plan, args.perf_model)
     if args.json:
         print(json.dumps(plan.to_json() | {"recommendation": recommendation}))

@@ -12,6 +12,7 @@ from ..core.kinds import Pool
 from ..core.perf import DEFAULT_PERF_MODEL, parse_perf_model
 from ..core.policies import POLICIES, Routing, route
 from ..core.trace import read_trace
+from .engine_args import add_engine_args, engine_config_from_args
 
 
 def register(subparsers) -> None:
@@ -26,11 +27,11 @@ def register(subparsers) -> None:
     p.add_argument("--k", type=int, help="topk/topk-balanced: groups with the largest max length sent to the tail pool")
     p.add_argument("--tail-replicas", type=int,
                    help="tail-pool replicas m (topk default 1; best-k searches m when unset)")
-    p.add_argument("--max-num-seqs", type=int, help="per-replica concurrency cap (default: none)")
     p.add_argument("--time-limit", type=float, default=10.0,
                    help="budget in seconds of every search (exact, best-k, clairvoyant-sample); the best found is "
                         "reported when it runs out")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    add_engine_args(p)
     p.set_defaults(func=run)
 
 
@@ -61,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
     perf = parse_perf_model(args.perf_model)
     progress = None if args.json else (lambda line: print(line, file=sys.stderr, flush=True))
     routing = route(args.policy, trace.groups, args.replicas, perf, k=args.k, tail_replicas=args.tail_replicas,
-                    max_num_seqs=args.max_num_seqs, time_limit_s=args.time_limit, progress=progress)
+                    engine=engine_config_from_args(args, perf), time_limit_s=args.time_limit, progress=progress)
     if args.json:
         print(json.dumps(routing_json(routing, [g.prompt_id for g in trace])))
         return 0

@@ -47,6 +47,7 @@ from typing import NamedTuple, Sequence
 
 import numpy as np
 
+from .engine import EngineConfig
 from .errors import TailSieveError
 from .kinds import DecisionKind
 from .perf import PerfModel
@@ -218,6 +219,7 @@ class _StepTable:
 
 
 _UNIT_GRID = np.linspace(0.0, 1.0, 16)  # the fluid model's step grid, scaled per history
+_NO_LIMITS = (EngineConfig(), EngineConfig())  # (tail, bulk) pools' engines when none is given
 
 
 class _Segments(NamedTuple):
@@ -337,13 +339,24 @@ class _FluidModel:
     lengths times the tabulated step time at the per-replica concurrency. A group finishes at its
     longest sample; the tail pool holds the q' groups with the longest samples; the bulk pool holds
     B − q' + candidate_factor · q' groups (the history's load scaled) and is cut when B − q' finish.
+
+    It is the fluid limit of the replica evaluator (:mod:`core.replica`), kept beside it for speed: a
+    decision evaluates every q' candidate on every pool size in one vectorised pass (~0.3 ms at
+    256 × 16 on 8 replicas), where the evaluator takes 20–70 ms for one split of one batch. Of each
+    pool's :class:`core.engine.EngineConfig` it models the admission cap (``max_num_seqs``): a replica
+    with ``a`` responses active and cap ``c < a`` runs ``c`` at a time, so a segment takes ``a / c``
+    times as many steps at concurrency ``c`` (processor sharing; FIFO order, KV blocks, preemption,
+    prefill and speculation are the evaluator's alone).
     """
 
     def __init__(self, history: Sequence[_ConsumedBatch], batch_size: int, prompt_len: float,
-                 table: _StepTable, candidates: _Candidates, per_sample: bool, shared_only: bool = False):
+                 table: _StepTable, candidates: _Candidates, per_sample: bool, shared_only: bool = False,
+                 engines: tuple[EngineConfig, EngineConfig] | None = None):
         """``shared_only``: only :meth:`bulk_full` will be asked (the yardstick): skip the split tables;
-        ``candidates`` then need only hold q' = 1 (the longest group: all group routing needs)."""
+        ``candidates`` then need only hold q' = 1 (the longest group: all group routing needs).
+        ``engines``: the (tail, bulk) pools' engines (None: no limit); one shared pool runs the bulk's."""
         self.h = len(history)
+        self.tail_cap, self.bulk_cap = (float(e.max_num_seqs or math.inf) for e in (engines or _NO_LIMITS))
         self.per_sample = per_sample
         self.batch_size = batch_size
         self.q_candidates = candidates.q
@@ -392,10 +405,16 @@ class _FluidModel:
         seconds[~(active > 0)] = 0.0
         return seconds
 
-    def _segment_seconds(self, active: np.ndarray) -> np.ndarray:
-        """Seconds each segment (last axis) takes at ``active`` responses per replica."""
-        seconds = self._step_time(active)
+    def _segment_seconds(self, active: np.ndarray, cap: float | np.ndarray = math.inf) -> np.ndarray:
+        """Seconds each segment (last axis) takes at ``active`` responses per replica, at most ``cap``
+        of them running at once (the rest wait: the segment stretches by active / cap)."""
+        if np.all(np.isinf(cap)):
+            seconds = self._step_time(active)
+            seconds *= self.seg
+            return seconds
+        seconds = self._step_time(np.minimum(active, cap))
         seconds *= self.seg
+        seconds *= np.maximum(active / cap, 1.0)
         return seconds
 
     @staticmethod
@@ -423,7 +442,8 @@ class _FluidModel:
         # candidate's groups; a bulk pool runs the history's load scaled by the candidate's own aborts
         tail_load = self._critical(self.q_candidates, tails[:, None, None], self.tail_active[None])
         bulk_load = self.bulk_active[None, None, :] * self.bulk_scale[None, :, None] / bulks[:, None, None]
-        seconds = self._segment_seconds(np.concatenate([tail_load, bulk_load]))  # both pools in one pass
+        caps = np.repeat([self.tail_cap, self.bulk_cap], [len(tails), len(bulks)])[:, None, None]
+        seconds = self._segment_seconds(np.concatenate([tail_load, bulk_load]), caps)  # both pools in one pass
         times = seconds[: len(tails)].sum(axis=-1)
         for i, k in enumerate(tails.astype(int)):
             self._memo[("tail", k)] = times[i]
@@ -451,7 +471,7 @@ class _FluidModel:
         key = ("full", replicas)
         if key not in self._memo:
             crit = self._critical(np.array([self.batch_size]), replicas, self.bulk_active[None, :])[0]
-            self._memo[key] = float(self._clock(self._segment_seconds(crit))[-1])
+            self._memo[key] = float(self._clock(self._segment_seconds(crit, self.bulk_cap))[-1])
         return self._memo[key]
 
     def tail_time(self, replicas: int) -> np.ndarray:
@@ -531,9 +551,11 @@ class HierarchicalController:
     """Chooses (q, m) for the next step from measurements of the last steps."""
 
     def __init__(self, config: ControllerConfig, n_replicas: int, batch_size: int, perf: PerfModel,
-                 per_sample: bool = True):
-        """``per_sample``: the pools route samples by least in flight (else whole groups round-robin)."""
+                 per_sample: bool = True, engines: tuple[EngineConfig, EngineConfig] | None = None):
+        """``per_sample``: the pools route samples by least in flight (else whole groups round-robin).
+        ``engines``: the (tail, bulk) pools' engines, for the prior and the yardstick (None: no limit)."""
         config.validate(n_replicas, batch_size)
+        self.engines = engines or _NO_LIMITS
         self.config = config
         self.per_sample = per_sample
         self.n_replicas = n_replicas
@@ -635,7 +657,7 @@ class HierarchicalController:
     def yardstick_s(self, consumed: _ConsumedBatch, prompt_len: float) -> float:
         """The perf model's predicted time of one shared pool (stock verl) running ``consumed``."""
         model = _FluidModel([consumed], self.batch_size, prompt_len, self._table, self._longest_group,
-                            self.per_sample, shared_only=True)
+                            self.per_sample, shared_only=True, engines=self.engines)
         return model.bulk_full(self.n_replicas)
 
     def _measure_split(self, obs: StepObservation, consumed: _ConsumedBatch) -> None:
@@ -693,7 +715,7 @@ class HierarchicalController:
     def _prior(self, obs: StepObservation, splits: Sequence[int]) -> tuple[_FluidModel, dict[int, tuple[float, int]]]:
         """The perf model's relative makespan (to one shared pool) and its best q, per split."""
         model = _FluidModel(self.state.history, self.batch_size, obs.prompt_len, self._table, self._candidates,
-                            self.per_sample)
+                            self.per_sample, engines=self.engines)
         tails = [m for m in splits if m > 0]
         model.prepare(tail_sizes=tails, bulk_sizes=[self.n_replicas - m for m in tails])
         shared = model.bulk_full(self.n_replicas)

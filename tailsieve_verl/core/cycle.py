@@ -21,6 +21,7 @@ from __future__ import annotations
 from typing import Callable, Mapping, Sequence
 
 from .controller import ControllerConfig, Decision, GroupRecord, HierarchicalController, StepObservation
+from .engine import EngineConfig
 from .kinds import DecisionKind
 from .perf import PerfModel
 from .prompt_record import PromptLengthRecord
@@ -34,11 +35,13 @@ class TailSieveCycle:
 
     def __init__(self, batch_size: int, n_replicas: int, controller: ControllerConfig, perf: PerfModel, *,
                  per_sample: bool = True, adaptive: bool = True, record: bool = True,
-                 prompt_key: Callable[[str], str] = str):
+                 prompt_key: Callable[[str], str] = str, engines: tuple[EngineConfig, EngineConfig] | None = None):
         """``adaptive`` False keeps one shared pool (q = m = 0; the trainer's stop-only mode);
-        ``record`` False plans from abort scores alone (the partial-rollout signal only)."""
+        ``record`` False plans from abort scores alone (the partial-rollout signal only); ``engines``:
+        the (tail, bulk) pools' engines, for the controller's model (None: no limit)."""
         self.selector = TailSelector(batch_size, controller.candidate_factor)
-        self.controller = (HierarchicalController(controller, n_replicas, batch_size, perf, per_sample=per_sample)
+        self.controller = (HierarchicalController(controller, n_replicas, batch_size, perf, per_sample=per_sample,
+                                                  engines=engines)
                            if adaptive else None)
         self.decision = self.controller.decision if self.controller else SHARED_POOL
         self.record = PromptLengthRecord() if record else None

@@ -20,6 +20,7 @@ import json
 import math
 import os
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 import numpy as np
 
@@ -117,13 +118,20 @@ class SpeculativeConfig:
         context = np.asarray(context, dtype=float)
         if k == 0:
             return np.ones_like(context)
-        alphas = np.asarray([self.acceptance[min(i, len(self.acceptance) - 1)] for i in range(k)])
-        reach = np.cumprod(alphas)  # P(positions 1..i accepted) without decay
+        reach = _reach(self.acceptance, k)  # P(positions 1..i accepted) without decay
         decay = (np.ones_like(context) if self.acceptance_half_life is None
                  else np.exp2(-context / self.acceptance_half_life))
         # with decay every αⱼ is scaled by d, so Πⱼ≤ᵢ αⱼ·d = reach_i · dⁱ
         powers = decay[..., None] ** np.arange(1, k + 1)
         return 1.0 + powers @ reach
+
+
+@lru_cache(maxsize=64)
+def _reach(acceptance: tuple[float, ...], k: int) -> np.ndarray:
+    """Πⱼ≤ᵢ αⱼ for i = 1..k (the last acceptance repeating), cached: the scheduler asks at every admission."""
+    reach = np.cumprod(np.asarray([acceptance[min(i, len(acceptance) - 1)] for i in range(k)]))
+    reach.flags.writeable = False
+    return reach
 
 
 @dataclass(frozen=True)

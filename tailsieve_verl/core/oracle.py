@@ -20,12 +20,13 @@ cost. The search:
 
 Set costs come from :class:`StepCostTable`: prefix sums of the step model per active count, which
 give the same completion time as :func:`core.replica.simulate_replica` (tested to 1e-9) in
-O(responses) per set when every request is admitted at t=0 (no ``max_num_seqs`` cap below the
-instance size), all prompts have the same length and the (requests × steps) grid fits in memory.
-Otherwise costs come from ``simulate_replica`` itself; the partial sets' true costs then bound
-the search when the model is monotone (adding a group never shortens a replica), and with a
-``max_num_seqs`` cap (FIFO admission can make a larger set finish sooner) the search prunes only
-on complete assignments: exact, but practical only for small instances.
+O(responses) per set when the replica's engine binds nothing (no ``max_num_seqs`` cap below the
+instance size, no KV limit, token budget, prefill cost or speculation: every request is admitted at
+t=0), all prompts have the same length and the (requests × steps) grid fits in memory.
+Otherwise costs come from ``simulate_replica`` itself under the engine; the partial sets' true costs
+then bound the search when the model is monotone (adding a group never shortens a replica), and
+under any engine limit (FIFO admission or preemption can make a larger set finish sooner) the search
+prunes only on complete assignments: exact, but practical only for small instances.
 Reported makespans of every policy always come from :func:`core.replica.evaluate_assignment`.
 """
 
@@ -39,8 +40,9 @@ from typing import Sequence
 import numpy as np
 
 from .errors import TailSieveError
+from .engine import EngineConfig
 from .perf import PerfModel, cached_per_model
-from .replica import simulate_replica
+from .replica import NO_LIMITS, simulate_replica
 from .step_table import StepTimeGrid, separable_cums
 from .trace import Group
 
@@ -154,19 +156,19 @@ class SetCost:
     """Completion time of a set of groups on one replica, cached by the set.
 
     Uses a :class:`StepCostTable` when that is exact for these groups (all admitted at t=0, equal
-    prompt lengths) and small enough, else :func:`simulate_replica`. ``bounded`` says whether
-    the envelope lower bounds are available.
+    prompt lengths, no engine limit) and small enough, else :func:`simulate_replica` under ``engine``.
+    ``bounded`` says whether the envelope lower bounds are available.
     """
 
-    def __init__(self, groups: Sequence[Group], perf: PerfModel, max_num_seqs: int | None = None):
+    def __init__(self, groups: Sequence[Group], perf: PerfModel, engine: EngineConfig = NO_LIMITS):
         self.groups = list(groups)
         self.perf = perf
-        self.max_num_seqs = max_num_seqs
+        self.engine = engine
         self.lengths = [np.asarray(g.lengths, dtype=np.int64) for g in self.groups]
         total = sum(len(x) for x in self.lengths)
         max_len = max((int(x.max()) for x in self.lengths if len(x)), default=0)
         prompt_lens = {g.prompt_len for g in self.groups}
-        uncapped = max_num_seqs is None or max_num_seqs >= total
+        uncapped = not engine.binds_beyond_cap and (engine.max_num_seqs is None or engine.max_num_seqs >= total)
         # Round the step axis up to a power of two so instances of one workload share a table.
         steps = 1 << max(0, int(max_len - 1).bit_length())
         small = (total + 1) * (steps + 1) <= MAX_TABLE_CELLS
@@ -198,9 +200,13 @@ class SetCost:
             else:
                 lengths = [v for i in key for v in self.groups[i].lengths]
                 prompts = [self.groups[i].prompt_len for i in key for _ in self.groups[i].lengths]
-                value = simulate_replica(lengths, self.perf, prompts, self.max_num_seqs).completion_s
+                value = simulate_replica(lengths, self.perf, prompts, self.engine, self._group_ids(key)).completion_s
             self._cache[key] = value
         return value
+
+    def _group_ids(self, members: Sequence[int]) -> list[int]:
+        """Each response's group, for the engine's prefix sharing (as :func:`evaluate_samples` passes it)."""
+        return [i for i in members for _ in self.groups[i].lengths]
 
     def makespan(self, assignment: Sequence[int], n_replicas: int, stop_above: float = float("inf")) -> float:
         """Largest set cost; returns early (with a value > ``stop_above``) once one replica exceeds it,
@@ -253,7 +259,7 @@ class _Node:
     assignment: tuple[int, ...]
 
 
-def solve_exact(groups: Sequence[Group], n_replicas: int, perf: PerfModel, max_num_seqs: int | None = None, *,
+def solve_exact(groups: Sequence[Group], n_replicas: int, perf: PerfModel, engine: EngineConfig = NO_LIMITS, *,
                 incumbents: Sequence[Sequence[int]] = (), time_limit_s: float | None = 10.0,
                 node_limit: int | None = None, set_cost: SetCost | None = None) -> OracleResult:
     """Minimise the makespan of routing atomic groups to ``n_replicas`` replicas.
@@ -269,7 +275,7 @@ def solve_exact(groups: Sequence[Group], n_replicas: int, perf: PerfModel, max_n
     if node_limit is not None and node_limit < 1:
         raise OracleError(f"node limit must be >= 1, got {node_limit}")
     start = time.perf_counter()
-    cost = set_cost or SetCost(groups, perf, max_num_seqs)
+    cost = set_cost or SetCost(groups, perf, engine)
     n_groups = len(groups)
     if n_groups == 0:
         return OracleResult(np.zeros(0, dtype=np.int64), 0.0, 0.0, True, 0, 0.0)
@@ -444,7 +450,7 @@ def _greedy(cost: SetCost, n_replicas: int) -> list[int]:
 
 
 def brute_force(groups: Sequence[Group], n_replicas: int, perf: PerfModel,
-                max_num_seqs: int | None = None) -> tuple[np.ndarray, float]:
+                engine: EngineConfig = NO_LIMITS) -> tuple[np.ndarray, float]:
     """Reference optimum for tests: every subset's time from ``simulate_replica`` (trace order),
     then the best split of all groups into ``n_replicas`` subsets by exhaustive subset DP
     (O(R·3^G): use for G <= ~12)."""
@@ -455,7 +461,8 @@ def brute_force(groups: Sequence[Group], n_replicas: int, perf: PerfModel,
         members = [i for i in range(n) if mask >> i & 1]
         lengths = [v for i in members for v in groups[i].lengths]
         prompts = [groups[i].prompt_len for i in members for _ in groups[i].lengths]
-        subset_time[mask] = simulate_replica(lengths, perf, prompts, max_num_seqs).completion_s
+        subset_time[mask] = simulate_replica(lengths, perf, prompts, engine,
+                                             [i for i in members for _ in groups[i].lengths]).completion_s
     best = list(subset_time)  # one replica: everything on it
     choice: list[list[int]] = [[]]  # choice[r][mask]: the subset replica r takes (0: none)
     for _ in range(1, n_replicas):

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .controller import ControllerConfig
+from .engine import EngineConfig
 from .errors import TailSieveError
 from .perf import PerfModel
 from .sim import SimConfig, simulate, static_split_runner
@@ -62,8 +63,9 @@ class Plan:
 
 def plan_from_trace(trace: Trace, n_replicas: int, perf: PerfModel, *, batch_size: int | None = None,
                     n: int | None = None, steps: int = 30, seeds: int = 5,
-                    controller: ControllerConfig | None = None) -> Plan:
-    """Predict TailSieve's speedup on ``trace``'s workload (see the module docstring)."""
+                    controller: ControllerConfig | None = None, engine: EngineConfig = EngineConfig()) -> Plan:
+    """Predict TailSieve's speedup on ``trace``'s workload (see the module docstring); every replica
+    runs ``engine`` (default: no limit binds)."""
     if seeds < 1 or steps < 3:
         raise PlanError(f"need --seeds >= 1 and --steps >= 3, got {seeds}, {steps}")
     prompts = len(trace)
@@ -78,7 +80,7 @@ def plan_from_trace(trace: Trace, n_replicas: int, perf: PerfModel, *, batch_siz
         pool = PromptPool.from_trace(trace, seed=seed)
         cfg = SimConfig(steps=steps, n_replicas=n_replicas, batch_size=batch, n=group_size, seed=seed,
                         policies=("verl", "tailsieve", "best-static"), controller=controller or ControllerConfig(),
-                        prompt_record=False)
+                        prompt_record=False, engine=engine)
         result = simulate(cfg, pool, perf, workload_name=trace.name)
         speedups.append(result.speedup_vs("verl", steady)["tailsieve"])
         last = result.policies["tailsieve"].records[-1]

@@ -35,10 +35,11 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from .engine import EngineConfig
 from .errors import TailSieveError
 from .oracle import SetCost, root_lower_bound, solve_exact
 from .perf import PerfModel, cached_per_model
-from .replica import Evaluation, evaluate_samples, expand_to_samples
+from .replica import NO_LIMITS, Evaluation, evaluate_samples, expand_to_samples
 from .step_table import StepTimeGrid, separable_cums
 from .trace import Group
 
@@ -249,14 +250,15 @@ def singletons(groups: Sequence[Group]) -> list[Group]:
 
 @dataclass(frozen=True)
 class RouteRequest:
-    """One routing problem and its options (validated by :func:`route`)."""
+    """One routing problem and its options (validated by :func:`route`). ``engine``: every replica's
+    engine (:class:`core.engine.EngineConfig`), read by the evaluator and by the searches' set costs."""
 
     groups: list[Group]
     n_replicas: int
     perf: PerfModel
     k: int | None = None
     tail_replicas: int | None = None
-    max_num_seqs: int | None = None
+    engine: EngineConfig = NO_LIMITS
     time_limit_s: float | None = 10.0
     node_limit: int | None = None
     progress: Callable[[str], None] | None = None
@@ -284,7 +286,7 @@ def register_policy(name: str, summary: str, **flags):
 
 
 def _evaluated(req: RouteRequest, policy: str, sample_replica: np.ndarray, **extra) -> Routing:
-    evaluation = evaluate_samples(req.groups, sample_replica, req.n_replicas, req.perf, req.max_num_seqs)
+    evaluation = evaluate_samples(req.groups, sample_replica, req.n_replicas, req.perf, req.engine)
     return Routing(policy, evaluation, **extra)
 
 
@@ -325,7 +327,7 @@ def _topk_balanced(req: RouteRequest) -> Routing:
 
 @register_policy("best-k", "clairvoyant group isolation: topk-balanced with the best (k, m)", searches_split=True)
 def _best_k(req: RouteRequest) -> Routing:
-    cost = SetCost(req.groups, req.perf, req.max_num_seqs)
+    cost = SetCost(req.groups, req.perf, req.engine)
     found = best_k_search(req.groups, req.n_replicas, cost, req.tail_replicas, time_limit_s=req.time_limit_s,
                           progress=req.progress)
     return _grouped(req, "best-k", found.assignment, k=found.k, tail_replicas=found.m, complete=found.complete,
@@ -336,7 +338,7 @@ def _best_k(req: RouteRequest) -> Routing:
                  searches_split=True)
 def _clairvoyant_sample(req: RouteRequest) -> Routing:
     samples = singletons(req.groups)
-    cost = SetCost(samples, req.perf, req.max_num_seqs)
+    cost = SetCost(samples, req.perf, req.engine)
     found = best_k_search(samples, req.n_replicas, cost, req.tail_replicas, time_limit_s=req.time_limit_s,
                           progress=req.progress)
     return _evaluated(req, "clairvoyant-sample", found.assignment, k=found.k, tail_replicas=found.m,
@@ -347,11 +349,11 @@ def _clairvoyant_sample(req: RouteRequest) -> Routing:
 @register_policy("exact", "makespan optimum over group assignments (branch and bound; anytime)")
 def _exact(req: RouteRequest) -> Routing:
     groups, R = req.groups, req.n_replicas
-    cost = SetCost(groups, req.perf, req.max_num_seqs)
+    cost = SetCost(groups, req.perf, req.engine)
     seeds = [time_balanced_assignment(groups, R, req.perf), balanced_assignment([g.total_len for g in groups], R)]
     if R >= 2:
         seeds.append(best_k_search(groups, R, cost, None, time_limit_s=req.time_limit_s).assignment)
-    result = solve_exact(groups, R, req.perf, req.max_num_seqs, incumbents=seeds, time_limit_s=req.time_limit_s,
+    result = solve_exact(groups, R, req.perf, req.engine, incumbents=seeds, time_limit_s=req.time_limit_s,
                          node_limit=req.node_limit, set_cost=cost)
     routing = _grouped(req, "exact", result.assignment, optimal=result.optimal, search_nodes=result.nodes)
     lower = result.makespan_s if result.optimal else result.lower_bound_s
@@ -363,16 +365,17 @@ def _exact(req: RouteRequest) -> Routing:
 # ---------------------------------------------------------------- the entry point
 
 def route(policy: str, groups: Sequence[Group], n_replicas: int, perf: PerfModel, *, k: int | None = None,
-          tail_replicas: int | None = None, max_num_seqs: int | None = None, time_limit_s: float | None = 10.0,
+          tail_replicas: int | None = None, engine: EngineConfig = NO_LIMITS, time_limit_s: float | None = 10.0,
           node_limit: int | None = None, progress: Callable[[str], None] | None = None) -> Routing:
     """Route ``groups`` with ``policy`` (a name in :data:`POLICIES`) and evaluate the result.
 
     ``k``/``tail_replicas`` apply to ``topk``/``topk-balanced`` (k required, m defaults to 1);
     ``best-k`` and ``clairvoyant-sample`` search k themselves and m too unless ``tail_replicas`` is
     given; ``time_limit_s`` bounds every search (``exact``'s branch and bound, the (k, m) scans),
-    ``node_limit`` the exact one; ``progress`` gets a line now and then from long searches.
+    ``node_limit`` the exact one; ``progress`` gets a line now and then from long searches;
+    ``engine`` is every replica's engine (default: no limit binds).
     """
-    req = RouteRequest(list(groups), n_replicas, perf, k, tail_replicas, max_num_seqs, time_limit_s, node_limit,
+    req = RouteRequest(list(groups), n_replicas, perf, k, tail_replicas, engine, time_limit_s, node_limit,
                        progress)
     _check_common(policy, req)
     return POLICIES[policy].assign(req)
@@ -469,9 +472,13 @@ def makespan_lower_bound(groups: Sequence[Group], n_replicas: int, perf: PerfMod
     its cost table fits and the model is monotone; else the larger of the longest response alone
     (every decode step of it costs at least the model's least step time at that context) and the
     throughput bound (tokens / R at the model's least per-token cost, taken at the shortest prompt:
-    per-token cost does not fall with context in any bundled table)."""
+    per-token cost does not fall with context in any bundled table). Under speculation a step may
+    carry up to k + 1 tokens of a request at no less than a decode step's cost: the bound is divided
+    by k + 1."""
     if cost.bounded and cost.monotone:
         return root_lower_bound(cost, n_replicas)
+    spec = cost.engine.speculative
+    tokens_per_step = 1 + (spec.num_speculative_tokens if spec is not None else 0)
     most_active = max(2, sum(g.n for g in groups))
     active = np.unique(np.concatenate([np.arange(1, min(most_active, 64) + 1),
                                        np.geomspace(64, max(64, most_active), 32).round()]))
@@ -483,7 +490,7 @@ def makespan_lower_bound(groups: Sequence[Group], n_replicas: int, perf: PerfMod
     least = np.full(len(steps), np.inf)
     for a in active[active <= 64]:
         least = np.minimum(least, np.asarray(perf.step_time(np.full_like(steps, a), steps), dtype=float))
-    return max(throughput, float(least.sum()))
+    return max(throughput, float(least.sum())) / tokens_per_step
 
 
 def _check_common(policy: str, req: RouteRequest) -> None:
@@ -494,8 +501,8 @@ def _check_common(policy: str, req: RouteRequest) -> None:
         raise RoutingError(f"--replicas must be an integer >= 1, got {n_replicas!r}")
     if not req.groups:
         raise RoutingError("no groups to route; the trace is empty")
-    if req.max_num_seqs is not None and req.max_num_seqs < 1:
-        raise RoutingError(f"--max-num-seqs must be >= 1, got {req.max_num_seqs}")
+    if not isinstance(req.engine, EngineConfig):
+        raise RoutingError(f"engine must be an EngineConfig, got {req.engine!r}"[:200])
     if req.time_limit_s is not None and not (math.isfinite(req.time_limit_s) and req.time_limit_s > 0):
         raise RoutingError(f"--time-limit must be a finite number of seconds > 0, got {req.time_limit_s}")
     spec = POLICIES[policy]

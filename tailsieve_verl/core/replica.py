@@ -32,25 +32,20 @@ NO_LIMITS = EngineConfig()
 
 
 def simulate_replica(lengths: Sequence[int], perf: PerfModel, prompt_lens: Sequence[int] | None = None,
-                     max_num_seqs: int | None = None, engine: EngineConfig = NO_LIMITS,
-                     groups: Sequence[int] | None = None) -> ReplicaRun:
-    """Finish time of every response on one replica (input order = admission order). ``groups``:
-    each response's prompt group, for prefix sharing; ``engine.max_num_seqs`` overrides ``max_num_seqs``."""
+                     engine: EngineConfig = NO_LIMITS, groups: Sequence[int] | None = None) -> ReplicaRun:
+    """Finish time of every response on one replica (input order = admission order) under ``engine``
+    (its limits, the admission cap included). ``groups``: each response's prompt group, for prefix sharing."""
     lengths = np.asarray(lengths, dtype=np.int64)
     n = len(lengths)
     if n == 0:
         return ReplicaRun(0.0, np.zeros(0), 0, np.zeros(0))
     if np.any(lengths < 0):
         raise ValueError("response lengths must be >= 0")
-    if max_num_seqs is not None and max_num_seqs < 1:
-        raise ValueError(f"max_num_seqs must be >= 1, got {max_num_seqs}")
     prompt = np.zeros(n, dtype=np.int64) if prompt_lens is None else np.asarray(prompt_lens, dtype=np.int64)
-    if engine.max_num_seqs is not None:
-        max_num_seqs = engine.max_num_seqs
     if engine.binds_beyond_cap:
         group_ids = None if groups is None else np.asarray(groups)
-        return ReplicaScheduler(lengths, prompt, group_ids, engine, max_num_seqs).run_to_end(perf)
-    return _closed_form(lengths, prompt, perf, max_num_seqs)
+        return ReplicaScheduler(lengths, prompt, group_ids, engine).run_to_end(perf)
+    return _closed_form(lengths, prompt, perf, engine.max_num_seqs)
 
 
 def _closed_form(lengths: np.ndarray, prompt: np.ndarray, perf: PerfModel, max_num_seqs: int | None) -> ReplicaRun:
@@ -141,16 +136,14 @@ def expand_to_samples(groups: Sequence[Group], assignment: Sequence[int]) -> np.
 
 
 def evaluate_assignment(groups: Sequence[Group], assignment: Sequence[int], n_replicas: int, perf: PerfModel,
-                        max_num_seqs: int | None = None,
                         engine: EngineConfig | Sequence[EngineConfig] = NO_LIMITS) -> Evaluation:
     """Run every replica's groups (atomic, admitted in trace order) and report the makespan."""
     if len(assignment) != len(groups):
         raise ValueError(f"assignment has {len(assignment)} entries for {len(groups)} groups")
-    return evaluate_samples(groups, expand_to_samples(groups, assignment), n_replicas, perf, max_num_seqs, engine)
+    return evaluate_samples(groups, expand_to_samples(groups, assignment), n_replicas, perf, engine)
 
 
 def evaluate_samples(groups: Sequence[Group], sample_replica: Sequence[int], n_replicas: int, perf: PerfModel,
-                     max_num_seqs: int | None = None,
                      engine: EngineConfig | Sequence[EngineConfig] = NO_LIMITS) -> Evaluation:
     """Run each sample on its replica (flat, group-major trace order = admission order on a replica).
 
@@ -178,7 +171,7 @@ def evaluate_samples(groups: Sequence[Group], sample_replica: Sequence[int], n_r
         members = np.flatnonzero(sample_replica == r)
         if len(members) == 0:
             continue
-        run = simulate_replica(lengths[members], perf, prompts[members], max_num_seqs, engines[r], group_of[members])
+        run = simulate_replica(lengths[members], perf, prompts[members], engines[r], group_of[members])
         replica_times[r] = run.completion_s
         finish[members] = run.finish_s
         admit[members] = run.admit_s

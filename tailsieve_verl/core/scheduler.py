@@ -67,7 +67,10 @@ class _Steps:
 
 def steps_to_finish(left, rate):
     """Decode steps that bring ``left`` tokens at ``rate`` per step (fractional under speculation):
-    one rule for the walk and the spans, tolerant of rounding in the accumulated expectation."""
+    one rule for the walk and the spans, tolerant of rounding in the accumulated expectation. Two
+    Python numbers give an int (the same float arithmetic, without numpy's per-call cost)."""
+    if isinstance(left, float) and isinstance(rate, float):
+        return math.ceil(left / rate - 1e-9)
     return np.ceil(np.asarray(left) / rate - 1e-9)
 
 
@@ -98,15 +101,13 @@ def step_seconds(perf: PerfModel, cfg: EngineConfig, emitting, ctx_sum, query, k
 class ReplicaScheduler:
     """The run of one replica's requests (input order = arrival order); see the module docstring."""
 
-    def __init__(self, lengths: np.ndarray, prompts: np.ndarray, groups: np.ndarray | None, cfg: EngineConfig,
-                 max_num_seqs: int | None = None):
+    def __init__(self, lengths: np.ndarray, prompts: np.ndarray, groups: np.ndarray | None, cfg: EngineConfig):
         self.cfg = cfg
         n = self.n = len(lengths)
         self.L = lengths.astype(float)
         self.P = prompts.astype(np.int64)
         self.bs = cfg.block_size
-        cap = cfg.max_num_seqs if cfg.max_num_seqs is not None else max_num_seqs
-        self.cap = n + 1 if cap is None else cap
+        self.cap = n + 1 if cfg.max_num_seqs is None else cfg.max_num_seqs
         self.budget = np.inf if cfg.max_num_batched_tokens is None else cfg.max_num_batched_tokens
         self.capacity = cfg.num_gpu_blocks
         self.spec = cfg.speculative
@@ -179,6 +180,17 @@ class ReplicaScheduler:
         if self.capacity is not None:
             self.used -= int(self.held[i]) + (int(self.hit_blocks[i]) if self.refs[gid] == 0 else 0)
             self.held[i] = 0
+
+    def _release_all(self, finished: np.ndarray) -> None:
+        """:meth:`_release` of several requests at once (a group's members share one prompt length,
+        so which member frees the prompt blocks does not matter)."""
+        gids = self.gid[finished]
+        np.subtract.at(self.refs, gids, 1)
+        if self.capacity is not None:
+            groups, first = np.unique(gids, return_index=True)
+            emptied = self.refs[groups] == 0
+            self.used -= int(self.held[finished].sum()) + int(self.hit_blocks[finished[first[emptied]]].sum())
+            self.held[finished] = 0
 
     # ------------------------------------------------------------------ the run
 
@@ -256,7 +268,10 @@ class ReplicaScheduler:
         finish frees a slot that the next waiting request takes at the following step, its prefill
         done within that step (the closed form's FIFO refill). Admissions are played out with a heap,
         then the stretch is cut at the first step whose token budget or KV blocks would not hold it
-        (the scheduler walks from there). False when no step qualifies."""
+        (the scheduler walks from there). False when no step qualifies. The play-out goes in doubling
+        chunks of the queue, each checked against the limits up to the next admission: a stretch cut
+        early by the KV blocks does not play out the whole queue (the result is the same: the steps
+        before the next admission depend only on the admissions played out)."""
         run, b = self.run, len(self.run)
         if not self.waiting or b != self.cap or self.n_prefilling:
             return False
@@ -277,36 +292,52 @@ class ReplicaScheduler:
         new: list[tuple[int, int, int, float, int, bool]] = []  # (request, admitted at, done at, e, prefill, hit)
         zero: list[tuple[int, int]] = []  # (request, clock index) of zero-length requests, done on admission
         waiting = list(self.waiting)
-        pos = 0
+        pos, chunk = 0, 16
+        while True:
+            pos, stop = self._refill_chunk(heap, holding_end, new, zero, waiting, pos, pos + chunk, k)
+            played_out = stop is None
+            stop = heap[0] if played_out else stop  # played out: the first finish the queue does not refill
+            cut = min(stop, self._refill_budget_limit(b, k, new, stop))
+            if self.capacity is not None:
+                cut = self._refill_block_limit(k, step0, cut, e_run, f_run, new)
+            if cut < stop or played_out:
+                stop = cut
+                break
+            chunk *= 2
+        if stop <= step0:
+            return False
+        self._apply_refill(k, step0, stop, e_run, f_run, [x for x in new if x[1] < stop],
+                           [x for x in zero if x[1] < stop])
+        return True
+
+    def _refill_chunk(self, heap: list, holding_end: dict, new: list, zero: list, waiting: list, pos: int,
+                      until: int, k: int) -> tuple[int, int | None]:
+        """Play out the refill admissions of ``waiting[pos:until]`` (see :meth:`_refill_span`): the next
+        position in the queue and the clock index of its admission, None once the queue ran out (the
+        heap then holds the finishes)."""
         while pos < len(waiting):
+            if pos >= until:
+                return pos, heap[0]
             free_at = heapq.heappop(heap)
             while pos < len(waiting) and self.L[waiting[pos]] == 0:
                 zero.append((waiting[pos], free_at))
                 pos += 1
             if pos == len(waiting):
                 heapq.heappush(heap, free_at)  # a slot nobody takes: the batch shrinks here
-                break
+                return pos, None
             j = waiting[pos]
             pos += 1
-            gid, g0 = int(self.gid[j]), float(self.g[j])
+            gid, g0, length, prompt = int(self.gid[j]), float(self.g[j]), float(self.L[j]), int(self.P[j])
             hit = holding_end.get(gid, -1) > free_at  # a sibling still running holds the prompt's blocks
-            self.ctx_mid[j] = self.P[j] + (g0 + self.L[j]) / 2
-            e_j = float(self.spec.tokens_per_step(k, self.ctx_mid[j])) if k else 1.0
-            left = self.L[j] - g0 - 1  # after the prefill step's token
-            end = free_at + 1 + int(steps_to_finish(left, e_j))
+            mid = prompt + (g0 + length) / 2
+            self.ctx_mid[j] = mid
+            e_j = float(self.spec.tokens_per_step(k, mid)) if k else 1.0
+            end = free_at + 1 + steps_to_finish(length - g0 - 1, e_j)  # after the prefill step's token
             holding_end[gid] = max(holding_end.get(gid, -1), end)
-            new.append((j, free_at, end, e_j, int(self.P[j]) + int(g0) - (int(self.hit_blocks[j]) * self.bs if hit else 0),
+            new.append((j, free_at, end, e_j, prompt + int(g0) - (int(self.hit_blocks[j]) * self.bs if hit else 0),
                         hit))
             heapq.heappush(heap, end)
-        stop = heap[0]  # the first finish the queue does not refill
-        stop = min(stop, self._refill_budget_limit(b, k, new, stop))
-        if self.capacity is not None:
-            stop = self._refill_block_limit(k, step0, stop, e_run, f_run, new)
-        if stop <= step0:
-            return False
-        self._apply_refill(k, step0, stop, e_run, f_run, [x for x in new if x[1] < stop],
-                           [x for x in zero if x[1] < stop])
-        return True
+        return pos, None
 
     def _refill_budget_limit(self, b: int, k: int, new: list, stop: int) -> int:
         """The first admission step whose decodes and whole prefills exceed the token budget."""
@@ -352,23 +383,21 @@ class ReplicaScheduler:
             boundary = (blocks_first[owner] + nth) * bs  # the step's tokens exceed this
             at = start[owner] + np.floor((boundary - lin0[owner]) / rate[owner]).astype(np.int64) + 1
             np.add.at(diff, np.maximum(at, start[owner] + 1) - step0, 1.0)
-        # group prompt blocks: held from a holding's first member to its last member's end
+        # group prompt blocks: held from a holding's first member to its last member's end (a group's
+        # members, by start, form one holding while each starts before the ends so far)
         order = np.lexsort((start, self.gid[idx]))
-        gids, starts, ends = self.gid[idx][order], start[order], end[order]
-        for lo, hi in _runs(gids):
-            blocks = int(self.hit_blocks[idx[order[lo]]])
-            if not blocks:
-                continue
-            open_at, close_at = starts[lo], ends[lo]
-            for s_, e_ in zip(starts[lo + 1:hi].tolist(), ends[lo + 1:hi].tolist()):
-                if s_ >= close_at:
-                    diff[open_at - step0] += blocks
-                    diff[close_at - step0] -= blocks
-                    open_at, close_at = s_, e_
-                else:
-                    close_at = max(close_at, e_)
-            diff[open_at - step0] += blocks
-            diff[close_at - step0] -= blocks
+        blocks = self.hit_blocks[idx][order]
+        shared = blocks > 0  # a group's members share one prompt length, hence one block count
+        gids, starts, ends, blocks = self.gid[idx][order][shared], start[order][shared], end[order][shared], blocks[shared]
+        if len(gids):
+            new_group = np.concatenate([[True], gids[1:] != gids[:-1]])
+            rank = np.cumsum(new_group) - 1
+            offset = rank * (int(ends.max()) + 1)  # a running max per group, as one running max
+            reach = np.maximum.accumulate(ends + offset) - offset
+            opens = np.flatnonzero(new_group | np.concatenate([[True], starts[1:] >= reach[:-1]]))
+            closes = np.concatenate([opens[1:] - 1, [len(gids) - 1]])
+            np.add.at(diff, starts[opens] - step0, blocks[opens])
+            np.add.at(diff, reach[closes] - step0, -blocks[opens])
         over = np.flatnonzero(np.cumsum(diff)[:span] > self.capacity)
         return step0 + int(over[0]) if len(over) else stop
 
@@ -523,9 +552,8 @@ class ReplicaScheduler:
             return
         finished = self.run[done]
         at = at[done] if isinstance(at, np.ndarray) else np.full(len(finished), at, dtype=np.int64)
-        for i, when in zip(finished.tolist(), at.tolist()):
-            self._release(i)
-            self.knots.append((i, when, float(self.L[i])))
+        self._release_all(finished)
+        self.knots.extend(zip(finished.tolist(), at.tolist(), self.L[finished].tolist()))
         self.finish_idx[finished] = at
         self.run = self.run[~done]
         self.unfinished -= len(finished)
@@ -693,12 +721,3 @@ class ReplicaScheduler:
         run = self.run
         if len(run):
             self._finish((self.g[run] >= self.L[run]) & ~self.prefilling[run], self.step)
-
-
-def _runs(keys: np.ndarray):
-    """(start, stop) of each run of equal values in a sorted array."""
-    if not len(keys):
-        return []
-    cuts = np.flatnonzero(np.diff(keys)) + 1
-    bounds = np.concatenate([[0], cuts, [len(keys)]])
-    return list(zip(bounds[:-1].tolist(), bounds[1:].tolist()))

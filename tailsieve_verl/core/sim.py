@@ -189,11 +189,15 @@ class SimConfig:
         if not self.spec_depths or not all(isinstance(k, int) and 1 <= k <= 64 for k in self.spec_depths):
             raise SimError(f"spec_depths must be integers in 1..64, got {self.spec_depths}")
 
+    @property
+    def tail_and_bulk_engines(self) -> tuple[EngineConfig, EngineConfig]:
+        """TailSieve's (tail, bulk) pool engines."""
+        return self.tail_engine or self.engine, self.bulk_engine or self.engine
+
     def pool_engines(self, m: int) -> list[EngineConfig]:
         """One engine per replica for a TailSieve step with m tail replicas: [tail]*m + [bulk]*(R−m)
         (m = 0: the bulk engine everywhere)."""
-        tail = self.tail_engine or self.engine
-        bulk = self.bulk_engine or self.engine
+        tail, bulk = self.tail_and_bulk_engines
         return [tail] * m + [bulk] * (self.n_replicas - m)
 
     @property
@@ -522,7 +526,8 @@ class TailSieveRunner(_Runner):
         self.name = name
         super().__init__(cfg, pool, perf, execute)
         self.cycle = TailSieveCycle(cfg.batch_size, cfg.n_replicas, controller_cfg, perf,
-                                    per_sample=not cfg.group_atomic, record=cfg.prompt_record, prompt_key=prompt_of)
+                                    per_sample=not cfg.group_atomic, record=cfg.prompt_record, prompt_key=prompt_of,
+                                    engines=cfg.tail_and_bulk_engines)
         self.generated: dict[str, int] = {}
 
     def in_flight(self) -> list[str]:

@@ -33,6 +33,7 @@ import numpy as np
 from .errors import TailSieveError
 from .perf import DEFAULT_PERF_MODEL, PerfModel, parse_perf_model
 from .policies import route
+from .engine import EngineConfig
 from .replica import evaluate_assignment
 from .trace import Group, read_trace
 from .workload import PRESETS, PromptPool
@@ -56,6 +57,7 @@ class StudyConfig:
     seed: int = 0
     time_limit_s: float = 0.8
     isolation_fraction: float = 0.1
+    engine: EngineConfig = field(default_factory=EngineConfig)  # every replica's engine (default: no limit)
 
     def validate(self) -> None:
         if self.instances < 1:
@@ -161,17 +163,18 @@ def run_instance(index: int, groups: list[Group], config: StudyConfig, perf: Per
     """Route one instance with every study policy and the exact search."""
     R = config.replicas
     n = len(groups)
-    best_k = route("best-k", groups, R, perf)
+    engine = config.engine
+    best_k = route("best-k", groups, R, perf, engine=engine)
     fixed_k = max(1, int(round(config.isolation_fraction * n)))
-    fixed = route("topk-balanced", groups, R, perf, k=fixed_k, tail_replicas=1)
+    fixed = route("topk-balanced", groups, R, perf, k=fixed_k, tail_replicas=1, engine=engine)
     order = rng.permutation(n)
     random_assignment = np.empty(n, dtype=np.int64)
     random_assignment[order] = np.arange(n) % R
-    random_uniform = evaluate_assignment(groups, random_assignment, R, perf).makespan_s
-    balanced = route("uniform-oracle", groups, R, perf).makespan_s
-    exact = route("exact", groups, R, perf, time_limit_s=config.time_limit_s)
+    random_uniform = evaluate_assignment(groups, random_assignment, R, perf, engine).makespan_s
+    balanced = route("uniform-oracle", groups, R, perf, engine=engine).makespan_s
+    exact = route("exact", groups, R, perf, time_limit_s=config.time_limit_s, engine=engine)
     makespans = {"best-k": best_k.makespan_s, "fixed-10%": fixed.makespan_s,
-                 "verl": route("verl", groups, R, perf).makespan_s, "random-uniform": random_uniform,
+                 "verl": route("verl", groups, R, perf, engine=engine).makespan_s, "random-uniform": random_uniform,
                  "uniform-oracle": balanced}
     optimum = min([exact.makespan_s] + list(makespans.values()))
     return InstanceResult(index, optimum, min(exact.lower_bound_s, optimum), exact.optimal, makespans,

@@ -29,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping
 
+from tailsieve_verl.core.engine import EngineConfig
 from tailsieve_verl.core.kinds import Pool
 from tailsieve_verl.integration.config import PoolEngineConfig, TailSieveConfig, parse_tailsieve_section
 
@@ -49,6 +50,13 @@ def launch_pool(replica_rank: int, settings: TailSieveConfig) -> Pool:
 
 def pool_engine(replica_rank: int, settings: TailSieveConfig) -> PoolEngineConfig:
     return settings.tail if launch_pool(replica_rank, settings) is Pool.TAIL else settings.bulk
+
+
+def pool_engine_models(settings: TailSieveConfig, rollout_max_num_seqs: int) -> tuple[EngineConfig, EngineConfig]:
+    """(tail, bulk) engine models of the pools' replicas, as far as the settings say: each pool's
+    admission cap (``tailsieve.{tail,bulk}.max_num_seqs``, else verl's ``rollout.max_num_seqs``)."""
+    return tuple(EngineConfig(max_num_seqs=int(pool.max_num_seqs or rollout_max_num_seqs))
+                 for pool in (settings.tail, settings.bulk))
 
 
 def has_pool_engine_settings(settings: TailSieveConfig) -> bool:

@@ -43,9 +43,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from tailsieve_verl.core.controller import Decision, GroupRecord, StepObservation
+from tailsieve_verl.core.engine import EngineConfig
 from tailsieve_verl.core.perf import PerfModel
 from tailsieve_verl.core.policies import pool_assignment
-from tailsieve_verl.core.replica import evaluate_samples
+from tailsieve_verl.core.replica import NO_LIMITS, evaluate_samples
 from tailsieve_verl.core.trace import Group
 
 
@@ -72,27 +73,33 @@ def _groups(records: list[GroupRecord], prefix: str, prompt_len: float) -> list[
 
 
 def predicted_makespans(tail: list[GroupRecord], bulk: list[GroupRecord], m: int, n_replicas: int,
-                        perf: PerfModel, prompt_len: float = 0.0, group_atomic: bool = False
+                        perf: PerfModel, prompt_len: float = 0.0, group_atomic: bool = False,
+                        tail_engine: EngineConfig = NO_LIMITS, bulk_engine: EngineConfig = NO_LIMITS
                         ) -> tuple[float, float, float]:
-    """(stock verl, uniform group, this split) makespans of the consumed groups under the perf model."""
+    """(stock verl, uniform group, this split) makespans of the consumed groups under the perf model.
+    The split runs its tail replicas under ``tail_engine`` and the rest under ``bulk_engine``; stock
+    verl and uniform routing run every replica under ``bulk_engine`` (no tail pool)."""
     groups = _groups(tail, "t", prompt_len) + _groups(bulk, "b", prompt_len)
     if not groups:
         return 0.0, 0.0, 0.0
-    verl = evaluate_samples(groups, pool_assignment(groups, n_replicas), n_replicas, perf).makespan_s
+    verl = evaluate_samples(groups, pool_assignment(groups, n_replicas), n_replicas, perf, bulk_engine).makespan_s
     uniform = evaluate_samples(groups, pool_assignment(groups, n_replicas, group_atomic=True), n_replicas,
-                               perf).makespan_s
+                               perf, bulk_engine).makespan_s
     if m == 0 or not tail:
         split = pool_assignment(groups, n_replicas, group_atomic=group_atomic)
     else:
         split = np.concatenate([pool_assignment(groups[:len(tail)], m, 0, group_atomic),
                                 pool_assignment(groups[len(tail):], n_replicas - m, m, group_atomic)])
-    return verl, uniform, evaluate_samples(groups, split, n_replicas, perf).makespan_s
+    engines = [tail_engine] * m + [bulk_engine] * (n_replicas - m)
+    return verl, uniform, evaluate_samples(groups, split, n_replicas, perf, engines).makespan_s
 
 
 def step_metrics(measurement: StepMeasurement, observation: StepObservation, decision: Decision, n_replicas: int,
-                 perf: PerfModel, group_atomic: bool = False) -> dict[str, float]:
+                 perf: PerfModel, group_atomic: bool = False,
+                 engines: tuple[EngineConfig, EngineConfig] = (NO_LIMITS, NO_LIMITS)) -> dict[str, float]:
+    """The step's metrics; ``engines``: the (tail, bulk) pools' engine models for the predictions."""
     verl, uniform, split = predicted_makespans(measurement.tail, measurement.bulk, measurement.m, n_replicas, perf,
-                                               observation.prompt_len, group_atomic)
+                                               observation.prompt_len, group_atomic, *engines)
     return {
         "tailsieve/q": float(measurement.q),
         "tailsieve/m": float(measurement.m),

@@ -64,7 +64,7 @@ from tailsieve_verl.core.selector import StepOutcome, StepPlan
 from tailsieve_verl.integration.checkpoint import (Restore, RunShape, checkpoint_state, restore_for_resume,
                                                     resume_folder, save_state)
 from tailsieve_verl.integration.config import TRAINER_MODE, TailSieveConfig, rollout_replica_count, wire_verl_config
-from tailsieve_verl.integration.engine_config import install_tailsieve_vllm
+from tailsieve_verl.integration.engine_config import install_tailsieve_vllm, pool_engine_models
 from tailsieve_verl.integration.group_status import GroupStatus
 from tailsieve_verl.integration.metrics import StepMeasurement, step_metrics
 from tailsieve_verl.integration.verl_compat import check_verl_internals
@@ -243,10 +243,13 @@ class TailSieveTrainer(PPOTrainerSync):
         self.batch_size = int(config.data.train_batch_size)
         self.n_replicas = rollout_replica_count(config)
         self.samples_per_group = int(config.actor_rollout_ref.rollout.n)
+        # the pools' engine models (admission caps), for the controller's model and the step metrics' predictions
+        self.pool_engines = pool_engine_models(self.settings, int(config.actor_rollout_ref.rollout.max_num_seqs))
         # selector, controller and per-prompt length record: the step logic the simulator runs too
         self.cycle = TailSieveCycle(self.batch_size, self.n_replicas, self.settings.controller_config(),
                                     self.settings.perf(), per_sample=not self.settings.group_atomic,
-                                    adaptive=self.settings.active, prompt_key=lambda identity: self.prompt_keys[identity])
+                                    adaptive=self.settings.active, prompt_key=lambda identity: self.prompt_keys[identity],
+                                    engines=self.pool_engines)
         self.carried_rows: dict[str, TensorDict] = {}
         self.prompt_keys: dict[str, str] = {}  # identity -> prompt_key of its row, for the carried and this step
         self.step_state: ActiveStep | None = None
@@ -665,7 +668,7 @@ class TailSieveTrainer(PPOTrainerSync):
             tail=[g for _, g in tail], bulk=[g for _, g in bulk],
             redispatched=state.redispatched, live_replicas=len(self._replicas_by_address()), refused=state.refused)
         self.tailsieve_metrics = step_metrics(measurement, observation, self.cycle.decision, self.n_replicas,
-                                              self.settings.perf(), self.settings.group_atomic)
+                                              self.settings.perf(), self.settings.group_atomic, self.pool_engines)
         consumed_lengths = [g.lengths for g in measurement.tail + measurement.bulk if g.lengths]
         if self.bias_monitor is not None and consumed_lengths:
             self._watch_bias(self.bias_monitor.update(consumed_lengths))

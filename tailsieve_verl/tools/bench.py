@@ -38,7 +38,7 @@ from __future__ import annotations
 import datetime as _dt
 import statistics
 import threading
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Callable, Sequence
 
 import numpy as np
@@ -46,7 +46,8 @@ import numpy as np
 from ..core.errors import TailSieveError
 from ..core.perf import PerfModel
 from ..core.policies import expand_to_samples, least_inflight_assignment, pool_assignment, route, uniform_assignment
-from ..core.replica import Evaluation, evaluate_samples
+from ..core.engine import EngineConfig
+from ..core.replica import NO_LIMITS, Evaluation, evaluate_samples
 from ..core.trace import Group
 from .openai_client import ForcedRequest, OpenAIServer, synthetic_prompt
 
@@ -106,18 +107,18 @@ def carried_at_cutoff(group_finish_s: Sequence[float], q: int) -> list[int]:
 
 
 def best_tailsieve_split(groups: Sequence[Group], n_replicas: int, perf: PerfModel,
-                         selection_group_finish_s: Sequence[float], max_num_seqs: int | None = None,
+                         selection_group_finish_s: Sequence[float], engine: EngineConfig = NO_LIMITS,
                          group_atomic: bool = False) -> tuple[int, int, float]:
     """(q, m, predicted makespan) minimising the predicted makespan under the partial-rollout rule;
     (0, 0) is one shared pool (stock verl's routing, or group round-robin when ``group_atomic``)."""
     shared = (expand_to_samples(groups, uniform_assignment(len(groups), n_replicas)) if group_atomic
               else verl_assignment(groups, n_replicas))
-    best = (0, 0, evaluate_samples(groups, shared, n_replicas, perf, max_num_seqs).makespan_s)
+    best = (0, 0, evaluate_samples(groups, shared, n_replicas, perf, engine).makespan_s)
     for m in range(1, n_replicas):
         for q in range(1, len(groups) - (n_replicas - m) + 1):
             tail = carried_at_cutoff(selection_group_finish_s, q)
             assignment = pooled_assignment(groups, tail, n_replicas, m, group_atomic)
-            makespan = evaluate_samples(groups, assignment, n_replicas, perf, max_num_seqs).makespan_s
+            makespan = evaluate_samples(groups, assignment, n_replicas, perf, engine).makespan_s
             if makespan < best[2] - 1e-12:
                 best = (q, m, makespan)
     return best
@@ -221,7 +222,7 @@ def scale_groups(groups: Sequence[Group], scale: float, max_len: int | None) -> 
 
 def bench(groups: Sequence[Group], servers: Sequence[OpenAIServer], n_replicas: int, perf: PerfModel,
           policies: Sequence[str] = POLICIES, oracle_time_limit_s: float = 10.0,
-          repeats: int = 3, split: tuple[int, int] | None = None, max_num_seqs: int | None = None,
+          repeats: int = 3, split: tuple[int, int] | None = None, engine: EngineConfig = NO_LIMITS,
           group_atomic: bool = False, on_run: Callable[[int, int, str, float], None] | None = None) -> dict:
     """Plan, run and compare the policies; returns a JSON-able report (see module docstring)."""
     if n_replicas < 2:
@@ -244,7 +245,7 @@ def bench(groups: Sequence[Group], servers: Sequence[OpenAIServer], n_replicas: 
     report: dict = {}
 
     def record(name: str, assignment: np.ndarray) -> None:
-        ev = evaluate_samples(groups, assignment, n_replicas, perf, max_num_seqs)
+        ev = evaluate_samples(groups, assignment, n_replicas, perf, engine)
         results[name] = PolicyResult(name, [int(a) for a in assignment], ev.makespan_s, list(ev.replica_times_s))
 
     record("verl", stock)
@@ -257,9 +258,9 @@ def bench(groups: Sequence[Group], servers: Sequence[OpenAIServer], n_replicas: 
         done += 1
         if on_run:
             on_run(done, total_runs, "selection (shared pool)", selection.makespan_s)
-        predicted_shared = evaluate_samples(groups, shared, n_replicas, perf, max_num_seqs)
+        predicted_shared = evaluate_samples(groups, shared, n_replicas, perf, engine)
         if split is None:
-            q, m, _ = best_tailsieve_split(groups, n_replicas, perf, selection.group_finish_s, max_num_seqs,
+            q, m, _ = best_tailsieve_split(groups, n_replicas, perf, selection.group_finish_s, engine,
                                            group_atomic)
         else:
             q, m = split
@@ -278,7 +279,7 @@ def bench(groups: Sequence[Group], servers: Sequence[OpenAIServer], n_replicas: 
             "carried_overlap_with_predicted_rule": len(set(carried) & set(predicted_carried)),
         }
     if "oracle" in policies:
-        routing = route("exact", groups, n_replicas, perf, max_num_seqs=max_num_seqs, time_limit_s=oracle_time_limit_s)
+        routing = route("exact", groups, n_replicas, perf, engine=engine, time_limit_s=oracle_time_limit_s)
         record("oracle", routing.sample_assignment)
         report["oracle"] = {"policy": "exact", "optimal": routing.optimal, "gap_to_bound": routing.gap_to_bound}
 
@@ -322,7 +323,7 @@ def bench(groups: Sequence[Group], servers: Sequence[OpenAIServer], n_replicas: 
         "server_model": servers[0].model,
         "replicas_per_server_run": "concurrent" if len(servers) == n_replicas else "sequential per server",
         "perf_model": perf.name,
-        "max_num_seqs": max_num_seqs,
+        "engine": asdict(engine),
         "repeats": repeats,
         "policies": policy_rows,
     })

@@ -33,9 +33,10 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from ..core.engine import EngineConfig
 from ..core.errors import TailSieveError
 from ..core.perf import PerfModel
-from ..core.replica import Evaluation, evaluate_samples
+from ..core.replica import NO_LIMITS, Evaluation, evaluate_samples
 from ..core.sim import BASELINE, SimConfig, simulate, step_times
 from ..core.trace import Group
 from ..core.workload import PromptPool
@@ -61,11 +62,10 @@ def check_run(cfg: SimConfig, warmup: int) -> None:
 
 
 def closed_loop(cfg: SimConfig, pool: PromptPool, servers: Sequence[OpenAIServer], perf: PerfModel,
-                warmup: int = 0, max_num_seqs: int | None = None,
-                on_step: Callable[[str, int, float], None] | None = None) -> dict:
+                warmup: int = 0, on_step: Callable[[str, int, float], None] | None = None) -> dict:
     """Run ``cfg``'s policies on the servers; a JSON-able report (see the module docstring).
-    ``max_num_seqs`` caps a replica's concurrent requests in the prediction (FIFO admission; a crude
-    stand-in for a KV cache that holds only that many requests — the model has no preemption).
+    ``cfg.engine`` describes the servers' engine (admission cap, KV blocks, token budget) for the
+    prediction, which runs every replica under it.
     ``on_step(policy, step, seconds)`` after every step's run (until its last replica is done; the
     step's makespan, cut at the abort, is in the report)."""
     check_run(cfg, warmup)
@@ -110,7 +110,7 @@ def closed_loop(cfg: SimConfig, pool: PromptPool, servers: Sequence[OpenAIServer
         "steps": rows,
         "policies": audit,
     }
-    return predict(report, perf, max_num_seqs)
+    return predict(report, perf, cfg.engine)
 
 
 def _makespan(ev: Evaluation, n_tail: int, n_requeued: int, batch_size: int) -> float:
@@ -119,17 +119,18 @@ def _makespan(ev: Evaluation, n_tail: int, n_requeued: int, batch_size: int) -> 
     return max(tail_s, cut.bulk_end_s)
 
 
-def predict(report: dict, perf: PerfModel, max_num_seqs: int | None = None) -> dict:
+def predict(report: dict, perf: PerfModel, engine: EngineConfig = NO_LIMITS) -> dict:
     """Fill ``report``'s predictions, errors and speedups from its recorded steps (lengths,
-    assignment, tail groups) under ``perf``: how :func:`closed_loop` scores a run, and how a recorded
-    run is scored again under another model (e.g. a calibration that covers more contexts)."""
+    assignment, tail groups) under ``perf`` and every replica's ``engine``: how :func:`closed_loop`
+    scores a run, and how a recorded run is scored again under another model (e.g. a calibration that
+    covers more contexts, or the engine's KV capacity)."""
     cfg, warmup = report["config"], report["config"]["warmup"]
     for row in report["steps"]:
         # reports recorded before group_prompt_len existed: a preset pool's prompts all have its prompt_len
         prompt_lens = row.get("group_prompt_len") or [report["workload"]["prompt_len"]] * len(row["group_lengths"])
         groups = [Group(f"g{i}", tuple(lengths), prompt_len)
                   for i, (lengths, prompt_len) in enumerate(zip(row["group_lengths"], prompt_lens))]
-        pred = evaluate_samples(groups, np.asarray(row["sample_replica"]), cfg["n_replicas"], perf, max_num_seqs)
+        pred = evaluate_samples(groups, np.asarray(row["sample_replica"]), cfg["n_replicas"], perf, engine)
         # reports recorded before requeued_groups existed ran the old cutoff, which requeued nothing apart
         row["predicted_makespan_s"] = _makespan(pred, row["tail_groups"], row.get("requeued_groups", 0),
                                                 cfg["batch_size"])
@@ -143,7 +144,7 @@ def predict(report: dict, perf: PerfModel, max_num_seqs: int | None = None) -> d
         s["mean_predicted_makespan_s"] = statistics.fmean(r["predicted_makespan_s"] for r in kept)
         s["median_prediction_error"] = statistics.median(abs(r["prediction_error"]) for r in mine)
     errors = [abs(r["prediction_error"]) for r in report["steps"]]
-    report.update({"perf_model": perf.name, "max_num_seqs": max_num_seqs,
+    report.update({"perf_model": perf.name, "engine": asdict(engine),
                    "median_prediction_error": statistics.median(errors), "worst_prediction_error": max(errors)})
     base = summary[BASELINE]
     for name, s in summary.items():

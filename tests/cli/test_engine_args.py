@@ -1,4 +1,4 @@
-"""`tailsieve simulate`'s engine flags (vLLM's words) and their one-line errors."""
+"""The engine flags (vLLM's words) of every command that evaluates replicas, and their one-line errors."""
 
 from __future__ import annotations
 
@@ -47,6 +47,25 @@ def test_simulate_runs_under_an_engine_and_it_changes_the_makespans(tmp_path, ca
     out = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
     before, after = (r["policies"]["verl"]["mean_makespan_s"] for r in out)
     assert after > 1.5 * before  # 2 running at a time out of 16 per replica
+
+
+@pytest.mark.parametrize("command", [
+    ["route", "--trace", "t.jsonl", "-R", "2"], ["plan", "--trace", "t.jsonl"], ["study"],
+    ["bench", "--preset", "real", "-R", "2", "--url", "http://x"], ["closed-loop", "--url", "http://x", "--calibration", "c.json"]])
+def test_every_replica_consumer_takes_the_same_engine_flags(command):
+    args = build_parser().parse_args([*command, "--engine-defaults", "qwen3-8b", "--max-num-seqs", "128",
+                                      "--num-gpu-blocks", "900"])
+    assert engine_config_from_args(args, PERF) == EngineConfig.verl_defaults("qwen3-8b", PERF, max_num_seqs=128,
+                                                                             num_gpu_blocks=900)
+
+
+def test_route_runs_under_the_engine(tmp_path, capsys):
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("".join(json.dumps({"prompt_id": f"p{i}", "lengths": [200 + 50 * i] * 4}) + "\n" for i in range(4)))
+    base = ["route", "--trace", str(trace), "-R", "2", "--policy", "uniform", "--json"]
+    assert main(base) == 0 and main([*base, "--num-gpu-blocks", "40", "--block-size", "16"]) == 0
+    free, tight = (json.loads(line)["makespan_s"] for line in capsys.readouterr().out.splitlines())
+    assert tight > 1.2 * free  # 640 KV tokens hold about one 500-token request of eight: preemption and queueing
 
 
 @pytest.mark.parametrize("flags, needle", [

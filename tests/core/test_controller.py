@@ -239,3 +239,36 @@ def test_a_transition_step_measures_no_split(perf):
     ctl.observe(StepObservation(m=0, tail_makespan_s=0.0, bulk_cutoff_s=10.0, tail_groups=(),
                                 bulk_groups=obs.bulk_groups, n_aborted=8))
     assert ctl.state.splits[0].visits == before
+
+
+def _consumed(groups, n):
+    from tailsieve_verl.core.controller import _ConsumedBatch
+
+    return _ConsumedBatch(np.asarray(groups, dtype=np.int64).ravel(), np.full(len(groups), n))
+
+
+@pytest.mark.parametrize("per_sample", [True, False])
+def test_the_fluid_model_takes_each_pools_admission_cap(per_sample):
+    from tailsieve_verl.core.controller import _Candidates, _FluidModel, _StepTable
+    from tailsieve_verl.core.engine import EngineConfig
+
+    rng = np.random.default_rng(0)
+    perf = LinearPerf(0.01, 0.0)  # every step costs the same: time counts steps
+    groups = rng.integers(1, 400, size=(32, 4))
+    consumed, R = _consumed(groups, 4), 4
+    free = HierarchicalController(ControllerConfig(), R, 32, perf, per_sample=per_sample)
+    roomy = HierarchicalController(ControllerConfig(), R, 32, perf, per_sample=per_sample,
+                                   engines=(EngineConfig(max_num_seqs=10 ** 6), EngineConfig(max_num_seqs=10 ** 6)))
+    assert roomy.yardstick_s(consumed, 16.0) == free.yardstick_s(consumed, 16.0)  # no cap binds: the same bits
+    serial = HierarchicalController(ControllerConfig(), R, 32, perf, per_sample=per_sample,
+                                    engines=(EngineConfig(), EngineConfig(max_num_seqs=1)))
+    if per_sample:  # one request at a time: every token of the replica's share is a step of its own
+        assert serial.yardstick_s(consumed, 16.0) == pytest.approx(0.01 * groups.sum() / R, rel=0.05)
+    assert serial.yardstick_s(consumed, 16.0) > 3 * free.yardstick_s(consumed, 16.0)
+    # the prior: a tail pool capped at one request runs its groups' samples one after another
+    table, candidates = _StepTable(perf, 32 * 16), _Candidates(np.array([1, 4, 8]), 32, 1.0)
+    models = [_FluidModel([consumed], 32, 16.0, table, candidates, per_sample, engines=engines)
+              for engines in (None, (EngineConfig(max_num_seqs=1), EngineConfig()))]
+    plain, capped = (model.tail_time(1) for model in models)
+    assert np.all(capped > 2 * plain)
+    np.testing.assert_array_equal(models[1].bulk_cutoff(3), models[0].bulk_cutoff(3))  # the bulk pool has no cap

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tailsieve_verl.core.engine import EngineConfig
 from tailsieve_verl.core.oracle import OracleError, SetCost, StepCostTable, brute_force, solve_exact
 from tailsieve_verl.core.perf import LinearPerf, parse_perf_model
 from tailsieve_verl.core.replica import simulate_replica
@@ -29,10 +30,10 @@ def test_exact_equals_brute_force(seed):
     perf = list(PERFS.values())[seed % len(PERFS)]
     n_replicas = int(rng.integers(1, 5))
     n_groups = int(rng.integers(1, 8 if n_replicas <= 3 else 7))
-    cap = 2 if seed % 5 == 0 else None
+    engine = EngineConfig(max_num_seqs=2) if seed % 5 == 0 else EngineConfig()
     groups = random_groups(rng, n_groups, prompt_lens=seed % 7 == 0)
-    _, expected = brute_force(groups, n_replicas, perf, cap)
-    result = solve_exact(groups, n_replicas, perf, cap, time_limit_s=None)
+    _, expected = brute_force(groups, n_replicas, perf, engine)
+    result = solve_exact(groups, n_replicas, perf, engine, time_limit_s=None)
     assert result.optimal
     assert result.makespan_s == pytest.approx(expected, rel=1e-9)
     assert result.lower_bound_s == result.makespan_s

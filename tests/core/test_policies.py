@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tailsieve_verl.core.engine import EngineConfig
 from tailsieve_verl.core.oracle import SetCost, brute_force
 from tailsieve_verl.core.perf import LinearPerf, parse_perf_model
 from tailsieve_verl.core.policies import (POLICIES, RoutingError, TimeEstimate, balanced_assignment,
@@ -204,10 +205,11 @@ def test_tail_isolation_wins_in_the_long_tail_regime():
 
 def test_set_cost_matches_evaluator_with_cap():
     groups = random_groups(2, n_groups=5)
-    cost = SetCost(groups, DENSE, max_num_seqs=3)
+    cost = SetCost(groups, DENSE, EngineConfig(max_num_seqs=3))
     assert cost.table is None
     a = [0, 1, 0, 1, 1]
-    assert cost.makespan(a, 2) == pytest.approx(evaluate_assignment(groups, a, 2, DENSE, 3).makespan_s)
+    assert cost.makespan(a, 2) == pytest.approx(evaluate_assignment(groups, a, 2, DENSE,
+                                                                    EngineConfig(max_num_seqs=3)).makespan_s)
 
 
 @pytest.mark.parametrize("policy, n_replicas, kwargs, needle", [
@@ -225,7 +227,7 @@ def test_set_cost_matches_evaluator_with_cap():
     ("best-k", 3, {"tail_replicas": 3}, "--tail-replicas must be between 1 and replicas - 1"),
     ("uniform", 3, {"k": 2}, "--k does not apply"),
     ("uniform-oracle", 3, {"tail_replicas": 1}, "--tail-replicas does not apply"),
-    ("uniform", 3, {"max_num_seqs": 0}, "--max-num-seqs must be >= 1"),
+    ("uniform", 3, {"engine": 4}, "engine must be an EngineConfig"),
 ])
 def test_impossible_requests_raise_one_clear_error(policy, n_replicas, kwargs, needle):
     with pytest.raises(RoutingError, match=needle.replace("(", r"\(")):

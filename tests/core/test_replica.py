@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tailsieve_verl.core.engine import EngineConfig, EngineConfigError
 from tailsieve_verl.core.perf import LinearPerf, parse_perf_model
 from tailsieve_verl.core.replica import evaluate_assignment, simulate_replica
 from tailsieve_verl.core.trace import Group
@@ -47,7 +48,7 @@ def test_matches_naive_simulation_with_and_without_cap(seed):
     lengths = [int(v) for v in rng.integers(0, 120, size=n)]
     prompts = [int(v) for v in rng.integers(0, 3000, size=n)]
     cap = [None, 1, 3, 7][seed % 4]
-    run = simulate_replica(lengths, perf, prompts, cap)
+    run = simulate_replica(lengths, perf, prompts, EngineConfig(max_num_seqs=cap))
     clock, finish = naive_replica(lengths, perf, prompts, cap)
     assert run.completion_s == pytest.approx(clock, rel=1e-9, abs=1e-12)
     np.testing.assert_allclose(run.finish_s, finish, rtol=1e-9, atol=1e-12)
@@ -55,8 +56,8 @@ def test_matches_naive_simulation_with_and_without_cap(seed):
 
 def test_cap_serialises_requests():
     perf = LinearPerf(1.0, 0.0)
-    assert simulate_replica([5, 5, 5], perf, max_num_seqs=1).completion_s == pytest.approx(15.0)
-    assert simulate_replica([5, 5, 5], perf, max_num_seqs=3).completion_s == pytest.approx(5.0)
+    assert simulate_replica([5, 5, 5], perf, engine=EngineConfig(max_num_seqs=1)).completion_s == pytest.approx(15.0)
+    assert simulate_replica([5, 5, 5], perf, engine=EngineConfig(max_num_seqs=3)).completion_s == pytest.approx(5.0)
 
 
 def test_evaluate_assignment_closed_form_and_bookkeeping():
@@ -81,5 +82,5 @@ def test_bad_assignment(assignment, needle):
 def test_bad_replica_inputs():
     with pytest.raises(ValueError, match=">= 0"):
         simulate_replica([3, -1], LinearPerf(1, 0))
-    with pytest.raises(ValueError, match="max_num_seqs"):
-        simulate_replica([3], LinearPerf(1, 0), max_num_seqs=0)
+    with pytest.raises(EngineConfigError, match="max_num_seqs"):
+        simulate_replica([3], LinearPerf(1, 0), engine=EngineConfig(max_num_seqs=0))

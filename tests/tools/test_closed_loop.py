@@ -7,6 +7,7 @@ import pytest
 from fake_openai_server import FakeOpenAIServer
 
 from tailsieve_verl.cli import main
+from tailsieve_verl.core.engine import EngineConfig
 from tailsieve_verl.core.perf import LinearPerf
 from tailsieve_verl.core.replica import evaluate_samples
 from tailsieve_verl.core.sim import SimConfig, simulate, step_times
@@ -96,6 +97,18 @@ def test_a_recorded_run_is_scored_again_under_another_model():
     assert slower["perf_model"] != report["perf_model"] or slower["median_prediction_error"] != 0
 
 
+def test_a_recorded_run_is_scored_again_under_the_servers_engine():
+    cfg = SimConfig(steps=2, n_replicas=2, batch_size=4, n=2, seed=3, policies=("verl", "tailsieve"))
+    with FakeOpenAIServer(seconds_per_token=0.0002) as fake:
+        report = closed_loop(cfg, PromptPool(SPEC, 12, seed=3), [OpenAIServer(fake.url)], PERF)
+    first = [r["predicted_makespan_s"] for r in report["steps"]]
+    roomy = predict(json.loads(json.dumps(report)), PERF, EngineConfig(num_gpu_blocks=10 ** 6, block_size=16))
+    assert [r["predicted_makespan_s"] for r in roomy["steps"]] == first
+    serial = predict(json.loads(json.dumps(report)), PERF, EngineConfig(max_num_seqs=1))
+    assert all(s > f for s, f in zip((r["predicted_makespan_s"] for r in serial["steps"]), first))
+    assert serial["engine"]["max_num_seqs"] == 1
+
+
 def test_closed_loop_refuses_clairvoyant_policies_and_a_missing_baseline():
     pool = PromptPool(SPEC, 18)
     with pytest.raises(ClosedLoopError, match="must include verl"):
@@ -126,3 +139,27 @@ def test_cli_closed_loop_refuses_a_missing_calibration_before_any_server(tmp_pat
     assert code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "none.json" in err[0]
+
+
+def test_the_recorded_kv_pressure_run_rescored_by_the_engine_model():
+    """kv_pressure_rescore.py's ``old`` engine reproduces the run's own recorded predictions; the server's
+    engine (8 blocks of 128 tokens) preempts on the run's steps and predicts its worst step slower."""
+    import importlib.util
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    spec = importlib.util.spec_from_file_location("kv_rescore", root / "scripts/experiments/kv_pressure_rescore.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    from tailsieve_verl.core.perf import Calibration, TablePerf
+
+    perf = TablePerf(Calibration.load(str(root / script.CALIBRATION)))
+    recorded = json.loads((root / script.RUN).read_text())
+    engines = script.engines(perf)
+    old = predict(json.loads(json.dumps(recorded)), perf, engines["old"])
+    assert [r["predicted_makespan_s"] for r in old["steps"]] == pytest.approx(
+        [r["predicted_makespan_s"] for r in recorded["steps"]], rel=1e-9)
+    new = predict(json.loads(json.dumps(recorded)), perf, engines["new"])
+    assert script.engine_events(recorded, engines["new"], perf)["preemptions"] > 0
+    worst = max(range(len(old["steps"])), key=lambda i: abs(old["steps"][i]["prediction_error"]))
+    assert new["steps"][worst]["predicted_makespan_s"] > old["steps"][worst]["predicted_makespan_s"]
