@@ -5,7 +5,8 @@ stock configurations — verl (no speculation), verl-spec (one depth on every re
 in hindsight), verl-dynsd (vLLM's documented batch-size schedule), verl-dynsd-best (the best schedule of
 a small grid in hindsight) — and TailSieve routing-only (adaptive), tailsieve-spec (tail pool at k = 6,
 pinned at m = 1 and at m = R/2, bulk pool on vLLM's schedule; q adapts), tailsieve-dynsd (vLLM's
-schedule on every replica, m free) and "tailsieve k=6 all" (adaptive TailSieve with k = 6 on every
+schedule on every replica, m free), tailsieve-auto (the split of tailsieve-spec or a fallback to stock
+verl with speculation, chosen online: `core.fallback`) and "tailsieve k=6 all" (adaptive TailSieve with k = 6 on every
 replica: what routing adds on top of the deepest fixed-depth stock engine). Speculation: `core.sim.DEFAULT_SPECULATION` (MTP-like assumptions:
 conditional acceptance 0.85, 0.8, 0.75, draft cost 1/28 of a step per draft token), with
 `--half-life` an acceptance decay with context. Prints, per cell, every policy's speedup vs stock verl
@@ -14,6 +15,7 @@ best, and TailSieve's max_deferral_steps.
 
     python scripts/experiments/strongest_stock.py [--seeds 8] [--jobs 2] [--shape 64x8] [--engine none|verl]
     python scripts/experiments/strongest_stock.py --shape 256x16 --engine verl --cells dense-real,moe-real --seeds 4
+    python scripts/experiments/strongest_stock.py --fallback-only --seeds 4 --jobs 1   # stock + tailsieve-spec/-auto
 
 `--engine verl` runs every replica with verl 0.9.1's rollout defaults on one H200 (`EngineConfig.verl_defaults`:
 max_num_seqs 256, 8192-token chunked prefill, KV cache at gpu_memory_utilization 0.5) for the cell's model
@@ -38,7 +40,9 @@ from tailsieve_verl.core.perf import parse_perf_model
 from tailsieve_verl.core.workload import PromptPool, get_preset
 
 SETUPS = {"dense": ("table:h200-dense", 8, "qwen3-1.7b"), "moe": ("table:h200-moe", 4, "qwen3-30b-a3b")}
-POLICIES = ("verl", "verl-spec", "verl-dynsd", "verl-dynsd-best", "tailsieve", "tailsieve-spec", "tailsieve-dynsd")
+POLICIES = ("verl", "verl-spec", "verl-dynsd", "verl-dynsd-best", "tailsieve", "tailsieve-spec", "tailsieve-dynsd",
+            "tailsieve-auto")
+STOCK_AND_FALLBACK = ("verl", "verl-spec", "verl-dynsd", "verl-dynsd-best", "tailsieve-spec", "tailsieve-auto")
 STOCK = sim.STOCK_POLICIES
 
 
@@ -49,17 +53,19 @@ def run(job: dict) -> dict:
     engine = EngineConfig.verl_defaults(model, perf) if job["engine"] == "verl" else EngineConfig()
     speculation = replace(sim.DEFAULT_SPECULATION, acceptance_half_life=job["half_life"])
     cfg = sim.SimConfig(steps=job["steps"], n_replicas=n_replicas, batch_size=job["batch"], n=job["n"], seed=job["seed"],
-                        policies=POLICIES, fixed_tail_replicas=n_replicas // 2, engine=engine, speculation=speculation)
+                        policies=STOCK_AND_FALLBACK if job["fallback_only"] else POLICIES, fixed_tail_replicas=n_replicas // 2, engine=engine, speculation=speculation)
     pool = PromptPool(get_preset(preset, max_response_length=job["cap"]), job["pool"], seed=job["seed"])
     runners = sim.build_runners(cfg, pool, perf)
-    one = sim.build_runners(replace(cfg, fixed_tail_replicas=1, policies=("tailsieve-spec",)), pool, perf)[0]
-    one.name = one.result.name = "tailsieve-spec m=1"
-    runners.append(one)
-    # TailSieve's routing on the strongest fixed-depth engine: k = 6 on every replica (verl-spec's usual
-    # pick), both pools alike — what routing adds on top of stock speculation
-    deep = replace(cfg, engine=sim.with_speculation(engine, speculation, max(cfg.spec_depths)))
-    on_deep = sim.TailSieveRunner(deep, pool, perf, replace(cfg.controller, fixed_tail_replicas=None), "tailsieve k=6 all")
-    runners.append(on_deep)
+    if not job["fallback_only"]:
+        one = sim.build_runners(replace(cfg, fixed_tail_replicas=1, policies=("tailsieve-spec",)), pool, perf)[0]
+        one.name = one.result.name = "tailsieve-spec m=1"
+        runners.append(one)
+        # TailSieve's routing on the strongest fixed-depth engine: k = 6 on every replica (verl-spec's usual
+        # pick), both pools alike — what routing adds on top of stock speculation
+        deep = replace(cfg, engine=sim.with_speculation(engine, speculation, max(cfg.spec_depths)))
+        on_deep = sim.TailSieveRunner(deep, pool, perf, replace(cfg.controller, fixed_tail_replicas=None),
+                                      "tailsieve k=6 all")
+        runners.append(on_deep)
     t0 = time.time()
     for t in range(cfg.steps):
         for r in runners:
@@ -86,6 +92,9 @@ def table(rows: list[dict]) -> str:
         out.append(f"\n{cell}: best stock per seed {dict(sorted(_count(r['best_stock'] for r in cr).items()))}; "
                    f"verl-spec k {dict(sorted(_count(r['choice']['verl-spec'] for r in cr).items()))}; "
                    f"verl-dynsd-best {dict(sorted(_count(r['choice']['verl-dynsd-best'] for r in cr).items()))}")
+        autos = [r["choice"]["tailsieve-auto"] for r in cr if "tailsieve-auto" in r["choice"]]
+        if autos:
+            out.append(f"  tailsieve-auto per seed: {'; '.join(autos)}")
         out.append(f"  {'policy':<22}{'vs stock verl':>22}{'vs best stock':>22}{'max deferral':>14}{'final m':>10}")
         for name in names:
             a = np.array([r["speedup_vs_verl"][name] for r in cr])
@@ -117,11 +126,13 @@ def main() -> None:
     ap.add_argument("--half-life", type=float, default=None, help="acceptance half-life in context tokens")
     ap.add_argument("--pool", type=int, default=4096)
     ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--fallback-only", action="store_true",
+                    help="run only the stock configurations, tailsieve-spec and tailsieve-auto (about half the time)")
     ap.add_argument("--out", default="", help="stem: writes STEM.json and STEM.txt")
     args = ap.parse_args()
     batch, n = (int(x) for x in args.shape.split("x"))
     jobs = [dict(cell=c, seed=s, steps=args.steps, batch=batch, n=n, pool=args.pool, engine=args.engine, cap=args.cap,
-                 half_life=args.half_life) for c in args.cells.split(",") for s in range(args.seeds)]
+                 half_life=args.half_life, fallback_only=args.fallback_only) for c in args.cells.split(",") for s in range(args.seeds)]
     t0 = time.time()
     with ProcessPoolExecutor(args.jobs) as ex:
         rows = list(ex.map(run, jobs))
