@@ -88,6 +88,8 @@ POLICIES = ("verl", "uniform", "tailsieve-fixed", "tailsieve", "clairvoyant-grou
 # speculation per pool or one schedule on every replica (:data:`SPEC_POLICIES`)
 STOCK_SPEC_POLICIES = ("verl-spec", "verl-dynsd", "verl-dynsd-best")
 SPEC_POLICIES = STOCK_SPEC_POLICIES + ("tailsieve-spec", "tailsieve-dynsd", "tailsieve-auto")
+POOL_ENGINE_POLICIES = ("tailsieve", "tailsieve-fixed", "best-static", "tailsieve-spec", "tailsieve-auto")  # read
+#   SimConfig.tail_engine / bulk_engine (tailsieve-auto: the tail engine; its bulk runs the stock engine it picks)
 STOCK_POLICIES = ("verl",) + STOCK_SPEC_POLICIES  # what a verl 0.9.1 user can run without TailSieve
 # opt-in (``--policies ...,best-static``): one TailSieve run per grid point, ~50 runs at R = 8;
 # ``verl-redraw``: the noise floor, stock verl again with an independent set of length draws
@@ -701,7 +703,7 @@ class FallbackRunner(TailSieveRunner):
                          q_init=max(1, cfg.controller.q_init or cfg.batch_size // 16))
         super().__init__(cfg, pool, perf, pinned, name)
         self.switch = StockFallback(fallback)
-        self.tail_engine = with_speculation(cfg.engine, cfg.speculation, max(cfg.spec_depths))
+        self.tail_engine = cfg.tail_engine or with_speculation(cfg.engine, cfg.speculation, max(cfg.spec_depths))
         self.stock = stock_engines(cfg)
         self.replayed = dict.fromkeys(self.stock, 0.0)
         self.stock_pick = f"k={max(cfg.spec_depths)}"  # before any step: the deepest fixed k
@@ -735,7 +737,7 @@ class FallbackRunner(TailSieveRunner):
     def finish(self) -> PolicyResult:
         result = super().finish()
         split = sum(a is Arm.SPLIT for a in self.arms)
-        result.choice = (f"stock {self.stock_pick}; split (tail k={self.tail_engine.speculative.num_speculative_tokens}) "
+        result.choice = (f"stock {self.stock_pick}; split (tail {engine_label(self.tail_engine)}) "
                          f"on {split} of {len(self.arms)} steps, {self.switch.probes} probes")
         return result
 
@@ -743,21 +745,31 @@ class FallbackRunner(TailSieveRunner):
 def tailsieve_spec_config(cfg: SimConfig, name: str) -> SimConfig:
     """The engines of TailSieve with speculation: ``tailsieve-spec`` speculates at the deepest of
     ``cfg.spec_depths`` in the tail pool (pinned at ``cfg.fixed_m`` replicas, as a deployment sets engines
-    at launch) and runs vLLM's documented schedule in the bulk pool; ``tailsieve-dynsd`` runs that schedule on every replica, so the
+    at launch) and runs vLLM's documented schedule in the bulk pool, or the pool engines ``cfg`` gives
+    (``--tail-*`` / ``--bulk-*`` flags); ``tailsieve-dynsd`` runs that schedule on every replica, so the
     tail pool's small batch picks the deep k by itself and the split stays free."""
     profile = cfg.speculation
     scheduled = with_speculation(cfg.engine, profile, 0, vllm_doc_schedule(profile.num_speculative_tokens))
     if name == "tailsieve-dynsd":
         return replace(cfg, engine=scheduled, tail_engine=None, bulk_engine=None)
-    return replace(cfg, tail_engine=with_speculation(cfg.engine, profile, max(cfg.spec_depths)),
-                   bulk_engine=scheduled)
+    return replace(cfg, tail_engine=cfg.tail_engine or with_speculation(cfg.engine, profile, max(cfg.spec_depths)),
+                   bulk_engine=cfg.bulk_engine or scheduled)
+
+
+def engine_label(engine: EngineConfig) -> str:
+    """An engine's speculation in ``--spec-schedule`` words: ``off``, ``k=K`` or a schedule."""
+    spec = engine.speculative
+    if spec is None:
+        return "off"
+    return schedule_text(spec.schedule) if spec.schedule else f"k={spec.num_speculative_tokens}"
 
 
 def spec_label(cfg: SimConfig) -> str:
-    """What a TailSieve speculation run's engines do: ``tail k=K / bulk SCHEDULE`` or one schedule."""
+    """What a TailSieve speculation run's engines do: ``tail K_OR_SCHEDULE / bulk K_OR_SCHEDULE`` or one
+    schedule."""
     if cfg.tail_engine is None:
         return schedule_text(cfg.engine.speculative.schedule)
-    return f"tail k={cfg.tail_engine.speculative.num_speculative_tokens} / bulk {schedule_text(cfg.bulk_engine.speculative.schedule)}"
+    return f"tail {engine_label(cfg.tail_engine)} / bulk {engine_label(cfg.bulk_engine)}"
 
 
 def build_runners(cfg: SimConfig, pool: PromptPool, perf: PerfModel,
