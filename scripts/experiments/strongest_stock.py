@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
@@ -51,10 +52,13 @@ def run(job: dict) -> dict:
     perf_name, n_replicas, model = SETUPS[setup]
     perf = parse_perf_model(perf_name)
     engine = EngineConfig.verl_defaults(model, perf) if job["engine"] == "verl" else EngineConfig()
-    speculation = replace(sim.DEFAULT_SPECULATION, acceptance_half_life=job["half_life"])
+    shift = job.get("acceptance_shift", 0.0)
+    speculation = replace(sim.DEFAULT_SPECULATION, acceptance_half_life=job["half_life"],
+                          acceptance=tuple(min(1.0, max(0.0, a + shift)) for a in sim.DEFAULT_SPECULATION.acceptance))
     cfg = sim.SimConfig(steps=job["steps"], n_replicas=n_replicas, batch_size=job["batch"], n=job["n"], seed=job["seed"],
                         policies=STOCK_AND_FALLBACK if job["fallback_only"] else POLICIES, fixed_tail_replicas=n_replicas // 2, engine=engine, speculation=speculation)
-    pool = PromptPool(get_preset(preset, max_response_length=job["cap"]), job["pool"], seed=job["seed"])
+    pool = PromptPool(get_preset(preset, max_response_length=job["cap"], **prompt_share_fields(job.get("prompt_share"))),
+                      job["pool"], seed=job["seed"])
     runners = sim.build_runners(cfg, pool, perf)
     if not job["fallback_only"]:
         one = sim.build_runners(replace(cfg, fixed_tail_replicas=1, policies=("tailsieve-spec",)), pool, perf)[0]
@@ -74,7 +78,8 @@ def run(job: dict) -> dict:
     means = {name: r.mean_makespan_s for name, r in results.items()}
     best_stock = min(STOCK, key=means.get)
     return {"cell": job["cell"], "seed": job["seed"], "shape": f"{job['batch']}x{job['n']}", "engine": job["engine"],
-            "cap": job["cap"], "half_life": job["half_life"], "wall_s": time.time() - t0, "mean_makespan_s": means,
+            "cap": job["cap"], "half_life": job["half_life"], "acceptance_shift": shift,
+            "prompt_share": job.get("prompt_share"), "steps": job["steps"], "wall_s": time.time() - t0, "mean_makespan_s": means,
             "speedup_vs_verl": {k: means["verl"] / v for k, v in means.items()},
             "best_stock": best_stock, "speedup_vs_best_stock": {k: means[best_stock] / v for k, v in means.items()},
             "choice": {k: r.choice for k, r in results.items() if r.choice},
@@ -83,10 +88,26 @@ def run(job: dict) -> dict:
             "final_m": {k: r.records[-1].next_m for k, r in results.items() if k.startswith("tailsieve")}}
 
 
+def prompt_share_fields(share: float | None) -> dict:
+    """A workload whose prompt identity explains ``share`` of the length variance, sampling the rest
+    (checkpoint and interaction shares kept); {} keeps the preset's 64.8 %."""
+    if share is None:
+        return {}
+    base = get_preset("real")
+    sampling = 1.0 - share - base.checkpoint_share - base.interaction_share
+    if sampling < 0:
+        raise SystemExit(f"--prompt-share {share} leaves no room for the checkpoint and interaction shares "
+                         f"({base.checkpoint_share + base.interaction_share:.3f}); use at most "
+                         f"{1 - base.checkpoint_share - base.interaction_share:.3f}")
+    return {"prompt_share": share, "sampling_share": sampling}
+
+
 def table(rows: list[dict]) -> str:
     names = list(rows[0]["speedup_vs_verl"])
     out = [f"{rows[0]['shape']}, engine {rows[0]['engine']}, cap {rows[0]['cap']}, acceptance half-life "
-           f"{rows[0]['half_life']}, {len({r['seed'] for r in rows})} seeds, 30 steps; mean over seeds [worst seed]"]
+           f"{rows[0]['half_life']}, acceptance shift {rows[0].get('acceptance_shift', 0.0):+g}, prompt share "
+           f"{rows[0].get('prompt_share') or 0.648}, {len({r['seed'] for r in rows})} seeds, {rows[0].get('steps', 30)} "
+           "steps; mean over seeds [worst seed]"]
     for cell in dict.fromkeys(r["cell"] for r in rows):
         cr = [r for r in rows if r["cell"] == cell]
         out.append(f"\n{cell}: best stock per seed {dict(sorted(_count(r['best_stock'] for r in cr).items()))}; "
@@ -124,6 +145,10 @@ def main() -> None:
     ap.add_argument("--engine", default="none", choices=["none", "verl"])
     ap.add_argument("--cap", type=int, default=16384, help="response length cap of the workload")
     ap.add_argument("--half-life", type=float, default=None, help="acceptance half-life in context tokens")
+    ap.add_argument("--acceptance-shift", type=float, default=0.0,
+                    help="added to every draft position's acceptance (clipped to [0, 1]): the ±0.1 sensitivity")
+    ap.add_argument("--prompt-share", type=float, default=None,
+                    help="share of length variance prompt identity explains (default the preset's 0.648)")
     ap.add_argument("--pool", type=int, default=4096)
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--fallback-only", action="store_true",
@@ -132,11 +157,13 @@ def main() -> None:
     args = ap.parse_args()
     batch, n = (int(x) for x in args.shape.split("x"))
     jobs = [dict(cell=c, seed=s, steps=args.steps, batch=batch, n=n, pool=args.pool, engine=args.engine, cap=args.cap,
-                 half_life=args.half_life, fallback_only=args.fallback_only) for c in args.cells.split(",") for s in range(args.seeds)]
+                 half_life=args.half_life, fallback_only=args.fallback_only, acceptance_shift=args.acceptance_shift,
+                 prompt_share=args.prompt_share) for c in args.cells.split(",") for s in range(args.seeds)]
     t0 = time.time()
     with ProcessPoolExecutor(args.jobs) as ex:
         rows = list(ex.map(run, jobs))
-    text = table(rows) + f"\ntotal wall {time.time() - t0:.0f} s with --jobs {args.jobs}"
+    text = (table(rows) + f"\ntotal wall {time.time() - t0:.0f} s with --jobs {args.jobs}\n"
+            f"command: python scripts/experiments/strongest_stock.py {' '.join(sys.argv[1:])}")
     print(text)
     if args.out:
         Path(args.out + ".json").write_text(json.dumps(rows, indent=1))

@@ -11,7 +11,9 @@ split steps that ran a tail pool measure the split. So the two arms are compared
 on the luck of different steps' prompts.
 
 The run starts on STOCK (stock is the bar; nothing is known about the split yet), probes the split
-after ``first_probe`` steps, holds it while its recent ratio beats stock's by ``margin``, and else
+after ``first_probe`` steps — only while the split's best case on the steps observed so far (the same
+replay with the longest groups put in the tail pool, known once a step ended) beats stock: a probe
+where even that ceiling loses would only cost — holds it while its recent ratio beats stock's by ``margin``, and else
 returns to stock and probes again after ``reprobe_steps`` stock steps, twice as long after each lost
 probe. A losing probe costs about one step at the split's loss; the switch itself loses nothing: the
 first stock step drains every carried prompt through the shared pool (consumed there, never aborted
@@ -81,21 +83,25 @@ class StockFallback:
         self.probe_judged = 0
         self.split_steps = 0
         self.probes = 0
+        self.gated = 0  # steps a due probe waited because the split's ceiling did not beat stock
 
     def stock_ratio(self) -> float:
         """Stock's recent ratio to its own yardstick (1.0 before any stock step)."""
         recent = self.ratios[Arm.STOCK][-self.config.window:]
         return float(np.mean(recent)) if recent else 1.0
 
-    def observe(self, step: int, ratio: float, had_tail: bool) -> Arm:
-        """Fold in step ``step`` (run on :attr:`arm`): measured makespan / yardstick, and whether a
-        tail pool ran. Returns the arm of step ``step + 1``."""
+    def observe(self, step: int, ratio: float, had_tail: bool, split_may_win: bool = True) -> Arm:
+        """Fold in step ``step`` (run on :attr:`arm`): measured makespan / yardstick, whether a tail
+        pool ran, and whether the split's ceiling on the steps so far beats stock (a due probe waits
+        while it does not). Returns the arm of step ``step + 1``."""
         if not np.isfinite(ratio) or ratio <= 0:
             raise FallbackError(f"step {step}: a makespan ratio must be a positive number, got {ratio}")
         cfg = self.config
         if self.arm is Arm.STOCK:
             self.ratios[Arm.STOCK].append(ratio)
-            if step + 1 >= self.next_probe:
+            if step + 1 >= self.next_probe and not split_may_win:
+                self.gated += 1
+            elif step + 1 >= self.next_probe:
                 self.arm, self.probing, self.probe_steps_run, self.probe_judged = Arm.SPLIT, True, 0, 0
                 self.probes += 1
             return self.arm

@@ -693,7 +693,9 @@ class FallbackRunner(TailSieveRunner):
     After every step the engine model replays stock verl's routing of the step's consumed groups with
     every stock engine of :func:`stock_engines`; the one with the least replayed makespan so far is the
     stock engine of the next steps (after ``SCREEN_STEPS`` only the best ``SCREEN_KEEP`` are replayed),
-    and the replay with the engine in use is the yardstick the step is judged by."""
+    and the replay with the engine in use is the yardstick the step is judged by. A second replay puts
+    the step's q longest groups in the tail pool (q of the controller, half and twice it): the split's
+    ceiling on that work; a probe waits while the ceiling's total does not beat the stock replay's."""
 
     SCREEN_STEPS, SCREEN_KEEP = 3, 4
 
@@ -709,7 +711,23 @@ class FallbackRunner(TailSieveRunner):
         self.stock_pick = f"k={max(cfg.spec_depths)}"  # before any step: the deepest fixed k
         self.replay_rng = np.random.default_rng([cfg.seed, 17])
         self.arms: list[Arm] = []
+        self.ceiling_s = self.stock_s = 0.0  # the split's ceiling and the stock replay, summed over the steps
         self.cycle.hold_shared(True)
+
+    def split_ceiling_s(self, groups: list[Group]) -> float:
+        """The split's best case on ``groups``, lengths known: the q longest (by work) in the tail pool, the
+        rest in the bulk pool, for q of the controller, half and twice it; the least makespan."""
+        cfg, R = self.cfg, self.cfg.n_replicas
+        decision = self.cycle.controller.decision
+        m = max(1, decision.m)
+        order = sorted(groups, key=lambda g: -sum(g.lengths))
+        best = float("inf")
+        for q in sorted({max(m, decision.q // 2), max(m, decision.q), min(len(groups) - 1, 2 * max(m, decision.q))}):
+            tail, bulk = order[:q], order[q:]
+            samples = np.concatenate([pool_assignment(tail, m, 0, cfg.group_atomic, self.replay_rng),
+                                      pool_assignment(bulk, R - m, m, cfg.group_atomic, self.replay_rng)])
+            best = min(best, evaluate_samples(tail + bulk, samples, R, self.perf, engine=self.engines(m)).makespan_s)
+        return best
 
     def engines(self, m: int) -> list[EngineConfig]:
         stock = self.stock[self.stock_pick]
@@ -724,7 +742,11 @@ class FallbackRunner(TailSieveRunner):
         replay = {label: evaluate_samples(groups, samples, R, self.perf, engine=self.stock[label]).makespan_s
                   for label in self.replayed}
         record = self.result.records[-1]
-        next_arm = self.switch.observe(t, record.makespan_s / replay[self.stock_pick], had_tail=record.m > 0)
+        self.ceiling_s += self.split_ceiling_s(groups)
+        self.stock_s += replay[self.stock_pick]
+        may_win = self.ceiling_s < self.stock_s * (1 - self.switch.config.margin)
+        next_arm = self.switch.observe(t, record.makespan_s / replay[self.stock_pick], had_tail=record.m > 0,
+                                       split_may_win=may_win)
         for label, makespan in replay.items():
             self.replayed[label] += makespan
         if t + 1 == self.SCREEN_STEPS:
@@ -738,7 +760,8 @@ class FallbackRunner(TailSieveRunner):
         result = super().finish()
         split = sum(a is Arm.SPLIT for a in self.arms)
         result.choice = (f"stock {self.stock_pick}; split (tail {engine_label(self.tail_engine)}) "
-                         f"on {split} of {len(self.arms)} steps, {self.switch.probes} probes")
+                         f"on {split} of {len(self.arms)} steps, {self.switch.probes} probes, "
+                         f"{self.switch.gated} held by the ceiling")
         return result
 
 

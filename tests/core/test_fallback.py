@@ -49,6 +49,10 @@ def test_the_split_must_beat_stock_by_the_margin_and_a_probe_without_a_tail_pool
     no_tail = StockFallback(FallbackConfig(first_probe=1, max_probe_steps=2))
     _feed(no_tail, [(1.0, False), (0.5, False), (0.5, False)])
     assert no_tail.arm is Arm.STOCK and no_tail.ratios[Arm.SPLIT] == []
+    gated = StockFallback(FallbackConfig(first_probe=1))
+    for t in range(3):
+        gated.observe(t, 1.0, False, split_may_win=t == 2)  # due from step 1 on, held until the ceiling opens
+    assert gated.arm is Arm.SPLIT and gated.gated == 2 and gated.probes == 1
 
 
 @pytest.mark.parametrize("fields, needle", [
@@ -81,17 +85,29 @@ def test_a_held_cycle_runs_one_shared_pool_drains_the_carried_and_leaves_the_con
     assert (cycle.decision.q, cycle.decision.m) == (2, 1)  # the controller's split comes back
 
 
-def test_tailsieve_auto_falls_back_where_the_split_loses_and_loses_no_prompt():
-    pool = PromptPool(get_preset("strong", max_response_length=2048), 256, seed=3)
-    cfg = sim.SimConfig(steps=12, n_replicas=4, batch_size=16, n=4, seed=3, fixed_tail_replicas=2,
-                        policies=("verl-spec", "tailsieve-spec", "tailsieve-auto"))
-    result = sim.simulate(cfg, pool, PERF)
+STRONG = PromptPool(get_preset("strong", max_response_length=2048), 256, seed=3)
+LOSING = sim.SimConfig(steps=12, n_replicas=4, batch_size=16, n=4, seed=3, fixed_tail_replicas=2,
+                       policies=("verl-spec", "tailsieve-spec", "tailsieve-auto"))
+
+
+def test_tailsieve_auto_stays_on_stock_where_even_the_splits_ceiling_loses():
+    result = sim.simulate(LOSING, STRONG, PERF)
     vs_stock = result.speedup_vs("verl-spec")
     assert vs_stock["tailsieve-spec"] < 0.8  # the split with per-pool speculation loses here...
-    assert vs_stock["tailsieve-auto"] > 0.95  # ...and the fallback holds stock but for its probes
+    assert vs_stock["tailsieve-auto"] >= 0.99  # ...and the fallback never tries it: its ceiling loses too
+    auto = result.policies["tailsieve-auto"]
+    assert auto.choice == "stock k=6; split (tail k=6) on 0 of 12 steps, 0 probes, 11 held by the ceiling"
+    assert (auto.lost, auto.duplicated, auto.stale) == (0, 0, 0) and auto.max_deferral_steps == 0
+
+
+def test_a_lost_probe_drains_what_the_split_carried_and_loses_no_prompt(monkeypatch):
+    monkeypatch.setattr(sim.FallbackRunner, "split_ceiling_s", lambda self, groups: 0.0)  # the gate always open
+    result = sim.simulate(LOSING, STRONG, PERF)
+    vs_stock = result.speedup_vs("verl-spec")
+    assert vs_stock["tailsieve-spec"] < vs_stock["tailsieve-auto"] < 1.0  # the probes cost, the fallback holds
     auto = result.policies["tailsieve-auto"]
     assert (auto.lost, auto.duplicated, auto.stale) == (0, 0, 0) and auto.max_deferral_steps <= 1
-    assert auto.choice.startswith("stock k=6; split (tail k=6) on 2 of 12 steps")
+    assert auto.choice.startswith("stock k=6; split (tail k=6) on 2 of 12 steps, 2 probes")
     records = auto.records
     # the probe ran a tail pool; the next step is a shared pool that drains what the split carried
     probe = next(i for i, r in enumerate(records) if r.m > 0)
@@ -105,7 +121,8 @@ def test_tailsieve_auto_judges_every_step_against_the_stock_engine_it_replays(mo
     runner = sim.FallbackRunner(cfg, pool, PERF)
     seen = []
     real = runner.switch.observe
-    monkeypatch.setattr(runner.switch, "observe", lambda t, ratio, had_tail: seen.append(ratio) or real(t, ratio, had_tail))
+    monkeypatch.setattr(runner.switch, "observe", lambda t, ratio, had_tail, split_may_win:
+                        seen.append(ratio) or real(t, ratio, had_tail, split_may_win))
     for t in range(cfg.steps):
         runner.step(t, keep=False)
     # stock steps: the replay of stock verl's routing with the same engine is the step itself, up to
