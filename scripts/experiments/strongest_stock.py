@@ -129,6 +129,36 @@ def table(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
+# The sensitivities of issue 22, point 4, one at a time around the defaults: acceptance ±0.1 per position,
+# acceptance decay with context (half-life ~85k tokens: position 1 falls from ~0.93 to ~0.72 at long contexts),
+# and the share of length variance prompt identity explains (the paper's 0.648 is the default).
+SENSITIVITY = {"acceptance +0.1": {"acceptance_shift": 0.1}, "acceptance -0.1": {"acceptance_shift": -0.1},
+               "half-life 85k": {"half_life": 85000.0}, "prompt share 0.2": {"prompt_share": 0.2},
+               "prompt share 0.5": {"prompt_share": 0.5}, "prompt share 0.87": {"prompt_share": 0.87}}
+
+
+def sensitivity_table(rows: list[dict]) -> str:
+    """One line per (sensitivity, cell): the best stock configuration and TailSieve's speedups over it."""
+    out = [f"{rows[0]['shape']}, engine {rows[0]['engine']}, cap {rows[0]['cap']}, {len({r['seed'] for r in rows})} "
+           f"seeds, {rows[0]['steps']} steps; speedup vs the best stock configuration of the same seed, mean [worst seed]",
+           f"{'sensitivity':<18}{'cell':<14}{'best stock':<18}{'vs verl':>8}{'tailsieve-spec':>18}{'tailsieve-auto':>18}"
+           f"{'auto split steps':>18}"]
+    for variant in dict.fromkeys(r["variant"] for r in rows):
+        for cell in dict.fromkeys(r["cell"] for r in rows if r["variant"] == variant):
+            cr = [r for r in rows if r["variant"] == variant and r["cell"] == cell]
+            best = max(_count(r["best_stock"] for r in cr).items(), key=lambda kv: kv[1])[0]
+            vs_verl = np.mean([1 / r["speedup_vs_best_stock"]["verl"] for r in cr])
+            cols = []
+            for name in ("tailsieve-spec", "tailsieve-auto"):
+                x = np.array([r["speedup_vs_best_stock"][name] for r in cr])
+                cols.append(f"{x.mean():.3f} [{x.min():.3f}]")
+            split = np.mean([int(r["choice"]["tailsieve-auto"].split(" on ")[1].split(" of ")[0]) for r in cr])
+            out.append(f"{variant:<18}{cell:<14}{best:<18}{vs_verl:>8.2f}{cols[0]:>18}{cols[1]:>18}{split:>18.1f}")
+    out.append(f"max deferral steps over all runs: {max(max(r['max_deferral_steps'].values()) for r in rows)}; "
+               f"lost + duplicated + stale: {sum(r['lost_dup_stale'] for r in rows)}")
+    return "\n".join(out)
+
+
 def _count(values) -> dict:
     out: dict = {}
     for v in values:
@@ -153,16 +183,24 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--fallback-only", action="store_true",
                     help="run only the stock configurations, tailsieve-spec and tailsieve-auto (about half the time)")
+    ap.add_argument("--sensitivity", action="store_true",
+                    help="run every sensitivity of SENSITIVITY (acceptance ±0.1, decay, prompt share) instead of the "
+                         "defaults, with --fallback-only's policies; one line per (sensitivity, cell)")
     ap.add_argument("--out", default="", help="stem: writes STEM.json and STEM.txt")
     args = ap.parse_args()
     batch, n = (int(x) for x in args.shape.split("x"))
-    jobs = [dict(cell=c, seed=s, steps=args.steps, batch=batch, n=n, pool=args.pool, engine=args.engine, cap=args.cap,
-                 half_life=args.half_life, fallback_only=args.fallback_only, acceptance_shift=args.acceptance_shift,
-                 prompt_share=args.prompt_share) for c in args.cells.split(",") for s in range(args.seeds)]
+    base = dict(steps=args.steps, batch=batch, n=n, pool=args.pool, engine=args.engine, cap=args.cap,
+                half_life=args.half_life, fallback_only=args.fallback_only or args.sensitivity,
+                acceptance_shift=args.acceptance_shift, prompt_share=args.prompt_share, variant="default")
+    variants = ({name: {**base, **changes, "variant": name} for name, changes in SENSITIVITY.items()}
+                if args.sensitivity else {"default": base})
+    jobs = [dict(v, cell=c, seed=s) for v in variants.values() for c in args.cells.split(",") for s in range(args.seeds)]
     t0 = time.time()
     with ProcessPoolExecutor(args.jobs) as ex:
         rows = list(ex.map(run, jobs))
-    text = (table(rows) + f"\ntotal wall {time.time() - t0:.0f} s with --jobs {args.jobs}\n"
+    for row, job in zip(rows, jobs):
+        row["variant"] = job["variant"]
+    text = ((sensitivity_table(rows) if args.sensitivity else table(rows)) + f"\ntotal wall {time.time() - t0:.0f} s with --jobs {args.jobs}\n"
             f"command: python scripts/experiments/strongest_stock.py {' '.join(sys.argv[1:])}")
     print(text)
     if args.out:
