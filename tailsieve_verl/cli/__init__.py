@@ -15,7 +15,8 @@ from .checks import CLIError, finish_parser
 __all__ = ["CLIError", "build_parser", "main"]
 
 # Subcommand modules, in the order `tailsieve --help` lists them.
-SUBCOMMANDS = ("simulate", "route", "study", "plan", "trace", "compare", "calibrate", "bench", "closed-loop")
+SUBCOMMANDS = ("simulate", "route", "study", "plan", "trace", "compare", "calibrate", "bench", "closed-loop",
+               "verify-cost")
 
 
 class Parser(argparse.ArgumentParser):

@@ -13,6 +13,7 @@ from ..core.engine import (H200_MODELS, EngineConfig, EngineConfigError, Specula
                            prefill_cost_from_perf)
 from ..core.perf import PerfModel
 from ..core.sim import DEFAULT_SPECULATION
+from ..core.verify_cost import VerifyTable
 from .checks import MAX_COUNT, CLIError, FloatRule, IntRule
 
 MAX_BLOCKS = 10 ** 9
@@ -44,6 +45,10 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--spec-draft-cost", type=FloatRule(0.0, 10.0, lo_open=False),
                    help="drafting cost per draft token as a fraction of a decode step (MTP ~ 1/layers; default 0, "
                         "for the speculation policies 1/28)")
+    g.add_argument("--spec-verify-table", metavar="PATH[:MODEL]",
+                   help="price verify steps with a measured verify cost (scripts/gpu/verify_cost.py's JSON; "
+                        "`tailsieve verify-cost PATH` shows it) instead of the first-order "
+                        "T(b(k+1),0)+T(b,c)-T(b,0)")
     g.add_argument("--spec-acceptance-half-life", type=FloatRule(0.0, 1e9), metavar="TOKENS",
                    help="context length over which acceptance halves (default: no decay)")
 
@@ -69,7 +74,8 @@ def _schedule(text: str) -> tuple[tuple[int, int, int], ...]:
 def engine_config_from_args(args: argparse.Namespace, perf: PerfModel, spec_policies: bool = False) -> EngineConfig:
     """The engine the flags describe (``EngineConfig()`` without any). ``spec_policies``: speculation
     policies run, so ``--spec-*`` flags without a depth describe only their speculation."""
-    spec_flags = (args.spec_acceptance, args.spec_schedule, args.spec_draft_cost, args.spec_acceptance_half_life)
+    spec_flags = (args.spec_acceptance, args.spec_schedule, args.spec_draft_cost, args.spec_acceptance_half_life,
+                  args.spec_verify_table)
     base = (EngineConfig.verl_defaults(args.engine_defaults, perf, block_size=args.block_size or 16)
             if args.engine_defaults else EngineConfig())
     fields = {name: getattr(args, name) for name in ("max_num_seqs", "num_gpu_blocks", "block_size",
@@ -80,7 +86,8 @@ def engine_config_from_args(args: argparse.Namespace, perf: PerfModel, spec_poli
     if k is None and args.spec_schedule:
         k = max(entry[2] for entry in args.spec_schedule)
     if k is None and any(v is not None for v in spec_flags) and not spec_policies:
-        raise CLIError("--spec-acceptance/--spec-schedule/--spec-draft-cost/--spec-acceptance-half-life need "
+        raise CLIError("--spec-acceptance/--spec-schedule/--spec-draft-cost/--spec-acceptance-half-life/"
+                       "--spec-verify-table need "
                        "--num-speculative-tokens K (or a --spec-schedule with some K > 0)")
     if k is not None:
         if args.spec_acceptance is None:
@@ -90,7 +97,7 @@ def engine_config_from_args(args: argparse.Namespace, perf: PerfModel, spec_poli
             raise CLIError("--spec-schedule has k = 0 everywhere: leave speculation off instead")
         fields["speculative"] = SpeculativeConfig(
             k, args.spec_acceptance, args.spec_schedule or (), args.spec_acceptance_half_life,
-            args.spec_draft_cost or 0.0)
+            args.spec_draft_cost or 0.0, _verify_table(args))
     return replace(base, **fields)
 
 
@@ -136,6 +143,10 @@ def pool_engines_from_args(args: argparse.Namespace, engine: EngineConfig,
     return out
 
 
+def _verify_table(args: argparse.Namespace) -> VerifyTable | None:
+    return VerifyTable.load(args.spec_verify_table) if args.spec_verify_table else None
+
+
 def speculation_from_args(args: argparse.Namespace) -> SpeculativeConfig:
     """The speculation of ``simulate``'s speculation policies: the ``--spec-*`` flags, and where one is
     not given the MTP-like assumption :data:`core.sim.DEFAULT_SPECULATION` (acceptance 0.85,0.8,0.75,
@@ -150,6 +161,7 @@ def speculation_from_args(args: argparse.Namespace) -> SpeculativeConfig:
                                  acceptance_half_life=(args.spec_acceptance_half_life
                                                        if args.spec_acceptance_half_life is not None
                                                        else base.acceptance_half_life),
-                                 draft_cost=args.spec_draft_cost if args.spec_draft_cost is not None else base.draft_cost)
+                                 draft_cost=args.spec_draft_cost if args.spec_draft_cost is not None else base.draft_cost,
+                                 verify_table=_verify_table(args))
     except EngineConfigError as exc:
         raise CLIError(str(exc)) from None

@@ -10,7 +10,8 @@ gives what a verl 0.9.1 rollout replica really runs (``trainer/config/rollout/ro
 First-order parts, to be calibrated on a real engine (issue 21): the KV capacity (GPU memory ×
 utilisation − weights, ignoring vLLM's activation and CUDA-graph reserve), the prefill cost (the
 decode table's marginal cost of one more query token, ignoring prompt attention), the verify cost of
-a speculative step (``T(b·(k+1), 0) + [T(b, c) − T(b, 0)]``) and the acceptance decay with context.
+a speculative step (``T(b·(k+1), 0) + [T(b, c) − T(b, 0)]``, unless a measured
+:attr:`SpeculativeConfig.verify_table` is given) and the acceptance decay with context.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import numpy as np
 
 from .errors import TailSieveError
 from .perf import PerfModel
+from .verify_cost import VerifyTable
 
 
 class EngineConfigError(TailSieveError):
@@ -55,6 +57,10 @@ class SpeculativeConfig:
     draft_cost: float = 0.0
     """Seconds of drafting per draft token as a fraction of the decode step ``T(b, c)`` (MTP/EAGLE ≈
     1/layers for a one-layer head; ngram ≈ 0)."""
+    verify_table: VerifyTable | None = None
+    """A measured verify cost (``scripts/gpu/verify_cost.py``; :class:`core.verify_cost.VerifyTable`):
+    a verify step costs ``T(b, c)`` times the measured ratio ``V_k(b, c) / T(b, c)``. None (the
+    default, and the bundled profiles'): the first-order ``T(b·(k+1), 0) + T(b, c) − T(b, 0)``."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "acceptance", tuple(float(a) for a in self.acceptance))
@@ -83,6 +89,13 @@ class SpeculativeConfig:
         if self.acceptance_half_life is not None and not (math.isfinite(self.acceptance_half_life)
                                                           and self.acceptance_half_life > 0):
             raise EngineConfigError(f"acceptance_half_life must be > 0 tokens (or None), got {self.acceptance_half_life}")
+        if self.verify_table is not None:
+            if not isinstance(self.verify_table, VerifyTable):
+                raise EngineConfigError(f"verify_table must be a VerifyTable (or None), got {self.verify_table!r}"[:200])
+            if k > self.verify_table.max_k:
+                raise EngineConfigError(f"the verify table {self.verify_table.source} measures k up to "
+                                        f"{self.verify_table.max_k}, not num_speculative_tokens {k}; measure deeper "
+                                        "(scripts/gpu/verify_cost.py --ks) or lower k")
         if not (math.isfinite(self.draft_cost) and self.draft_cost >= 0):
             raise EngineConfigError(f"draft_cost must be >= 0 (a fraction of a decode step), got {self.draft_cost}")
 

@@ -91,43 +91,42 @@ class Calibration:
             raise PerfModelError(
                 f"unknown calibration {name_or_path!r}: not a bundled table ({', '.join(BUNDLED_TABLES)}) "
                 "and no such file; measure one with `tailsieve calibrate` or pick a bundled table")
-        try:
-            data = json.loads(text, parse_constant=_reject_constant)
-        except json.JSONDecodeError as e:
-            raise PerfModelError(f"{name_or_path}: calibration is not valid JSON ({e.msg})") from None
-        except (ValueError, RecursionError) as e:
-            raise PerfModelError(f"{name_or_path}: calibration is not usable JSON ({str(e).splitlines()[0]})") from None
-        rows = data.get("rows") if isinstance(data, dict) else data
+        data = parse_calibration_json(text, name_or_path)
+        return cls.from_rows(data.get("rows") if isinstance(data, dict) else data, name_or_path, model)
+
+    @classmethod
+    def from_rows(cls, rows, source: str, model: str | None = None) -> "Calibration":
+        """One model's rows of a loaded calibration (``{model, batch, context, step_ms}`` each), checked."""
         if not isinstance(rows, list) or not rows:
-            raise PerfModelError(f"{name_or_path}: calibration needs a non-empty 'rows' list of "
+            raise PerfModelError(f"{source}: calibration needs a non-empty 'rows' list of "
                                  "{model, batch, context, step_ms}")
         seen: dict[tuple, int] = {}
         for i, r in enumerate(rows):
             if not isinstance(r, dict) or not {"batch", "context", "step_ms"} <= set(r):
-                raise PerfModelError(f"{name_or_path}: row {i} lacks batch/context/step_ms: {r!r}"[:300])
+                raise PerfModelError(f"{source}: row {i} lacks batch/context/step_ms: {r!r}"[:300])
             if not all(_is_number(r[k]) for k in ("batch", "context", "step_ms")):
-                raise PerfModelError(f"{name_or_path}: row {i} has a non-numeric batch, context or step_ms: {r!r}"[:300])
+                raise PerfModelError(f"{source}: row {i} has a non-numeric batch, context or step_ms: {r!r}"[:300])
             if r["batch"] < 1 or r["context"] < 0 or r["step_ms"] <= 0:
-                raise PerfModelError(f"{name_or_path}: row {i} has batch < 1, context < 0 or step_ms <= 0: {r!r}")
+                raise PerfModelError(f"{source}: row {i} has batch < 1, context < 0 or step_ms <= 0: {r!r}")
             point = (str(r.get("model", "")), float(r["batch"]), float(r["context"]))
             if point in seen:
-                raise PerfModelError(f"{name_or_path}: rows {seen[point]} and {i} both measure batch {r['batch']} at "
+                raise PerfModelError(f"{source}: rows {seen[point]} and {i} both measure batch {r['batch']} at "
                                      f"context {r['context']}; keep one measurement per point")
             seen[point] = i
         models = sorted({str(r.get("model", "")) for r in rows})
         if model is None:
             if len(models) > 1:
-                raise PerfModelError(f"{name_or_path} holds several models ({', '.join(models)}); "
-                                     f"pick one: table:{name_or_path}:MODEL")
+                raise PerfModelError(f"{source} holds several models ({', '.join(models)}); "
+                                     f"pick one: table:{source}:MODEL")
             model = models[0]
         rows = [r for r in rows if str(r.get("model", "")) == model]
         if not rows:
-            raise PerfModelError(f"{name_or_path}: no rows for model {model!r}; known: {', '.join(models)}")
+            raise PerfModelError(f"{source}: no rows for model {model!r}; known: {', '.join(models)}")
         return cls(model=model,
                    batch=np.array([r["batch"] for r in rows], dtype=float),
                    context=np.array([r["context"] for r in rows], dtype=float),
                    step_s=np.array([r["step_ms"] for r in rows], dtype=float) / 1000.0,
-                   source=name_or_path)
+                   source=source)
 
 
 def _read_calibration_text(path: Path) -> str:
@@ -137,6 +136,22 @@ def _read_calibration_text(path: Path) -> str:
         return path.read_text(encoding="utf-8")
     except UnicodeDecodeError:
         raise PerfModelError(f"{path}: not UTF-8 text; a calibration is the JSON `tailsieve calibrate` wrote") from None
+
+
+def read_calibration_file(path: str) -> object:
+    """The parsed JSON of a calibration file (a measured table), or one clear error."""
+    if not os.path.exists(path):
+        raise PerfModelError(f"{path}: no such calibration file")
+    return parse_calibration_json(_read_calibration_text(Path(path)), path)
+
+
+def parse_calibration_json(text: str, source: str) -> object:
+    try:
+        return json.loads(text, parse_constant=_reject_constant)
+    except json.JSONDecodeError as e:
+        raise PerfModelError(f"{source}: calibration is not valid JSON ({e.msg})") from None
+    except (ValueError, RecursionError) as e:
+        raise PerfModelError(f"{source}: calibration is not usable JSON ({str(e).splitlines()[0]})") from None
 
 
 def _reject_constant(name: str):

@@ -74,15 +74,21 @@ def steps_to_finish(left, rate):
 def step_seconds(perf: PerfModel, cfg: EngineConfig, emitting, ctx_sum, query, k, prefill) -> np.ndarray:
     """Price of each step: ``T(b, c)`` for b requests emitting a token at mean context c; with k
     draft tokens ``T(query, 0) + [T(b, c) − T(b, 0)]`` (weights at every query token, KV read once
-    per request) plus ``k · draft_cost · T(b, c)``; plus ``prefill_s_per_token`` per prefilled token."""
+    per request) or, given a measured verify table, ``T(b, c)`` times its verify/decode ratio at the
+    step's mean depth ``query / b − 1``; plus ``k · draft_cost · T(b, c)``; plus
+    ``prefill_s_per_token`` per prefilled token."""
     mean_ctx = np.divide(ctx_sum, emitting, out=np.zeros(len(emitting)), where=emitting > 0)
     step = np.asarray(perf.step_time(emitting, mean_ctx), dtype=float)
     spec = cfg.speculative
     if spec is not None and np.any(k > 0):
         m = k > 0
-        zero = np.zeros(int(m.sum()))
-        verify = (np.asarray(perf.step_time(query[m], zero), dtype=float) + step[m]
-                  - np.asarray(perf.step_time(emitting[m], zero), dtype=float))
+        if spec.verify_table is not None:
+            depth = np.divide(query[m], emitting[m], out=np.ones(int(m.sum())), where=emitting[m] > 0) - 1
+            verify = step[m] * spec.verify_table.ratio(emitting[m], mean_ctx[m], depth)
+        else:
+            zero = np.zeros(int(m.sum()))
+            verify = (np.asarray(perf.step_time(query[m], zero), dtype=float) + step[m]
+                      - np.asarray(perf.step_time(emitting[m], zero), dtype=float))
         step[m] = verify + spec.draft_cost * k[m] * step[m]
     if cfg.prefill_s_per_token > 0:
         step = step + cfg.prefill_s_per_token * prefill

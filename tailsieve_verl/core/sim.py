@@ -71,6 +71,7 @@ from .bias import ks_distance, ks_noise
 from .controller import ControllerConfig, GroupRecord, max_q
 from .cycle import TailSieveCycle
 from .engine import EngineConfig, SpeculativeConfig
+from .verify_cost import VerifyTable
 from .errors import TailSieveError
 from .fallback import Arm, FallbackConfig, StockFallback
 from .perf import PerfModel
@@ -101,6 +102,12 @@ SPEC_DEPTHS = (1, 2, 3, 4, 5, 6)  # verl-spec's depths, the best in hindsight re
 # acceptance per draft position (DeepSeek-V3's 2nd token 85-90 %, vLLM PR #48892's per-position fall), a
 # one-layer drafter at 1/28 of a decode step per draft token (one of a 28-layer model's layers), k = 3.
 DEFAULT_SPECULATION = SpeculativeConfig(3, (0.85, 0.8, 0.75), draft_cost=1 / 28)
+
+
+def _settings_json(settings) -> dict:
+    """An engine or speculation config as JSON; a measured verify table by its name (file:model)."""
+    return asdict(settings, dict_factory=lambda items: {k: v.name if isinstance(v, VerifyTable) else v
+                                                        for k, v in items})
 
 
 def vllm_doc_schedule(k: int) -> tuple[tuple[int, int, int], ...]:
@@ -327,10 +334,10 @@ class SimResult:
             "steps": self.config.steps, "replicas": self.config.n_replicas,
             "batch": self.config.batch_size, "n": self.config.n, "seed": self.config.seed,
             "group_atomic": self.config.group_atomic,
-            "engine": asdict(self.config.engine),
-            "tail_engine": asdict(self.config.tail_engine) if self.config.tail_engine else None,
-            "bulk_engine": asdict(self.config.bulk_engine) if self.config.bulk_engine else None,
-            "speculation": (asdict(self.config.speculation)
+            "engine": _settings_json(self.config.engine),
+            "tail_engine": _settings_json(self.config.tail_engine) if self.config.tail_engine else None,
+            "bulk_engine": _settings_json(self.config.bulk_engine) if self.config.bulk_engine else None,
+            "speculation": (_settings_json(self.config.speculation)
                             if any(p in SPEC_POLICIES for p in self.policies) else None),
             "policies": {name: {"mean_makespan_s": r.mean_makespan_s, "choice": r.choice or None,
                                 "final_q": final[name].next_q, "final_m": final[name].next_m,

@@ -28,6 +28,8 @@ verl's V1 trainer aggregates ``_step_once`` metrics by key name and hands them t
                                replicas, bulk groups on R − m, routed as the pools route;
                                aborted work not included)
 ``tailsieve/redispatched_groups``, ``tailsieve/live_replicas``  replica-failure handling
+``tailsieve/refused_groups``   prompts the engine refused this step, each dropped and replaced by a
+                               fresh one (``tailsieve.on_refused_request=skip``)
 ``tailsieve/bias/*``           the core's length-bias monitor (``core.bias``): KS distance of this
                                step's consumed lengths to the earlier consumed steps, its noise
                                level, ratio and mean shift (``tailsieve.log_bias``)
@@ -62,6 +64,7 @@ class StepMeasurement:
     bulk: list[GroupRecord] = field(default_factory=list)
     redispatched: int = 0
     live_replicas: int = 0
+    refused: int = 0
 
 
 def _groups(records: list[GroupRecord], prefix: str, prompt_len: float) -> list[Group]:
@@ -110,4 +113,5 @@ def step_metrics(measurement: StepMeasurement, observation: StepObservation, dec
         "tailsieve/pred_makespan_s": float(split),
         "tailsieve/redispatched_groups": float(measurement.redispatched),
         "tailsieve/live_replicas": float(measurement.live_replicas),
+        "tailsieve/refused_groups": float(measurement.refused),
     }

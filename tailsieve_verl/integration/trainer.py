@@ -663,7 +663,7 @@ class TailSieveTrainer(PPOTrainerSync):
             aborted=len(dropped), aborted_tokens=aborted_tokens, cutoff_s=state.cutoff_s or 0.0,
             max_deferral_steps=outcome.max_deferral_steps,
             tail=[g for _, g in tail], bulk=[g for _, g in bulk],
-            redispatched=state.redispatched, live_replicas=len(self._replicas_by_address()))
+            redispatched=state.redispatched, live_replicas=len(self._replicas_by_address()), refused=state.refused)
         self.tailsieve_metrics = step_metrics(measurement, observation, self.cycle.decision, self.n_replicas,
                                               self.settings.perf(), self.settings.group_atomic)
         consumed_lengths = [g.lengths for g in measurement.tail + measurement.bulk if g.lengths]

@@ -163,16 +163,20 @@ def pss_bytes(pids: list[int]) -> int:
     return total
 
 
+def signal_run_processes(run_tag: str, sig: int) -> None:
+    for pid in tagged_pids(run_tag):
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+
 def end_run_processes(run_tag: str, grace_s: float = 10.0, first_signal: int = signal.SIGTERM) -> int:
     """SIGTERM (or ``first_signal``), then SIGKILL, every process of this run still alive (Ray's daemons
     included); returns how many survived."""
     pids = tagged_pids(run_tag)
     for sig in (first_signal, signal.SIGKILL):
-        for pid in pids:
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
+        signal_run_processes(run_tag, sig)
         deadline = time.monotonic() + grace_s
         while time.monotonic() < deadline and tagged_pids(run_tag):
             time.sleep(0.5)
@@ -192,6 +196,7 @@ class RunResult:
     metrics: list[dict] = field(default_factory=list)  # one dict per logged step (file logger)
     events: list[str] = field(default_factory=list)  # what the watcher did, with timestamps
     events_done: set = field(default_factory=set)
+    done_values: dict = field(default_factory=dict)  # the watcher's measurements (monotonic times)
     killed_after_s: float | None = None  # run start -> the watcher's kill
     rollout_dir: str = "rollouts"
 
@@ -229,7 +234,7 @@ def run_main_ppo(run_dir: Path, hydra_overrides: list[str], env_extra: dict[str,
     (run_dir / f"{name}.command.txt").write_text(" ".join(cmd) + "\n")
     start = time.monotonic()
     peak = 0
-    watch = RunWatch(run_dir, run_tag, metrics_path, start)
+    watch = RunWatch(run_dir, run_tag, metrics_path, start, log_path)
     pids: list[int] = []
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, cwd=run_dir, env=env, stdout=log, stderr=subprocess.STDOUT,
@@ -264,7 +269,7 @@ def run_main_ppo(run_dir: Path, hydra_overrides: list[str], env_extra: dict[str,
     rc = proc.returncode if proc.returncode is not None else -9
     killed_at = watch.done_values.get("killed_at")
     return RunResult(run_dir, rc, wall, peak / 1024**3, log_path.read_text(errors="replace"),
-                     read_metrics(metrics_path), watch.events, set(watch.done),
+                     read_metrics(metrics_path), watch.events, set(watch.done), dict(watch.done_values),
                      None if killed_at is None else killed_at - start, rollout_dir)
 
 
@@ -274,6 +279,7 @@ class RunWatch:
     run_tag: str
     metrics_path: Path
     start: float
+    log_path: Path
     proc: subprocess.Popen | None = None
     events: list[str] = field(default_factory=list)
     done: set = field(default_factory=set)  # what the watcher already did
@@ -281,6 +287,16 @@ class RunWatch:
 
     def steps_logged(self) -> list[int]:
         return sorted({int(r["step"]) for r in read_metrics(self.metrics_path)})
+
+    log_read: int = 0  # bytes of the log already returned by new_log_text
+
+    def new_log_text(self) -> str:
+        """What the run logged since the last call."""
+        with open(self.log_path, "rb") as f:
+            f.seek(self.log_read)
+            data = f.read()
+        self.log_read += len(data)
+        return data.decode(errors="replace")
 
     def event(self, text: str) -> None:
         self.events.append(f"{time.monotonic() - self.start:7.1f}s {text}")

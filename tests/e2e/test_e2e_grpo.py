@@ -12,13 +12,17 @@ Runs (session fixtures, one at a time, in this order):
 * ``control``: stock verl, 3 steps, vLLM drops every weight update (``E2E_SKIP_WEIGHT_SYNC``): the
   skip-the-sync control for "the weight sync is real".
 * ``tailsieve_killed``: TailSieve (q = 1 on m = 1 tail replica of 2, held fixed; 2 bulk groups aborted
-  per step), checkpoint every 2 steps, the whole run SIGKILLed once step 3 is logged.
+  per step), checkpoint every 2 steps; the trainer holds right after logging step 3 (``cpu_shim``'s
+  ``E2E_HOLD_AFTER_STEP``) and the whole run is SIGKILLed there, before the step-4 checkpoint.
 * ``tailsieve_resumed``: the same command again: resumes from ``global_step_2`` and runs steps 3-5.
 * ``replica_killed``: TailSieve, 3 steps; the bulk vLLM replica SIGKILLs its engine and server at its first
-  request of step 2 (``cpu_shim``'s ``E2E_KILL_REPLICA``), so the kill always lands mid-step with the
+  request of step 2 (``cpu_shim``'s ``E2E_REPLICA_FAULT``), so the kill always lands mid-step with the
   step's other requests in flight; the kill at every other place of a step (the cutoff's abort, after
   the last request, verl's sleep, the weight update) is covered on simulated replicas in
   ``tests/integration/test_replica_faults.py``.
+* ``tail_engine_hung`` / ``bulk_server_hung``: the same place, but the tail replica's engine processes, or
+  the bulk replica's server process, are SIGSTOPped (a stuck kernel; a wedged process), with
+  ``tailsieve.stall_timeout_s=20`` and a checkpoint every step.
 
 What is asserted is structure, never speed (2 shared cores): exit status, every step logged, grad_norm,
 the rollout/actor log-prob gap against the control, the ``tailsieve/*`` counts, B groups per step
@@ -30,6 +34,7 @@ from __future__ import annotations
 
 import re
 import signal
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -44,6 +49,7 @@ from e2e_run import (
     forced_len,
     overrides,
     run_main_ppo,
+    signal_run_processes,
 )
 
 STEPS = 3
@@ -85,14 +91,18 @@ def control_run(assets, e2e_root):
 
 @pytest.fixture(scope="session")
 def tailsieve_killed(assets, e2e_root):
+    marker = e2e_root / "tailsieve_killed.hold"
+
     def kill_after_step_3(watch: RunWatch) -> None:
-        if "killed" not in watch.done and 3 in watch.steps_logged():
+        if "killed" not in watch.done and marker.exists():
             watch.done.add("killed")
-            watch.event("step 3 logged: SIGKILL every process of the run")
+            watch.event(f"step 3 logged, trainer held there: SIGKILL every process of the run "
+                        f"(steps logged: {watch.steps_logged()})")
             end_run_processes(watch.run_tag, grace_s=0.0, first_signal=signal.SIGKILL)
 
     return _run(assets, e2e_root, "tailsieve_killed", "tailsieve", RESUME_STEPS,
-                extra=[f"trainer.save_freq={SAVE_FREQ}"], watcher=kill_after_step_3, run_dir=e2e_root / "tailsieve")
+                extra=[f"trainer.save_freq={SAVE_FREQ}"], env={"E2E_HOLD_AFTER_STEP": f"3:{marker}"},
+                watcher=kill_after_step_3, run_dir=e2e_root / "tailsieve")
 
 
 @pytest.fixture(scope="session")
@@ -102,21 +112,44 @@ def tailsieve_resumed(assets, e2e_root, tailsieve_killed):
                 extra=[f"trainer.save_freq={SAVE_FREQ}"], run_dir=e2e_root / "tailsieve")
 
 
+def _replica_fault_run(assets, e2e_root: Path, name: str, rank: int, action: str, extra: list[str] = ()) -> RunResult:
+    """TailSieve, 3 steps; replica ``rank`` (0: the tail replica, 1: the bulk replica) meets ``action`` at
+    its first request of step 2 (``cpu_shim``'s ``E2E_REPLICA_FAULT``). The watcher notes when the fault
+    landed and when the run reported it, and then SIGCONTs the run's processes so that it can exit."""
+    marker = e2e_root / f"{name}.fault"
+
+    def watch_the_fault(watch: RunWatch) -> None:
+        if "fault" not in watch.done and marker.exists():
+            watch.done.add("fault")
+            watch.done_values["killed_at"] = float(marker.read_text())
+            watch.event(f"replica {rank}: {action} at its first request of step 2 (steps logged: {watch.steps_logged()})")
+        if "fault" in watch.done and "reported" not in watch.done and "RolloutStepError" in watch.new_log_text():
+            watch.done.add("reported")
+            watch.done_values["reported_at"] = time.monotonic()
+            watch.event("the run reported it; SIGCONT every process of the run")
+            signal_run_processes(watch.run_tag, signal.SIGCONT)
+
+    return _run(assets, e2e_root, name, "tailsieve", STEPS, extra=list(extra),
+                env={"E2E_REPLICA_FAULT": f"{rank}:{action}:{marker}"}, watcher=watch_the_fault)
+
+
 @pytest.fixture(scope="session")
 def replica_killed(assets, e2e_root):
-    marker = e2e_root / "replica_killed.kill"
+    return _replica_fault_run(assets, e2e_root, "replica_killed", 1, "kill")
 
-    def note_the_kill(watch: RunWatch) -> None:
-        if "killed" in watch.done or not marker.exists():
-            return
-        watch.done.add("killed")
-        watch.done_values["killed_at"] = float(marker.read_text())
-        steps = watch.steps_logged()
-        watch.event(f"bulk replica (rank 1) SIGKILLed itself at its first request of step 2 "
-                    f"(steps logged by then: {steps})")
 
-    return _run(assets, e2e_root, "replica_killed", "tailsieve", STEPS, env={"E2E_KILL_REPLICA": f"1:{marker}"},
-                watcher=note_the_kill)
+HANG_LIMITS = ["+tailsieve.stall_timeout_s=20", "+tailsieve.engine_call_timeout_s=30", "trainer.save_freq=1"]
+HANG_BOUND_S = 20 + 60  # stall_timeout_s + the poll, the probe's answer and the error's way to the log
+
+
+@pytest.fixture(scope="session")
+def tail_engine_hung(assets, e2e_root):
+    return _replica_fault_run(assets, e2e_root, "tail_engine_hung", 0, "hang-engine", HANG_LIMITS)
+
+
+@pytest.fixture(scope="session")
+def bulk_server_hung(assets, e2e_root):
+    return _replica_fault_run(assets, e2e_root, "bulk_server_hung", 1, "hang-server", HANG_LIMITS)
 
 
 # ---- helpers ---------------------------------------------------------------------------------------
@@ -200,8 +233,7 @@ def test_the_weight_sync_is_real(sync_run, control_run):
 # ---- TailSieve: real aborts, carries, regeneration; checkpoint, kill, resume --------------------------------
 def test_tailsieve_mode_aborts_carries_and_regenerates(tailsieve_killed, control_run):
     steps = [1, 2, 3]
-    assert set(steps) <= set(tailsieve_killed.by_step()), _tail(tailsieve_killed)
-    assert_steps_logged(tailsieve_killed, sorted(tailsieve_killed.by_step()))
+    assert_steps_logged(tailsieve_killed, steps)
     assert_trained_exactly_b_full_groups(tailsieve_killed, steps)  # no aborted (shorter) response trained
     assert_tailsieve_step_metrics(tailsieve_killed, steps)
     assert mean_probs_diff(tailsieve_killed, [2, 3]) < mean_probs_diff(control_run, [2, 3])
@@ -212,6 +244,7 @@ def test_tailsieve_mode_aborts_carries_and_regenerates(tailsieve_killed, control
 
 def test_resume_regenerates_the_carried_prompts_exactly_once(tailsieve_killed, tailsieve_resumed):
     assert any("SIGKILL" in e for e in tailsieve_killed.events), tailsieve_killed.events
+    assert sorted(tailsieve_killed.by_step()) == [1, 2, 3], "the kill did not land between steps 3 and 4"
     assert tailsieve_resumed.returncode == 0, _tail(tailsieve_resumed)
     resumed_steps = list(range(SAVE_FREQ + 1, RESUME_STEPS + 1))
     assert_steps_logged(tailsieve_resumed, resumed_steps)
@@ -237,7 +270,7 @@ def test_resume_regenerates_the_carried_prompts_exactly_once(tailsieve_killed, t
 
 # ---- a replica dies mid-step -------------------------------------------------------------------------------
 def test_a_replica_killed_mid_step_does_not_hang(replica_killed):
-    assert "killed" in replica_killed.events_done, replica_killed.events
+    assert "fault" in replica_killed.events_done, replica_killed.events
     killed_at = replica_killed.killed_after_s
     assert replica_killed.wall_s - killed_at < REPLICA_FAILURE_BOUND_S, replica_killed.events
     metrics = replica_killed.by_step()
@@ -250,3 +283,20 @@ def test_a_replica_killed_mid_step_does_not_hang(replica_killed):
         # failed fast, with one line that names the dead replica (in the rollout step, when verl puts the
         # replicas to sleep, or before the weight update: wherever the kill landed)
         assert re.search(r"RolloutStepError: .*replica", replica_killed.log), _tail(replica_killed)
+
+
+# ---- a replica hangs mid-step ------------------------------------------------------------------------------
+@pytest.mark.parametrize("fixture, names", [("tail_engine_hung", "generated no token"),
+                                            ("bulk_server_hung", "does not answer|did not answer")])
+def test_a_hung_replica_stops_the_run_within_the_stall_bound(fixture, names, request):
+    hung = request.getfixturevalue(fixture)
+    assert "fault" in hung.events_done and "reported" in hung.events_done, hung.events
+    assert hung.returncode != 0
+    detection_s = hung.done_values["reported_at"] - hung.done_values["killed_at"]
+    assert detection_s < HANG_BOUND_S, hung.events
+    # one line naming the replica, what it did and the knob to change
+    assert re.search(rf"RolloutStepError: step 2: rollout replica .*({names}).*(stall_timeout_s|engine_call_timeout_s)",
+                     hung.log), _tail(hung)
+    # step 1 trained and checkpointed with its carried queue intact; nothing of step 2 trained
+    assert sorted(hung.by_step()) == [1]
+    assert len(carried_at(hung, 1)) == hung.by_step()[1]["tailsieve/aborted_groups"] == 2

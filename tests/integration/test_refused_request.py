@@ -57,13 +57,15 @@ def test_skip_drops_the_refused_prompt_counted_and_trains_exactly_b_other_groups
                                                                                 tmp_path, caplog):
     h = harness_factory(_overrides(refusing_data, tmp_path, "+tailsieve.on_refused_request=skip"))
     trained: list[str] = []
+    refused_per_step = []
     for _ in range(3):
         result = h.step()
+        refused_per_step.append(result["metrics"]["tailsieve/refused_groups"])
         groups = Counter(key.split("_")[0] for key in result["batch"].keys)
         assert len(groups) == B and set(groups.values()) == {N}  # exactly B whole groups
         trained += sorted(set(result["prompt_ids"]))
     assert LONG not in trained and len(trained) == len(set(trained)) == 3 * B  # none lost to the slot, none twice
-    assert len(h.trainer.skipped_prompts) == 1
+    assert len(h.trainer.skipped_prompts) == 1 and sum(refused_per_step) == 1
     assert "tailsieve.on_refused_request=skip: dropped (1 prompts this run)" in caplog.text
 
 

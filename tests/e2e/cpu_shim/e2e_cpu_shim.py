@@ -14,7 +14,8 @@ for device "cpu"; the CUDA-keyed FSDP engine runs on CPU unchanged), ``VLLM_TARG
 ``VLLM_CPU_KVCACHE_SPACE=1`` (else vLLM's KV cache takes half the RAM).
 
 ``E2E_SKIP_WEIGHT_SYNC=1`` turns the run into the skip-the-sync control: vLLM receives every weight
-update and drops it (part 6), so the rollout keeps the start-up weights.
+update and drops it (part 5), so the rollout keeps the start-up weights. ``E2E_REPLICA_FAULT`` (part 6) and
+``E2E_HOLD_AFTER_STEP`` (part 7) put the fault tests' kills at known places of a step.
 """
 
 from __future__ import annotations
@@ -249,16 +250,22 @@ def _drop_weight_updates(extension_module) -> None:
     cls._update_weights = _update_weights
 
 
-# ---- 6. a replica killed at a known place (E2E_KILL_REPLICA=RANK:MARKER_PATH) --------------------------------
-# The replica-kill test needs the kill to land mid-step, wherever a step's timing falls (a watcher polling
-# once a second missed steps of 2 s and killed after the last one). The server of replica RANK writes the
-# kill time (CLOCK_MONOTONIC, comparable across processes) to MARKER_PATH and SIGKILLs its engine
-# processes and itself at its first request of the second step it serves (the first after a weight
-# update), so the kill always lands as step 2's generation starts, with other requests in flight.
+# ---- 6. a replica fault at a known place (E2E_REPLICA_FAULT=RANK:ACTION:MARKER_PATH) ----------------------
+# The fault tests need the fault to land mid-step, wherever a step's timing falls (a watcher polling once a
+# second missed steps of 2 s and struck after the last one). The server of replica RANK writes the fault
+# time (CLOCK_MONOTONIC, comparable across processes) to MARKER_PATH at its first request of the second
+# step it serves (the first after a weight update), so the fault lands as step 2's generation starts,
+# with other requests in flight. ACTION:
+#   kill         SIGKILL its engine processes and itself (a replica that dies);
+#   hang-server  SIGSTOP itself: the server no longer answers anything (a wedged process);
+#   hang-engine  SIGSTOP its engine processes: the server answers, no token is generated (a stuck kernel).
+# The test SIGCONTs stopped processes once the run has reported the fault.
 # verl's server class is patched (TailSieve's subclass calls it for every request): the shim itself is
 # imported while tailsieve_verl's server module is half-initialised in the server actor.
-def _kill_replica_at_second_step(server_module) -> None:
-    rank, marker = os.environ["E2E_KILL_REPLICA"].split(":", 1)
+def _replica_fault_at_second_step(server_module) -> None:
+    rank, action, marker = os.environ["E2E_REPLICA_FAULT"].split(":", 2)
+    if action not in ("kill", "hang-server", "hang-engine"):
+        raise ValueError(f"E2E_REPLICA_FAULT action {action!r}: use kill, hang-server or hang-engine")
     cls = server_module.vLLMHttpServer
     original = cls.generate
 
@@ -266,16 +273,42 @@ def _kill_replica_at_second_step(server_module) -> None:
         first = self.__dict__.setdefault("_e2e_first_steps", self.global_steps)
         if self.replica_rank == int(rank) and self.global_steps != first and not os.path.exists(marker):
             import psutil
+            import signal
 
             with open(marker, "w") as f:
                 f.write(repr(time.monotonic()))
             me = psutil.Process()
-            for child in me.children(recursive=True):
-                child.kill()
-            me.kill()
+            engine = me.children(recursive=True)
+            for child in engine if action != "hang-server" else ():
+                child.send_signal(signal.SIGKILL if action == "kill" else signal.SIGSTOP)
+            if action == "kill":
+                me.kill()
+            elif action == "hang-server":
+                me.send_signal(signal.SIGSTOP)
         return await original(self, *args, **kwargs)
 
     cls.generate = generate
+
+
+# ---- 7. a whole-run kill at a known place (E2E_HOLD_AFTER_STEP=STEP:MARKER_PATH) ----------------------------
+# The resume test kills the whole run after step 3 and before the step-4 checkpoint. A watcher polling
+# once a second for "step 3 logged" can miss 2-second steps and kill after the run has finished (CI saw
+# the resumed run find global_step_5 and train nothing). verl's file logger, in the trainer's process,
+# writes MARKER_PATH right after it logs STEP and then holds the trainer there until the test kills it.
+def _hold_after_step(tracking_module) -> None:
+    hold_step, marker = os.environ["E2E_HOLD_AFTER_STEP"].split(":", 1)
+    cls = tracking_module.FileLogger
+    original = cls.log
+
+    def log(self, data, step):  # verl calls it with step= as a keyword
+        original(self, data, step=step)
+        if int(step) == int(hold_step):
+            with open(marker, "w") as f:
+                f.write(repr(time.monotonic()))
+            while True:  # held until the test SIGKILLs every process of the run
+                time.sleep(1.0)
+
+    cls.log = log
 
 
 def install() -> None:
@@ -285,8 +318,10 @@ def install() -> None:
     when_imported("vllm.model_executor.layers.utils", _keep_cpu_linear_weight)
     if os.environ.get("E2E_SKIP_WEIGHT_SYNC") == "1":
         when_imported("verl.workers.rollout.vllm_rollout.utils", _drop_weight_updates)
-    if os.environ.get("E2E_KILL_REPLICA"):
-        when_imported("verl.workers.rollout.vllm_rollout.vllm_async_server", _kill_replica_at_second_step)
+    if os.environ.get("E2E_REPLICA_FAULT"):
+        when_imported("verl.workers.rollout.vllm_rollout.vllm_async_server", _replica_fault_at_second_step)
+    if os.environ.get("E2E_HOLD_AFTER_STEP"):
+        when_imported("verl.utils.tracking", _hold_after_step)
 
 
 install()
