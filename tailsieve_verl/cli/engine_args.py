@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import replace
-from ..core.engine import H200_MODELS, EngineConfig, EngineConfigError, SpeculativeConfig, prefill_cost_from_perf
+from ..core.engine import (H200_MODELS, EngineConfig, EngineConfigError, SpeculativeConfig, parse_spec_schedule,
+                           prefill_cost_from_perf)
 from ..core.perf import PerfModel
 from ..core.sim import DEFAULT_SPECULATION
 from ..core.verify_cost import VerifyTable
@@ -64,18 +65,10 @@ def _acceptance(text: str) -> tuple[float, ...]:
 
 
 def _schedule(text: str) -> tuple[tuple[int, int, int], ...]:
-    entries = []
-    for part in text.split(","):
-        batches, colon, k = part.strip().partition(":")
-        lo, dash, hi = batches.partition("-")
-        if not colon:
-            raise argparse.ArgumentTypeError(f"schedule entry {part.strip()!r} lacks its :K")
-        try:
-            entries.append((int(lo), int(hi if dash else lo), int(k)))
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected B1-B2:K entries separated by commas (e.g. 1-64:3,65-256:1), "
-                                             f"got {part.strip()!r}") from None
-    return tuple(entries)
+    try:
+        return parse_spec_schedule(text)
+    except EngineConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def engine_config_from_args(args: argparse.Namespace, perf: PerfModel | None, spec_policies: bool = False
@@ -108,6 +101,48 @@ def engine_config_from_args(args: argparse.Namespace, perf: PerfModel | None, sp
             k, args.spec_acceptance, args.spec_schedule or (), args.spec_acceptance_half_life,
             args.spec_draft_cost or 0.0, _verify_table(args))
     return replace(base, **fields)
+
+
+POOLS = ("tail", "bulk")
+
+
+def add_pool_speculation_args(parser: argparse.ArgumentParser) -> None:
+    """TailSieve's per-pool speculation flags (``simulate``), in vLLM's words per pool."""
+    g = parser.add_argument_group(
+        "per-pool speculation (TailSieve's tail and bulk pools; unset: the shared engine, or a policy's own)",
+        "the --spec-* flags give acceptance, draft cost and decay (MTP-like assumptions where not given); "
+        "they apply to tailsieve, tailsieve-fixed, best-static, tailsieve-spec (its tail k=6 / bulk schedule "
+        "otherwise) and the tail pool of tailsieve-auto")
+    for pool in POOLS:
+        g.add_argument(f"--{pool}-num-speculative-tokens", type=IntRule(0, 64), metavar="K",
+                       help=f"draft tokens per request per step on the {pool} pool's replicas (0: no speculation)")
+        g.add_argument(f"--{pool}-spec-schedule", type=_schedule, metavar="B1-B2:K,...",
+                       help=f"vLLM dynamic SD on the {pool} pool's replicas, e.g. 1-64:3,65-128:1,129-256:0")
+
+
+def pool_engines_from_args(args: argparse.Namespace, engine: EngineConfig,
+                           speculation: SpeculativeConfig) -> dict[str, EngineConfig | None]:
+    """``tail_engine`` and ``bulk_engine`` of :class:`core.sim.SimConfig`: ``engine`` with the pool's
+    depth or schedule and ``speculation``'s acceptance, draft cost and decay (None: no pool flag)."""
+    out: dict[str, EngineConfig | None] = {}
+    for pool in POOLS:
+        k, schedule = getattr(args, f"{pool}_num_speculative_tokens"), getattr(args, f"{pool}_spec_schedule")
+        out[f"{pool}_engine"] = None
+        if k is None and schedule is None:
+            continue
+        deepest = max(entry[2] for entry in schedule) if schedule else None
+        if schedule and (k == 0 or deepest == 0):
+            raise CLIError(f"--{pool}-spec-schedule speculates nothing with --{pool}-num-speculative-tokens {k} and "
+                           f"a deepest k of {deepest}: drop the schedule, or give it a k > 0")
+        if k == 0:
+            out[f"{pool}_engine"] = replace(engine, speculative=None)
+            continue
+        try:
+            spec = replace(speculation, num_speculative_tokens=k if k is not None else deepest, schedule=schedule or ())
+        except EngineConfigError as exc:
+            raise CLIError(f"--{pool}-spec-schedule: {exc}") from None
+        out[f"{pool}_engine"] = replace(engine, speculative=spec)
+    return out
 
 
 def _verify_table(args: argparse.Namespace) -> VerifyTable | None:

@@ -10,7 +10,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..core.engine import parse_spec_schedule
 from ..core.perf import DEFAULT_PERF_MODEL
+from ..core.sim import engine_label
 
 TRAINER_MODE = "trainer.v1.trainer_mode=tailsieve"
 MTP_ON = "actor_rollout_ref.model.mtp.enable=true actor_rollout_ref.model.mtp.enable_rollout=true"
@@ -44,12 +46,7 @@ def pin_overrides(q: int, m: int) -> str:
 
 def parse_schedule(text: str) -> list[list[int]]:
     """A schedule as the simulator names it (``1-64:3,65-128:1``) in vLLM's list form."""
-    out = []
-    for part in text.split(","):
-        batches, _, k = part.partition(":")
-        lo, _, hi = batches.partition("-")
-        out.append([int(lo), int(hi), int(k)])
-    return out
+    return [list(entry) for entry in parse_spec_schedule(text)]
 
 
 def stock_speculation_overrides(k: int, schedule: list[list[int]] | None = None) -> str:
@@ -59,6 +56,18 @@ def stock_speculation_overrides(k: int, schedule: list[list[int]] | None = None)
     if schedule:
         overrides += f" '{SCHEDULE_KEY}=[{','.join(f'[{lo},{hi},{k}]' for lo, hi, k in schedule)}]'"
     return overrides
+
+
+def pool_speculation_overrides(pool: str, label: str) -> str:
+    """One TailSieve pool's speculation (``off``, ``k=K`` or a schedule, as the simulator names it) as
+    ``tailsieve.<pool>`` overrides (shell-quoted where the list has brackets)."""
+    if label == "off":
+        return f"+tailsieve.{pool}.num_speculative_tokens=0"
+    if label.startswith("k="):
+        return f"+tailsieve.{pool}.num_speculative_tokens={label.removeprefix('k=')}"
+    schedule = parse_schedule(label)
+    return (f"+tailsieve.{pool}.num_speculative_tokens={max(k for _, _, k in schedule)} "
+            f"'+tailsieve.{pool}.spec_schedule=[{','.join(f'[{lo},{hi},{k}]' for lo, hi, k in schedule)}]'")
 
 
 def perf_model_override(spec: str) -> str:
@@ -90,16 +99,22 @@ def from_simulation(result, perf_spec: str) -> str:
     redraw = abs(1 - result.speedup_vs("verl")["verl-redraw"]) if "verl-redraw" in result.policies else 0.0
     common = " ".join(x for x in (TRAINER_MODE, perf_model_override(perf_spec),
                                   "+tailsieve.group_atomic=true" if result.config.group_atomic else "") if x)
+    cfg = result.config
+    pools = " ".join(pool_speculation_overrides(pool, engine_label(engine))
+                     for pool, engine in (("tail", cfg.tail_engine), ("bulk", cfg.bulk_engine)) if engine is not None)
+    pools = f" actor_rollout_ref.model.mtp.enable=true {pools}" if pools else ""  # the --tail-*/--bulk-* engines
     candidates = []
     for name, r in result.policies.items():
         last, label = r.records[-1], name
         if name == "tailsieve":
+            if pools:
+                continue  # per-pool engines are set at launch: the trainer pins the split, so no adaptive m
             overrides = f"{common} +tailsieve.tail_replicas=0"  # q0 = 0, m = 0: start at one shared pool
         elif name == "tailsieve-fixed":
             overrides = (f"{common} +tailsieve.mode=fixed +tailsieve.q0={max(last.next_q, last.next_m)} "
-                         f"+tailsieve.tail_replicas={last.next_m}")
+                         f"+tailsieve.tail_replicas={last.next_m}{pools}")
         elif name == "best-static" and last.next_m > 0:
-            overrides = f"{common} {pin_overrides(last.next_q, last.next_m)}"
+            overrides = f"{common} {pin_overrides(last.next_q, last.next_m)}{pools}"
             label = f"best-static (q={last.next_q}, m={last.next_m}, the best fixed split in hindsight)"
         elif name == "verl-spec":
             k = int(r.choice.removeprefix("k="))
@@ -114,14 +129,10 @@ def from_simulation(result, perf_spec: str) -> str:
             overrides = (f"{common} +tailsieve.tail_replicas=0 "
                          f"{stock_speculation_overrides(max(k for _, _, k in schedule), schedule)}")
         elif name == "tailsieve-spec":
-            tail_k, schedule = r.choice.split(" / bulk ")
-            schedule = parse_schedule(schedule)
-            bulk_k = max(k for _, _, k in schedule)
+            tail, bulk = r.choice.removeprefix("tail ").split(" / bulk ")
             overrides = (f"{common} +tailsieve.mode=fixed +tailsieve.q0={max(last.next_q, last.next_m)} "
-                         f"+tailsieve.tail_replicas={last.next_m} {stock_speculation_overrides(bulk_k)} "
-                         f"+tailsieve.tail.num_speculative_tokens={tail_k.removeprefix('tail k=')} "
-                         "'+tailsieve.bulk.engine_kwargs={speculative_config:{num_speculative_tokens_per_batch_size:"
-                         f"[{','.join(f'[{lo},{hi},{k}]' for lo, hi, k in schedule)}]}}}}'")
+                         f"+tailsieve.tail_replicas={last.next_m} actor_rollout_ref.model.mtp.enable=true "
+                         f"{pool_speculation_overrides('tail', tail)} {pool_speculation_overrides('bulk', bulk)}")
         else:
             continue  # stock verl itself, group round-robin, or a reference no rollout layer can run
         noise = two_standard_errors((stock - r.makespans) / stock.mean())

@@ -9,11 +9,14 @@ import json
 from pathlib import Path
 
 from ..core.perf import DEFAULT_PERF_MODEL, parse_perf_model
-from ..core.sim import ALL_POLICIES, POLICIES, SPEC_POLICIES, STOCK_SPEC_POLICIES, SimConfig, SimResult, simulate
+from ..core.sim import (ALL_POLICIES, POLICIES, POOL_ENGINE_POLICIES, SPEC_POLICIES, STOCK_SPEC_POLICIES, SimConfig,
+                        SimResult, simulate)
 from ..core.trace import read_trace
 from ..core.workload import PRESETS, PromptPool
 from .checks import output_dir, perf_model_file
-from .engine_args import add_engine_args, engine_config_from_args, speculation_from_args
+from .checks import CLIError
+from .engine_args import (add_engine_args, add_pool_speculation_args, engine_config_from_args,
+                          pool_engines_from_args, speculation_from_args)
 from .recommend import from_simulation
 
 DEFAULTS = SimConfig()
@@ -41,7 +44,8 @@ def register(subparsers) -> None:
                         "draws, shows the run's noise floor; " + ", ".join(SPEC_POLICIES) + ": speculative decoding, "
                         "opt-in, as the --spec-* flags describe it: stock verl at the best depth in hindsight, with "
                         "vLLM's documented batch-size schedule, with the best schedule of a grid in hindsight; TailSieve "
-                        "with a deep tail pool and the schedule in the bulk pool, with the schedule everywhere)")
+                        "with a deep tail pool and the schedule in the bulk pool, with the schedule everywhere, and "
+                        "tailsieve-auto: the split of tailsieve-spec or stock verl with speculation, chosen online)")
     p.add_argument("--fixed-tail-replicas", type=int, default=None,
                    help="tail replicas of tailsieve-fixed (default replicas // 2)")
     p.add_argument("--group-atomic", action="store_true",
@@ -53,6 +57,7 @@ def register(subparsers) -> None:
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     add_engine_args(p)
+    add_pool_speculation_args(p)
     p.set_defaults(func=run)
 
 
@@ -60,11 +65,16 @@ def run(args: argparse.Namespace) -> int:
     perf = parse_perf_model(args.perf_model)
     policies = tuple(p.strip() for p in args.policies.split(",") if p.strip())
     spec_policies = any(p in SPEC_POLICIES for p in policies)
+    engine, speculation = engine_config_from_args(args, perf, spec_policies), speculation_from_args(args)
+    pool_engines = pool_engines_from_args(args, engine, speculation)
+    if any(pool_engines.values()) and not set(policies) & set(POOL_ENGINE_POLICIES):
+        raise CLIError(f"--tail-*/--bulk-* speculation flags set TailSieve's pool engines, but no policy here has "
+                       f"pools: add one of {', '.join(POOL_ENGINE_POLICIES)} to --policies")
     config = SimConfig(steps=args.steps, n_replicas=args.replicas, batch_size=args.batch, n=args.n, seed=args.seed,
                        policies=policies,
                        fixed_tail_replicas=args.fixed_tail_replicas, group_atomic=args.group_atomic,
                        oracle_time_limit_s=args.oracle_time_limit,
-                       engine=engine_config_from_args(args, perf, spec_policies), speculation=speculation_from_args(args))
+                       engine=engine, speculation=speculation, **pool_engines)
     config.validate()
     output_dir(args.out, "--out", ("simulate.json", "makespan_per_step.png", "controller_trajectories.png",
                                    "gantt_step.png"),

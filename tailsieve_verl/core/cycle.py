@@ -46,6 +46,15 @@ class TailSieveCycle:
         self.decision = self.controller.decision if self.controller else SHARED_POOL
         self.record = PromptLengthRecord() if record else None
         self.prompt_key = prompt_key
+        self.shared_hold = False
+
+    def hold_shared(self, hold: bool) -> None:
+        """Run one shared pool (q = m = 0) while ``hold`` is set, without feeding the controller, and
+        resume its last decision after: a fallback to stock routing that keeps the controller's state
+        for the split's return. The next held step drains every carried candidate through the shared
+        pool (run to completion, consumed) and aborts nothing; the per-prompt record keeps learning."""
+        self.shared_hold = hold
+        self.decision = SHARED_POOL if hold else (self.controller.decision if self.controller else SHARED_POOL)
 
     def n_fresh(self) -> int:
         """New prompts the next step needs (tail and bulk together)."""
@@ -82,7 +91,7 @@ class TailSieveCycle:
             m=m, tail_makespan_s=max((g.finish_s for _, g in tail), default=0.0), bulk_cutoff_s=cutoff_s,
             tail_groups=tuple(g for _, g in tail), bulk_groups=tuple(g for _, g in bulk),
             n_aborted=len(scores), prompt_len=prompt_len)
-        if self.controller is not None:
+        if self.controller is not None and not self.shared_hold:
             self.decision = self.controller.observe(observation)
         return outcome, observation
 

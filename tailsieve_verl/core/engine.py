@@ -134,6 +134,34 @@ def _reach(acceptance: tuple[float, ...], k: int) -> np.ndarray:
     return reach
 
 
+def parse_spec_schedule(value) -> tuple[tuple[int, int, int], ...]:
+    """A dynamic-SD schedule from ``B1-B2:K,...`` text (``--spec-schedule``) or vLLM's list of
+    ``[b_lo, b_hi, k]`` (``num_speculative_tokens_per_batch_size``); the order and range checks are
+    :class:`SpeculativeConfig`'s."""
+    if isinstance(value, str):
+        entries = []
+        for part in value.split(","):
+            batches, colon, k = part.strip().partition(":")
+            lo, dash, hi = batches.partition("-")
+            if not colon:
+                raise EngineConfigError(f"schedule entry {part.strip()!r} lacks its :K")
+            try:
+                entries.append((int(lo), int(hi if dash else lo), int(k)))
+            except ValueError:
+                raise EngineConfigError(f"expected B1-B2:K entries separated by commas (e.g. 1-64:3,65-256:1), "
+                                        f"got {part.strip()!r}") from None
+        return tuple(entries)
+    try:
+        entries = [tuple(entry) for entry in value]
+    except TypeError:
+        entries = []
+    if not entries or not all(len(e) == 3 and all(isinstance(v, int) and not isinstance(v, bool) for v in e)
+                              for e in entries):
+        raise EngineConfigError(f"a spec schedule is B1-B2:K,... text or a list of [batch_lo, batch_hi, k] integers, "
+                                f"got {value!r}"[:200])
+    return tuple(entries)
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """One pool's rollout engine (vLLM v1 scheduler settings). Defaults bind nothing; the verl

@@ -32,6 +32,12 @@ Policies:
   ``fixed_tail_replicas``) at the deepest k, the bulk pool on vLLM's schedule; q adapts.
   ``tailsieve-dynsd`` — adaptive TailSieve with vLLM's schedule on every replica, m free (opt-in). The
   controller's prior and yardstick stay on the engine without limits (a known gap).
+* ``tailsieve-auto`` — TailSieve that falls back to stock verl with speculation, decided online
+  (:mod:`core.fallback`): each step either the split (tail pool pinned at ``fixed_tail_replicas`` at the
+  deepest k, the bulk pool on the stock engine) or one shared pool with stock verl's routing and the
+  stock engine on every replica. The stock engine is the stock speculative configuration
+  (:func:`stock_engines`) with the least replayed makespan on the steps observed so far. The engines
+  switch per step for free here; a deployment restarts them (or runs one schedule everywhere).
 * ``clairvoyant-group`` / ``clairvoyant-sample`` — know this step's lengths: the B fresh groups
   (or their single samples) routed ``topk-balanced`` (:mod:`core.policies`) with the best (k, m),
   searched coarse-to-fine within ``oracle_time_limit_s`` per step, on ``SimConfig.engine`` (no per-pool
@@ -67,6 +73,7 @@ from .cycle import TailSieveCycle
 from .engine import EngineConfig, SpeculativeConfig
 from .verify_cost import VerifyTable
 from .errors import TailSieveError
+from .fallback import Arm, FallbackConfig, StockFallback
 from .perf import PerfModel
 from .oracle import SetCost
 from .policies import best_k_search, expand_to_samples, least_inflight_assignment, pool_assignment, route, singletons
@@ -81,7 +88,9 @@ POLICIES = ("verl", "uniform", "tailsieve-fixed", "tailsieve", "clairvoyant-grou
 # hindsight; vLLM's batch-size schedule; the best schedule of a small grid in hindsight), and TailSieve with
 # speculation per pool or one schedule on every replica (:data:`SPEC_POLICIES`)
 STOCK_SPEC_POLICIES = ("verl-spec", "verl-dynsd", "verl-dynsd-best")
-SPEC_POLICIES = STOCK_SPEC_POLICIES + ("tailsieve-spec", "tailsieve-dynsd")
+SPEC_POLICIES = STOCK_SPEC_POLICIES + ("tailsieve-spec", "tailsieve-dynsd", "tailsieve-auto")
+POOL_ENGINE_POLICIES = ("tailsieve", "tailsieve-fixed", "best-static", "tailsieve-spec", "tailsieve-auto")  # read
+#   SimConfig.tail_engine / bulk_engine (tailsieve-auto: the tail engine; its bulk runs the stock engine it picks)
 STOCK_POLICIES = ("verl",) + STOCK_SPEC_POLICIES  # what a verl 0.9.1 user can run without TailSieve
 # opt-in (``--policies ...,best-static``): one TailSieve run per grid point, ~50 runs at R = 8;
 # ``verl-redraw``: the noise floor, stock verl again with an independent set of length draws
@@ -574,6 +583,7 @@ class TailSieveRunner(_Runner):
         for pid in outcome.consumed_ids:
             del self.generated[pid]
         consumed = tail + [bulk[i] for i in done]
+        self.last_consumed = consumed
         lengths = tuple(x for g in consumed for x in g.lengths)
         busy = [min(x, cut.bulk_end_s) if r >= m else x for r, x in enumerate(ev.replica_times_s)]
         spans = ()
@@ -661,39 +671,140 @@ def stock_spec_runner(cfg: SimConfig, pool: PromptPool, perf: PerfModel, name: s
     """Stock verl's routing with speculation on every replica (``cfg.speculation``'s acceptance and draft
     cost): ``verl-spec`` every depth of ``cfg.spec_depths``, the best in hindsight; ``verl-dynsd`` vLLM's
     documented schedule at ``cfg.speculation``'s k; ``verl-dynsd-best`` the best of :func:`schedule_grid`."""
-    profile = cfg.speculation
     if name == "verl-dynsd":
-        schedule = vllm_doc_schedule(profile.num_speculative_tokens)
-        runner = StaticRunner(replace(cfg, engine=with_speculation(cfg.engine, profile, 0, schedule)), pool, perf, name)
+        schedule = vllm_doc_schedule(cfg.speculation.num_speculative_tokens)
+        engine = stock_engines(cfg)[schedule_text(schedule)]
+        runner = StaticRunner(replace(cfg, engine=engine), pool, perf, name)
         runner.result.choice = schedule_text(schedule)
         return runner
-    if name == "verl-spec":
-        variants = {f"k={k}": with_speculation(cfg.engine, profile, k) for k in cfg.spec_depths}
-    else:
-        variants = {label: with_speculation(cfg.engine, profile, 0, schedule)
-                    for label, schedule in schedule_grid(max(cfg.spec_depths)).items()}
+    variants = stock_engines(cfg, "depths" if name == "verl-spec" else "grid")
     return HindsightRunner(name, {label: StaticRunner(replace(cfg, engine=engine), pool, perf, name)
                                   for label, engine in variants.items()})
+
+
+def stock_engines(cfg: SimConfig, kind: str = "all") -> dict[str, EngineConfig]:
+    """Stock speculative engines by name: ``k=K`` for each depth of ``cfg.spec_depths`` (``depths``:
+    verl-spec's), every schedule of :func:`schedule_grid` (``grid``: verl-dynsd-best's), or those and
+    vLLM's documented schedule (``all``: what ``tailsieve-auto`` falls back to)."""
+    profile = cfg.speculation
+    engines: dict[str, EngineConfig] = {}
+    if kind in ("depths", "all"):
+        engines.update({f"k={k}": with_speculation(cfg.engine, profile, k) for k in cfg.spec_depths})
+    schedules = dict(schedule_grid(max(cfg.spec_depths))) if kind in ("grid", "all") else {}
+    if kind == "all":
+        doc = vllm_doc_schedule(profile.num_speculative_tokens)
+        schedules[schedule_text(doc)] = doc
+    engines.update({label: with_speculation(cfg.engine, profile, 0, schedule) for label, schedule in schedules.items()})
+    return engines
+
+
+class FallbackRunner(TailSieveRunner):
+    """``tailsieve-auto``: TailSieve's split or stock verl with speculation, each step chosen online by
+    :class:`core.fallback.StockFallback` from the steps already run.
+
+    After every step the engine model replays stock verl's routing of the step's consumed groups with
+    every stock engine of :func:`stock_engines`; the one with the least replayed makespan so far is the
+    stock engine of the next steps (after ``SCREEN_STEPS`` only the best ``SCREEN_KEEP`` are replayed),
+    and the replay with the engine in use is the yardstick the step is judged by. A second replay puts
+    the step's q longest groups in the tail pool (q of the controller, half and twice it): the split's
+    ceiling on that work; a probe waits while the ceiling's total does not beat the stock replay's."""
+
+    SCREEN_STEPS, SCREEN_KEEP = 3, 4
+
+    def __init__(self, cfg: SimConfig, pool: PromptPool, perf: PerfModel, name: str = "tailsieve-auto",
+                 fallback: FallbackConfig = FallbackConfig()):
+        pinned = replace(cfg.controller, fixed_tail_replicas=cfg.fixed_m,
+                         q_init=max(1, cfg.controller.q_init or cfg.batch_size // 16))
+        super().__init__(cfg, pool, perf, pinned, name)
+        self.switch = StockFallback(fallback)
+        self.tail_engine = cfg.tail_engine or with_speculation(cfg.engine, cfg.speculation, max(cfg.spec_depths))
+        self.stock = stock_engines(cfg)
+        self.replayed = dict.fromkeys(self.stock, 0.0)
+        self.stock_pick = f"k={max(cfg.spec_depths)}"  # before any step: the deepest fixed k
+        self.replay_rng = np.random.default_rng([cfg.seed, 17])
+        self.arms: list[Arm] = []
+        self.ceiling_s = self.stock_s = 0.0  # the split's ceiling and the stock replay, summed over the steps
+        self.cycle.hold_shared(True)
+
+    def split_ceiling_s(self, groups: list[Group]) -> float:
+        """The split's best case on ``groups``, lengths known: the q longest (by work) in the tail pool, the
+        rest in the bulk pool, for q of the controller, half and twice it; the least makespan."""
+        cfg, R = self.cfg, self.cfg.n_replicas
+        decision = self.cycle.controller.decision
+        m = max(1, decision.m)
+        order = sorted(groups, key=lambda g: -sum(g.lengths))
+        best = float("inf")
+        for q in sorted({max(m, decision.q // 2), max(m, decision.q), min(len(groups) - 1, 2 * max(m, decision.q))}):
+            tail, bulk = order[:q], order[q:]
+            samples = np.concatenate([pool_assignment(tail, m, 0, cfg.group_atomic, self.replay_rng),
+                                      pool_assignment(bulk, R - m, m, cfg.group_atomic, self.replay_rng)])
+            best = min(best, evaluate_samples(tail + bulk, samples, R, self.perf, engine=self.engines(m)).makespan_s)
+        return best
+
+    def engines(self, m: int) -> list[EngineConfig]:
+        stock = self.stock[self.stock_pick]
+        return [self.tail_engine] * m + [stock] * (self.cfg.n_replicas - m)
+
+    def step(self, t: int, keep: bool) -> None:
+        arm = self.switch.arm
+        super().step(t, keep)
+        self.arms.append(arm)
+        groups, R = self.last_consumed, self.cfg.n_replicas
+        samples = least_inflight_assignment(sum(g.n for g in groups), R, rng=self.replay_rng)
+        replay = {label: evaluate_samples(groups, samples, R, self.perf, engine=self.stock[label]).makespan_s
+                  for label in self.replayed}
+        record = self.result.records[-1]
+        self.ceiling_s += self.split_ceiling_s(groups)
+        self.stock_s += replay[self.stock_pick]
+        may_win = self.ceiling_s < self.stock_s * (1 - self.switch.config.margin)
+        next_arm = self.switch.observe(t, record.makespan_s / replay[self.stock_pick], had_tail=record.m > 0,
+                                       split_may_win=may_win)
+        for label, makespan in replay.items():
+            self.replayed[label] += makespan
+        if t + 1 == self.SCREEN_STEPS:
+            kept = sorted(self.replayed, key=self.replayed.get)[:self.SCREEN_KEEP]
+            self.replayed = {label: self.replayed[label] for label in kept}
+        self.stock_pick = min(self.replayed, key=self.replayed.get)
+        if next_arm is not arm:
+            self.cycle.hold_shared(next_arm is Arm.STOCK)
+
+    def finish(self) -> PolicyResult:
+        result = super().finish()
+        split = sum(a is Arm.SPLIT for a in self.arms)
+        result.choice = (f"stock {self.stock_pick}; split (tail {engine_label(self.tail_engine)}) "
+                         f"on {split} of {len(self.arms)} steps, {self.switch.probes} probes, "
+                         f"{self.switch.gated} held by the ceiling")
+        return result
 
 
 def tailsieve_spec_config(cfg: SimConfig, name: str) -> SimConfig:
     """The engines of TailSieve with speculation: ``tailsieve-spec`` speculates at the deepest of
     ``cfg.spec_depths`` in the tail pool (pinned at ``cfg.fixed_m`` replicas, as a deployment sets engines
-    at launch) and runs vLLM's documented schedule in the bulk pool; ``tailsieve-dynsd`` runs that schedule on every replica, so the
+    at launch) and runs vLLM's documented schedule in the bulk pool, or the pool engines ``cfg`` gives
+    (``--tail-*`` / ``--bulk-*`` flags); ``tailsieve-dynsd`` runs that schedule on every replica, so the
     tail pool's small batch picks the deep k by itself and the split stays free."""
     profile = cfg.speculation
     scheduled = with_speculation(cfg.engine, profile, 0, vllm_doc_schedule(profile.num_speculative_tokens))
     if name == "tailsieve-dynsd":
         return replace(cfg, engine=scheduled, tail_engine=None, bulk_engine=None)
-    return replace(cfg, tail_engine=with_speculation(cfg.engine, profile, max(cfg.spec_depths)),
-                   bulk_engine=scheduled)
+    return replace(cfg, tail_engine=cfg.tail_engine or with_speculation(cfg.engine, profile, max(cfg.spec_depths)),
+                   bulk_engine=cfg.bulk_engine or scheduled)
+
+
+def engine_label(engine: EngineConfig) -> str:
+    """An engine's speculation in ``--spec-schedule`` words: ``off``, ``k=K`` or a schedule."""
+    spec = engine.speculative
+    if spec is None:
+        return "off"
+    return schedule_text(spec.schedule) if spec.schedule else f"k={spec.num_speculative_tokens}"
 
 
 def spec_label(cfg: SimConfig) -> str:
-    """What a TailSieve speculation run's engines do: ``tail k=K / bulk SCHEDULE`` or one schedule."""
+    """What a TailSieve speculation run's engines do: ``tail K_OR_SCHEDULE / bulk K_OR_SCHEDULE`` or one
+    schedule."""
     if cfg.tail_engine is None:
         return schedule_text(cfg.engine.speculative.schedule)
-    return f"tail k={cfg.tail_engine.speculative.num_speculative_tokens} / bulk {schedule_text(cfg.bulk_engine.speculative.schedule)}"
+    return f"tail {engine_label(cfg.tail_engine)} / bulk {engine_label(cfg.bulk_engine)}"
 
 
 def build_runners(cfg: SimConfig, pool: PromptPool, perf: PerfModel,
@@ -706,6 +817,8 @@ def build_runners(cfg: SimConfig, pool: PromptPool, perf: PerfModel,
             runners.append(StaticRunner(cfg, pool, perf, name, execute))
         elif name in STOCK_SPEC_POLICIES:
             runners.append(stock_spec_runner(cfg, pool, perf, name))
+        elif name == "tailsieve-auto":
+            runners.append(FallbackRunner(cfg, pool, perf, name))
         elif name == "best-static":
             runners.append(BestStaticRunner(cfg, pool, perf, name, execute))
         elif name in ("tailsieve", "tailsieve-dynsd"):

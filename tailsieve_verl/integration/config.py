@@ -20,6 +20,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from tailsieve_verl.core.engine import EngineConfigError, SpeculativeConfig, parse_spec_schedule
 from tailsieve_verl.core.errors import TailSieveError
 from tailsieve_verl.core.perf import DEFAULT_PERF_MODEL, PerfModel, parse_perf_model
 
@@ -46,8 +47,23 @@ class PoolEngineConfig:
 
     max_num_seqs: int | None = None
     mtp_enable: bool | None = None
-    num_speculative_tokens: int | None = None
+    num_speculative_tokens: int | None = None  # 0: no speculation in this pool
+    spec_schedule: Any = None  # vLLM's dynamic SD in this pool: "1-64:3,65-128:1" or [[1, 64, 3], [65, 128, 1]]
     engine_kwargs: Mapping[str, Any] = field(default_factory=dict)
+
+    def schedule(self) -> tuple[tuple[int, int, int], ...]:
+        """``spec_schedule`` as (b_lo, b_hi, k) entries (checked by :func:`parse_tailsieve_section`)."""
+        return parse_spec_schedule(self.spec_schedule) if self.spec_schedule is not None else ()
+
+    def depth(self) -> int | None:
+        """The pool's k: ``num_speculative_tokens``, else the schedule's deepest k (None: verl's own)."""
+        if self.num_speculative_tokens is not None:
+            return self.num_speculative_tokens
+        schedule = self.schedule()
+        return max(k for _, _, k in schedule) if schedule else None
+
+    def wants_speculation(self) -> bool:
+        return bool(self.mtp_enable) or (self.mtp_enable is None and bool(self.depth()))
 
     def is_default(self) -> bool:
         return self == PoolEngineConfig()
@@ -230,9 +246,11 @@ def _check_types(cfg: TailSieveConfig) -> None:
         if pool_cfg.max_num_seqs is not None:
             _check_int(pool_cfg.max_num_seqs, f"tailsieve.{pool}.max_num_seqs", 1)
         if pool_cfg.num_speculative_tokens is not None:
-            _check_int(pool_cfg.num_speculative_tokens, f"tailsieve.{pool}.num_speculative_tokens", 1)
+            _check_int(pool_cfg.num_speculative_tokens, f"tailsieve.{pool}.num_speculative_tokens", 0)
         if pool_cfg.mtp_enable is not None and not isinstance(pool_cfg.mtp_enable, bool):
             raise TailSieveConfigError(f"tailsieve.{pool}.mtp_enable must be true, false or null")
+        if pool_cfg.spec_schedule is not None:
+            _check_schedule(pool_cfg, f"tailsieve.{pool}")
     _check_positive(cfg.sim.time_scale, "tailsieve.sim.time_scale")
     _check_positive(cfg.sim.mean_response_len, "tailsieve.sim.mean_response_len")
     for name in ("prompt_sigma", "sample_sigma"):
@@ -245,6 +263,24 @@ def _check_types(cfg: TailSieveConfig) -> None:
                 parse_perf_model(spec)
             except TailSieveError as exc:
                 raise TailSieveConfigError(f"{where}: {exc}") from None
+
+
+def _check_schedule(pool: PoolEngineConfig, where: str) -> None:
+    """A pool's ``spec_schedule`` in vLLM's rules (starts at batch 1, increasing ranges, k within the
+    pool's ``num_speculative_tokens``), with something to speculate."""
+    try:
+        schedule = parse_spec_schedule(pool.spec_schedule)
+    except EngineConfigError as exc:
+        raise TailSieveConfigError(f"{where}.spec_schedule: {exc}") from None
+    deepest = max(k for _, _, k in schedule)
+    if pool.num_speculative_tokens == 0 or pool.mtp_enable is False or deepest == 0:
+        raise TailSieveConfigError(f"{where}.spec_schedule is set but the pool does not speculate ({where}."
+                                   f"num_speculative_tokens={pool.num_speculative_tokens}, mtp_enable={pool.mtp_enable}, "
+                                   f"deepest k {deepest}): drop the schedule or give it a k > 0")
+    try:
+        SpeculativeConfig(pool.depth(), (1.0,), schedule)
+    except EngineConfigError as exc:
+        raise TailSieveConfigError(f"{where}.spec_schedule: {exc}") from None
 
 
 def _select(config: Any, path: str, default: Any = None) -> Any:
@@ -346,12 +382,11 @@ def validate_verl_config(config: Any) -> TailSieveConfig:
             raise TailSieveConfigError(f"tailsieve.controller: {exc}") from None
     for pool in ("tail", "bulk"):
         pool_cfg: PoolEngineConfig = getattr(cfg, pool)
-        if pool_cfg.num_speculative_tokens is not None and pool_cfg.mtp_enable is False:
+        if pool_cfg.num_speculative_tokens and pool_cfg.mtp_enable is False:
             raise TailSieveConfigError(
                 f"tailsieve.{pool}.num_speculative_tokens is set but tailsieve.{pool}.mtp_enable=false"
             )
-        wants_mtp = pool_cfg.mtp_enable or (pool_cfg.num_speculative_tokens is not None and pool_cfg.mtp_enable is None)
-        if wants_mtp and not bool(_select(config, "actor_rollout_ref.model.mtp.enable", False)):
+        if pool_cfg.wants_speculation() and not bool(_select(config, "actor_rollout_ref.model.mtp.enable", False)):
             raise TailSieveConfigError(
                 f"tailsieve.{pool} asks for MTP speculative decoding, but the model's MTP head is not loaded: set "
                 f"actor_rollout_ref.model.mtp.enable=true (the rollout-side switch stays per pool)"

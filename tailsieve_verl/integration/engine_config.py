@@ -2,7 +2,8 @@
 
 verl launches every rollout replica from one ``RolloutConfig``. TailSieve gives the tail pool (the
 first ``tailsieve.tail_replicas`` replica ranks) and the bulk pool their own ``max_num_seqs``, MTP
-speculative decoding switch and depth (``num_speculative_tokens``) and extra vLLM ``engine_kwargs``:
+speculative decoding switch and depth (``num_speculative_tokens``, 0 = off), vLLM's batch-size schedule
+(``spec_schedule``: ``num_speculative_tokens_per_batch_size``) and extra vLLM ``engine_kwargs``:
 the tail pool is a low-concurrency, long-horizon stream where deeper speculation pays off, the bulk
 pool is a high-concurrency batch where it would not.
 
@@ -68,14 +69,20 @@ def specialise_rollout_config(rollout_config: Any, pool: PoolEngineConfig) -> An
     changes: dict[str, Any] = {}
     if pool.max_num_seqs is not None:
         changes["max_num_seqs"] = pool.max_num_seqs
-    if pool.mtp_enable is not None or pool.num_speculative_tokens is not None:
-        mtp_changes: dict[str, Any] = {"enable_rollout": pool.mtp_enable if pool.mtp_enable is not None else True}
-        if pool.num_speculative_tokens is not None:
-            mtp_changes["num_speculative_tokens"] = pool.num_speculative_tokens
+    depth = pool.depth()
+    if pool.mtp_enable is not None or depth is not None:
+        mtp_changes: dict[str, Any] = {"enable_rollout": pool.wants_speculation()}
+        if depth:
+            mtp_changes["num_speculative_tokens"] = depth
         changes["mtp"] = dataclasses.replace(rollout_config.mtp, **mtp_changes)
-    if pool.engine_kwargs:
+    vllm_kwargs = dict(pool.engine_kwargs)
+    if pool.spec_schedule is not None:  # vLLM's dynamic SD, merged into verl's MTP speculative config
+        speculative = dict(vllm_kwargs.get("speculative_config") or {})
+        speculative["num_speculative_tokens_per_batch_size"] = [list(entry) for entry in pool.schedule()]
+        vllm_kwargs["speculative_config"] = speculative
+    if vllm_kwargs:
         merged = {key: dict(value) for key, value in (rollout_config.engine_kwargs or {}).items()}
-        merged.setdefault("vllm", {}).update(dict(pool.engine_kwargs))
+        merged.setdefault("vllm", {}).update(vllm_kwargs)
         changes["engine_kwargs"] = merged
     return dataclasses.replace(rollout_config, **changes) if changes else rollout_config
 

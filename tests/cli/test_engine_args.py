@@ -136,3 +136,48 @@ def test_bad_speculation_for_the_spec_policies_is_one_line(tmp_path, capsys, fla
     assert status == 2
     err = capsys.readouterr().err.strip()
     assert needle in err and "\n" not in err
+
+
+def test_per_pool_speculation_flags_set_each_pools_engine(tmp_path, capsys):
+    """--tail-*/--bulk-* give TailSieve's pools their own depth or schedule, with the --spec-* drafts; the
+    JSON records both engines and tailsieve-spec runs them instead of its defaults."""
+    assert main(["simulate", *SPEC, "--policies", "verl,tailsieve-fixed,tailsieve-spec", "--fixed-tail-replicas", "1",
+                 "--spec-acceptance", "0.9", "--tail-num-speculative-tokens", "4", "--bulk-spec-schedule", "1-16:2,17-64:0",
+                 "--out", str(tmp_path), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["engine"]["speculative"] is None
+    tail, bulk = report["tail_engine"]["speculative"], report["bulk_engine"]["speculative"]
+    assert (tail["num_speculative_tokens"], tail["schedule"], tail["acceptance"]) == (4, [], [0.9])
+    assert (bulk["num_speculative_tokens"], bulk["schedule"]) == (2, [[1, 16, 2], [17, 64, 0]])
+    assert report["policies"]["tailsieve-spec"]["choice"] == "tail k=4 / bulk 1-16:2,17-64:0"
+    # tailsieve-fixed and tailsieve-spec run the same engines on the same split: the same steps
+    assert report["policies"]["tailsieve-fixed"]["makespan_s"] == report["policies"]["tailsieve-spec"]["makespan_s"]
+
+
+def test_bulk_speculation_off_is_k_zero():
+    args = build_parser().parse_args(["simulate", "--bulk-num-speculative-tokens", "0", "--tail-spec-schedule", "1-8:5"])
+    from tailsieve_verl.cli.engine_args import pool_engines_from_args
+    from tailsieve_verl.core.sim import DEFAULT_SPECULATION
+    pools = pool_engines_from_args(args, EngineConfig(max_num_seqs=64), DEFAULT_SPECULATION)
+    assert pools["bulk_engine"] == EngineConfig(max_num_seqs=64)
+    assert pools["tail_engine"].speculative.num_speculative_tokens == 5
+    assert pools["tail_engine"].speculative.schedule == ((1, 8, 5),) and pools["tail_engine"].max_num_seqs == 64
+
+
+@pytest.mark.parametrize("flags, needle", [
+    (["--tail-num-speculative-tokens", "65"], "--tail-num-speculative-tokens: expected an integer in 0..64"),
+    (["--bulk-spec-schedule", "1-8"], "lacks its :K"),
+    (["--bulk-spec-schedule", "2-8:1"], "--bulk-spec-schedule: the spec schedule must start at batch 1"),
+    (["--tail-num-speculative-tokens", "2", "--tail-spec-schedule", "1-8:3"], "--tail-spec-schedule: spec schedule k=3"),
+    (["--bulk-num-speculative-tokens", "0", "--bulk-spec-schedule", "1-8:2"], "--bulk-spec-schedule speculates nothing"),
+    (["--tail-spec-schedule", "1-8:0"], "--tail-spec-schedule speculates nothing"),
+    (["--policies", "verl,verl-spec", "--tail-num-speculative-tokens", "4"], "no policy here has pools"),
+])
+def test_bad_per_pool_speculation_flags_are_one_line(tmp_path, capsys, flags, needle):
+    try:
+        status = main(["simulate", *SPEC, "--policies", "verl,tailsieve-spec", "--out", str(tmp_path), *flags])
+    except SystemExit as e:
+        status = e.code
+    assert status == 2
+    err = capsys.readouterr().err.strip()
+    assert needle in err and "\n" not in err

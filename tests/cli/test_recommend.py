@@ -8,7 +8,8 @@ import json
 
 from tailsieve_verl.cli import plan as plan_cli
 from tailsieve_verl.cli import simulate as simulate_cli
-from tailsieve_verl.cli.recommend import Candidate, perf_model_override, recommendation, two_standard_errors
+from tailsieve_verl.cli.recommend import (Candidate, perf_model_override, pool_speculation_overrides, recommendation,
+                                         two_standard_errors)
 from tailsieve_verl.core.trace import Group, write_trace
 from tailsieve_verl.core.workload import generate_trace
 
@@ -98,6 +99,13 @@ def test_simulate_recommends_per_pool_speculation_with_its_overrides(tmp_path, c
     last = lines[-1]
     assert last.startswith("recommendation: tailsieve-spec is fastest for this workload")
     assert ("+tailsieve.mode=fixed" in last and "+tailsieve.tail_replicas=1" in last
-            and "actor_rollout_ref.model.mtp.num_speculative_tokens=3 +tailsieve.tail.num_speculative_tokens=6 "
-                "'+tailsieve.bulk.engine_kwargs={speculative_config:{num_speculative_tokens_per_batch_size:"
-                "[[1,64,3],[65,128,1],[129,256,0]]}}'" in last)
+            and "actor_rollout_ref.model.mtp.enable=true +tailsieve.tail.num_speculative_tokens=6 "
+                "+tailsieve.bulk.num_speculative_tokens=3 '+tailsieve.bulk.spec_schedule=[[1,64,3],[65,128,1],[129,256,0]]'"
+            in last)
+
+
+def test_pool_speculation_in_the_verl_configs_words():
+    assert pool_speculation_overrides("bulk", "off") == "+tailsieve.bulk.num_speculative_tokens=0"
+    assert pool_speculation_overrides("tail", "k=5") == "+tailsieve.tail.num_speculative_tokens=5"
+    assert pool_speculation_overrides("tail", "1-8:4,9-16:1") == (
+        "+tailsieve.tail.num_speculative_tokens=4 '+tailsieve.tail.spec_schedule=[[1,8,4],[9,16,1]]'")

@@ -39,3 +39,22 @@ def test_tail_and_bulk_replicas_get_their_own_engine_settings():
     bulk = specialise_rollout_config(rollout, pool_engine(2, settings))
     assert bulk.max_num_seqs == 256 and not bulk.mtp.enable_rollout
     assert rollout.max_num_seqs == 256  # the shared config is not mutated
+
+
+def test_a_pools_batch_size_schedule_reaches_vllms_speculative_config():
+    """tailsieve.<pool>.spec_schedule, in --spec-schedule text or vLLM's list, becomes the pool's
+    num_speculative_tokens_per_batch_size (its deepest k the pool's depth); num_speculative_tokens=0 is off."""
+    with initialize_config_module("tailsieve_verl.config", version_base=None):
+        config = compose("tailsieve_trainer", overrides=[
+            "trainer.n_gpus_per_node=4", "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+            "actor_rollout_ref.rollout.name=vllm", "data.train_batch_size=32", "tailsieve.q0=4",
+            "tailsieve.tail_replicas=2", "actor_rollout_ref.model.mtp.enable=true",
+            "+tailsieve.tail.spec_schedule='1-8:6,9-32:2'", "+tailsieve.bulk.num_speculative_tokens=0"])
+    wire_verl_config(config)
+    rollout = omega_conf_to_dataclass(config.actor_rollout_ref.rollout)
+    settings = settings_from_rollout_config(rollout)
+    tail = specialise_rollout_config(rollout, pool_engine(1, settings))
+    assert tail.mtp.enable_rollout and tail.mtp.num_speculative_tokens == 6
+    assert tail.engine_kwargs["vllm"]["speculative_config"] == {"num_speculative_tokens_per_batch_size": [[1, 8, 6], [9, 32, 2]]}
+    bulk = specialise_rollout_config(rollout, pool_engine(2, settings))
+    assert not bulk.mtp.enable_rollout and "speculative_config" not in (bulk.engine_kwargs.get("vllm") or {})
