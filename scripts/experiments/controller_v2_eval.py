@@ -32,10 +32,12 @@ import numpy as np
 
 from tailsieve_verl.core import sim
 from tailsieve_verl.core.bias import ks_distance, ks_noise
+from tailsieve_verl.core.engine import EngineConfig
 from tailsieve_verl.core.perf import PerfModel, parse_perf_model
 from tailsieve_verl.core.workload import PromptPool
 
 SETUPS = {"dense": ("table:h200-dense", 8), "moe": ("table:h200-moe", 4)}
+ENGINE_MODELS = {"dense": "qwen3-1.7b", "moe": "qwen3-30b-a3b"}  # the bundled tables' default shapes
 ABLATIONS = {
     "prior only (v1-style outer loop)": {"measured_surface": False},
     "no exploration bonus": {"exploration_bonus": 0.0},
@@ -58,6 +60,8 @@ def cell_parts(cell: str) -> tuple[str, PerfModel, int]:
 def cell_setup(job: dict, **config) -> tuple[sim.SimConfig, PromptPool, PerfModel]:
     """Simulator config, prompt pool and perf model of one (cell, seed) job; ``config``: more SimConfig fields."""
     preset, perf, n_replicas = cell_parts(job["cell"])
+    if job.get("engine_defaults"):  # verl 0.9.1's rollout defaults on an H200 with the table's model shape
+        config["engine"] = EngineConfig.verl_defaults(ENGINE_MODELS[job["cell"].split("-")[0]], perf)
     cfg = sim.SimConfig(steps=job["steps"], n_replicas=n_replicas, batch_size=job["batch"], n=job["n"],
                         seed=job["seed"], **config)
     return cfg, PromptPool(preset, job["pool"], seed=job["seed"]), perf
@@ -127,6 +131,8 @@ def main() -> None:
     ap.add_argument("--no-record-variant", action="store_true", help="also TailSieve without the per-prompt record")
     ap.add_argument("--regeneration-draws", type=int, default=1, help="run TailSieve under this many sets of draws "
                     "for its regenerated groups (same stream otherwise): how much of one run is regeneration luck")
+    ap.add_argument("--engine-defaults", action="store_true",
+                    help="replicas run verl 0.9.1's rollout defaults (cap 256, H200 KV at 0.5 utilisation, chunked prefill)")
     ap.add_argument("--out", default="")
     ap.add_argument("--best-static-from", default="", help="a JSON of an earlier run: take best-static from it "
                     "(it depends only on the stream and the mechanism, not on the controller's settings)")
@@ -136,7 +142,7 @@ def main() -> None:
              + (["clairvoyant-group", "clairvoyant-sample"] if args.oracle else []))
     jobs = [dict(cell=c, seed=s, steps=args.steps, batch=args.batch, n=args.n, pool=args.pool, extra=extra,
                  oracle_s=args.oracle_s, ablation=args.ablation, regeneration_draws=args.regeneration_draws,
-                 no_record=args.no_record_variant)
+                 no_record=args.no_record_variant, engine_defaults=args.engine_defaults)
             for c in args.cells.split(",") for s in range(args.seed0, args.seed0 + args.seeds)]
     if args.table_only:
         rows = json.loads(Path(args.table_only).read_text())
