@@ -102,6 +102,8 @@ NUMBER_RULES: dict[str | tuple[str, str], IntRule | FloatRule] = {
     "max_len": IntRule(1, MAX_TOKENS),
     "decode_short": IntRule(1, MAX_TOKENS),
     "decode_long": IntRule(1, MAX_TOKENS),
+    "prefill_batch": IntRule(1, MAX_COUNT),
+    "temperature": FloatRule(0.0, 10.0, lo_open=False),
     "skip_steps": IntRule(0, 10**12),
     "warmup": IntRule(0, MAX_COUNT),
     "median_len": FloatRule(1.0, float(MAX_TOKENS), lo_open=False),

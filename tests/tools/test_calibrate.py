@@ -146,6 +146,8 @@ def test_cli_temperature_reaches_every_request_and_prints_the_engine(tmp_path, c
     assert sorted({len(body["prompt"]) for body in fake.bodies if body["max_tokens"] == 1}) == [4, 32]
     out = capsys.readouterr().out
     assert "KV cache: unknown" in out and "prefill:" in out
-    args.temperature = -1
-    with pytest.raises(CalibrationPlanError, match="--temperature"):
-        args.func(args)
+    from tailsieve_verl.cli import build_parser
+
+    with pytest.raises(SystemExit):  # the CLI's range check: one line, exit status 2
+        build_parser().parse_args(["calibrate", "--url", "http://x", "--temperature", "-1"])
+    assert "--temperature: expected a number >= 0 and <= 10, got -1" in capsys.readouterr().err
