@@ -7,6 +7,7 @@ import asyncio
 import numpy as np
 import pytest
 
+from tailsieve_verl.core.engine import EngineConfig
 from tailsieve_verl.core.perf import parse_perf_model
 from tailsieve_verl.core.replica import simulate_replica
 from tailsieve_verl.integration.simulated_server import LengthModel, SimServer
@@ -43,7 +44,7 @@ def test_busy_time_equals_the_core_replica_model(max_num_seqs):
     assert all(o.stop_reason == "completed" for o in outputs)
     assert all(10 <= t < 60 for o in outputs for t in o.token_ids)  # real vocabulary ids
     expected = simulate_replica(lengths, parse_perf_model(SECTION["perf_model"]), [len(p) for p in prompts],
-                                max_num_seqs=max_num_seqs)
+                                engine=EngineConfig(max_num_seqs=max_num_seqs))
     assert server.stats.busy_sim_s == pytest.approx(expected.completion_s, rel=1e-9)
     assert server.stats.steps == expected.steps
 
