@@ -6,6 +6,7 @@
 #
 # Usage: bash scripts/bench_vllm_cpu.sh [OUT_DIR]
 # Env:   WORKLOADS="strong:32:4:1 real:16:4:1" (preset:groups:group_size:seed; "" = no one-step bench),
+#        POLICIES=verl,uniform,tailsieve,oracle (the one-step bench's policies; verl, the baseline, is required),
 #        REPLICAS=4, LENGTH_SCALE=0.1, MAX_LEN=1000, REPEATS=3, PORT=8123, NICE=-10,
 #        CALIBRATION=path (reuse a calibration measured on this server instead of measuring one),
 #        CAL_BATCHES=1,2,4,8,16,32,64 CAL_PROMPT_LENS=16,384 CAL_DECODE_LONG=96 CAL_REPEATS=5 (the calibration),
@@ -22,6 +23,7 @@ WORKLOADS="${WORKLOADS-strong:32:4:1 real:16:4:1}"
 export CLOSED_LOOP="${CLOSED_LOOP:-}" CLOSED_LOOP_ARGS="${CLOSED_LOOP_ARGS:-}" SERVER_ARGS="${SERVER_ARGS:-}" TAG="${TAG:-}"
 CAL_BATCHES="${CAL_BATCHES:-1,2,4,8,16,32,64}" CAL_PROMPT_LENS="${CAL_PROMPT_LENS:-16,384}"
 CAL_DECODE_LONG="${CAL_DECODE_LONG:-96}" CAL_REPEATS="${CAL_REPEATS:-5}"
+POLICIES="${POLICIES:-verl,uniform,tailsieve,oracle}"
 REPLICAS="${REPLICAS:-4}" LENGTH_SCALE="${LENGTH_SCALE:-0.1}" MAX_LEN="${MAX_LEN:-1000}" REPEATS="${REPEATS:-3}"
 PORT="${PORT:-8123}"
 NICE="${NICE:--10}"
@@ -75,7 +77,7 @@ for workload in $WORKLOADS; do
     IFS=: read -r preset groups size seed <<<"$workload"
     "${PY[@]}" -m tailsieve_verl bench --preset "$preset" --groups "$groups" --group-size "$size" --seed "$seed" \
         -R "$REPLICAS" --url "$URL" --calibration "$OUT/calibration.json" --length-scale "$LENGTH_SCALE" \
-        --max-len "$MAX_LEN" --repeats "$REPEATS" --out "$OUT/bench_${preset}_B${groups}_n${size}_seed${seed}_r${REPEATS}.json"
+        --max-len "$MAX_LEN" --repeats "$REPEATS" --policies "$POLICIES" --max-num-seqs 128 --out "$OUT/bench_${preset}_B${groups}_n${size}_seed${seed}_r${REPEATS}.json"
 done
 for run in $CLOSED_LOOP; do
     IFS=: read -r preset steps seed <<<"$run"

@@ -40,7 +40,8 @@ from tailsieve_verl.core.engine import EngineConfig
 from tailsieve_verl.core.perf import parse_perf_model
 from tailsieve_verl.core.workload import PromptPool, get_preset
 
-SETUPS = {"dense": ("table:h200-dense", 8, "qwen3-1.7b"), "moe": ("table:h200-moe", 4, "qwen3-30b-a3b")}
+SETUPS = {"dense": ("table:h200-dense", 8, "qwen3-1.7b"), "dense8b": ("table:h200-dense:qwen3-8b", 8, "qwen3-8b"),
+          "moe": ("table:h200-moe", 4, "qwen3-30b-a3b")}
 POLICIES = ("verl", "verl-spec", "verl-dynsd", "verl-dynsd-best", "tailsieve", "tailsieve-spec", "tailsieve-dynsd",
             "tailsieve-auto")
 STOCK_AND_FALLBACK = ("verl", "verl-spec", "verl-dynsd", "verl-dynsd-best", "tailsieve-spec", "tailsieve-auto")

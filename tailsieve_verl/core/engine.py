@@ -237,6 +237,15 @@ class EngineConfig:
         return cls(**fields)
 
 
+def replica_engines(tail: EngineConfig, bulk: EngineConfig, m: int, n_replicas: int) -> list[EngineConfig]:
+    """One engine per replica of a split with ``m`` tail replicas: the tail pool holds replicas
+    0..m−1 (as ``pool_assignment`` numbers them), the bulk pool the rest; m = 0: the bulk engine
+    everywhere."""
+    if not 0 <= m <= n_replicas:
+        raise EngineConfigError(f"a split needs 0 <= m <= {n_replicas} tail replicas, got m={m}")
+    return [tail] * m + [bulk] * (n_replicas - m)
+
+
 def _check_count(value, name: str, allow_none: bool) -> None:
     if value is None and allow_none:
         return

@@ -70,7 +70,7 @@ import numpy as np
 from .bias import ks_distance, ks_noise
 from .controller import ControllerConfig, GroupRecord, max_q
 from .cycle import TailSieveCycle
-from .engine import EngineConfig, SpeculativeConfig
+from .engine import EngineConfig, SpeculativeConfig, replica_engines
 from .verify_cost import VerifyTable
 from .errors import TailSieveError
 from .fallback import Arm, FallbackConfig, StockFallback
@@ -206,8 +206,7 @@ class SimConfig:
     def pool_engines(self, m: int) -> list[EngineConfig]:
         """One engine per replica for a TailSieve step with m tail replicas: [tail]*m + [bulk]*(R−m)
         (m = 0: the bulk engine everywhere)."""
-        tail, bulk = self.tail_and_bulk_engines
-        return [tail] * m + [bulk] * (self.n_replicas - m)
+        return replica_engines(*self.tail_and_bulk_engines, m, self.n_replicas)
 
     @property
     def fixed_m(self) -> int:

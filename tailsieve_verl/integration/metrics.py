@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from tailsieve_verl.core.controller import Decision, GroupRecord, StepObservation
-from tailsieve_verl.core.engine import EngineConfig
+from tailsieve_verl.core.engine import EngineConfig, replica_engines
 from tailsieve_verl.core.perf import PerfModel
 from tailsieve_verl.core.policies import pool_assignment
 from tailsieve_verl.core.replica import NO_LIMITS, evaluate_samples
@@ -90,7 +90,7 @@ def predicted_makespans(tail: list[GroupRecord], bulk: list[GroupRecord], m: int
     else:
         split = np.concatenate([pool_assignment(groups[:len(tail)], m, 0, group_atomic),
                                 pool_assignment(groups[len(tail):], n_replicas - m, m, group_atomic)])
-    engines = [tail_engine] * m + [bulk_engine] * (n_replicas - m)
+    engines = replica_engines(tail_engine, bulk_engine, m, n_replicas)
     return verl, uniform, evaluate_samples(groups, split, n_replicas, perf, engines).makespan_s
 
 

@@ -197,8 +197,14 @@ class RunResult:
     events: list[str] = field(default_factory=list)  # what the watcher did, with timestamps
     events_done: set = field(default_factory=set)
     done_values: dict = field(default_factory=dict)  # the watcher's measurements (monotonic times)
-    killed_after_s: float | None = None  # run start -> the watcher's kill
+    started_at: float = 0.0  # monotonic time of the launch
     rollout_dir: str = "rollouts"
+
+    @property
+    def killed_after_s(self) -> float | None:
+        """Run start -> the watcher's kill (None: nothing was killed)."""
+        killed_at = self.done_values.get("killed_at")
+        return None if killed_at is None else killed_at - self.started_at
 
     def by_step(self) -> dict[int, dict]:
         out: dict[int, dict] = {}
@@ -267,10 +273,9 @@ def run_main_ppo(run_dir: Path, hydra_overrides: list[str], env_extra: dict[str,
                 watch.event(f"{leftover} processes of the run survived SIGKILL")
     wall = time.monotonic() - start
     rc = proc.returncode if proc.returncode is not None else -9
-    killed_at = watch.done_values.get("killed_at")
     return RunResult(run_dir, rc, wall, peak / 1024**3, log_path.read_text(errors="replace"),
                      read_metrics(metrics_path), watch.events, set(watch.done), dict(watch.done_values),
-                     None if killed_at is None else killed_at - start, rollout_dir)
+                     start, rollout_dir)
 
 
 @dataclass
