@@ -54,8 +54,7 @@ def run(args: argparse.Namespace) -> int:
                            speculation=speculation)
     recommendation = from_plan(plan, args.perf_model)
     if args.json:
-        engines = {"overrides": plan_overrides(plan.engines.choice, args.perf_model)} if plan.engines else {}
-        print(json.dumps(plan.to_json() | engines | {"recommendation": recommendation}))
+        print(json.dumps(plan.to_json() | _engines_json(plan.engines, args.perf_model) | {"recommendation": recommendation}))
         return 0
     lo, hi = plan.band
     print(f"trace {trace.name}: {plan.prompts} prompt groups; simulated {len(plan.per_seed)} "
@@ -74,6 +73,18 @@ def run(args: argparse.Namespace) -> int:
         _print_engines(plan.engines)
     print(recommendation)
     return 0
+
+
+def _engines_json(engines: EnginePlan | None, perf_spec: str) -> dict:
+    """The plan's engines with the overrides that deploy each configuration ({} without speculation)."""
+    if engines is None:
+        return {}
+    def with_overrides(c: Configuration) -> dict:
+        return c.to_json() | {"overrides": plan_overrides(c, perf_spec)}
+    return engines.to_json() | {"best_stock": with_overrides(engines.best_stock),
+                                "candidates": [with_overrides(c) for c in engines.candidates],
+                                "choice": with_overrides(engines.choice) | {"fallback": engines.fallback},
+                                "overrides": plan_overrides(engines.choice, perf_spec)}
 
 
 def _print_engines(engines: EnginePlan) -> None:

@@ -70,6 +70,12 @@ def pool_speculation_overrides(pool: str, label: str) -> str:
             f"'+tailsieve.{pool}.spec_schedule=[{','.join(f'[{lo},{hi},{k}]' for lo, hi, k in schedule)}]'")
 
 
+def adaptive_start(q: int, m: int) -> str:
+    """The adaptive controller's start at (q, m); the trainer's config check wants at least one tail replica,
+    so one shared pool (m = 0) starts at its smallest split, m = 1."""
+    return f"+tailsieve.q0={q} +tailsieve.tail_replicas={max(1, m)}"
+
+
 def speculation_policy_overrides(name: str, choice: str, q: int, m: int, common: str,
                                  start_shared: bool = False) -> str:
     """The overrides that deploy a speculation policy of :mod:`core.sim` (``verl-spec``, ``verl-dynsd``,
@@ -85,7 +91,7 @@ def speculation_policy_overrides(name: str, choice: str, q: int, m: int, common:
         stock = stock_speculation_overrides(max(k for _, _, k in schedule), schedule)
         if name != "tailsieve-dynsd":
             return stock
-        start = "+tailsieve.tail_replicas=0" if start_shared else f"+tailsieve.q0={q} +tailsieve.tail_replicas={m}"
+        start = "+tailsieve.tail_replicas=0" if start_shared else adaptive_start(q, m)
         return f"{common} {start} {stock}"
     if name == "tailsieve-spec":
         tail, bulk = choice.removeprefix("tail ").split(" / bulk ")
@@ -161,7 +167,7 @@ def plan_overrides(choice, perf_spec: str) -> str:
     falls back to ("" for stock verl without speculation)."""
     common = " ".join(x for x in (TRAINER_MODE, perf_model_override(perf_spec)) if x)
     if choice.name == "tailsieve":
-        return f"{common} +tailsieve.q0={choice.q} +tailsieve.tail_replicas={choice.m}"
+        return f"{common} {adaptive_start(choice.q, choice.m)}"
     return speculation_policy_overrides(choice.name, choice.label, choice.q, choice.m, common)
 
 
