@@ -19,7 +19,9 @@
 #   ROLLOUT_DATA_DIR    if set, verl dumps every step's rollouts there (input of `tailsieve trace`)
 #   TAILSIEVE_Q0, TAILSIEVE_M0  initial (q, m) of the adaptive variants   (default: B/8, 1)
 #   PERF_MODEL          controller's concurrency-throughput model        (default: table:h200-dense / -moe)
-#   MTP_BULK_TOKENS, MTP_TAIL_TOKENS  MTP depth on bulk and tail replicas (default: 1, 3)
+#   MTP_BULK_TOKENS, MTP_TAIL_TOKENS  MTP depth on bulk and tail replicas (default: 1 on every replica of the
+#                       All-MTP variants; the TailSieve MTP recipes: the plan's, which they name); MTP_BULK_TOKENS
+#                       may be a batch-size schedule [[b_lo,b_hi,k],...] there
 #   MTP_SCHEDULE        dynamic-SD variants: vLLM's batch-size schedule [[b_lo,b_hi,k],...] on every replica
 #                       (default: vLLM's documented [[1,64,3],[65,128,1],[129,256,0]]; its deepest k is the depth)
 #   DFLASH_DRAFT_PATH, DFLASH_TOKENS  DFlash drafter for the target model, its block size (default: 8)
@@ -40,8 +42,6 @@ EXPERIMENT_NAME=${EXPERIMENT_NAME:-${RECIPE_NAME}-${WORKLOAD}}
 export VERL_FILE_LOGGER_ROOT=${VERL_FILE_LOGGER_ROOT:-$PWD/logs}
 TOTAL_STEPS=${TOTAL_STEPS:-30}
 TRAIN_BATCH_SIZE=${TRAIN_BATCH_SIZE:-64}
-MTP_BULK_TOKENS=${MTP_BULK_TOKENS:-1}
-MTP_TAIL_TOKENS=${MTP_TAIL_TOKENS:-3}
 MTP_SCHEDULE=${MTP_SCHEDULE:-[[1,64,3],[65,128,1],[129,256,0]]}
 DFLASH_TOKENS=${DFLASH_TOKENS:-8}
 
@@ -168,17 +168,28 @@ stock_verl_mtp() {
 # into the MTP speculative config.
 stock_verl_dynsd() {
   stock_verl
-  local depth
-  depth=$("${PYTHON}" -c "import json, sys; print(max(k for _, _, k in json.loads(sys.argv[1])))" "${MTP_SCHEDULE}" 2>/dev/null) || {
-    echo "${RECIPE_NAME}: MTP_SCHEDULE must be a JSON list of [batch_lo, batch_hi, k], got '${MTP_SCHEDULE}'" >&2
+  mtp_schedule_everywhere "${MTP_SCHEDULE}"
+}
+
+# schedule_depth NAME SCHEDULE: the deepest k of a batch-size schedule [[b_lo,b_hi,k],...], or one
+# error line naming the variable NAME that gave it.
+schedule_depth() {
+  "${PYTHON}" -c "import json, sys; print(max(k for _, _, k in json.loads(sys.argv[1])))" "$2" 2>/dev/null || {
+    echo "${RECIPE_NAME}: $1 must be a JSON list of [batch_lo, batch_hi, k], got '$2'" >&2
     exit 2
   }
+}
+
+# MTP on vLLM's batch-size schedule $1 on every replica, at the schedule's deepest k.
+mtp_schedule_everywhere() {
+  local depth
+  depth=$(schedule_depth MTP_SCHEDULE "$1")
   ARGS+=(
     actor_rollout_ref.model.mtp.enable=True
     actor_rollout_ref.model.mtp.enable_rollout=True
     actor_rollout_ref.model.mtp.method=mtp
     "actor_rollout_ref.model.mtp.num_speculative_tokens=${depth}"
-    "+actor_rollout_ref.rollout.engine_kwargs.vllm.speculative_config.num_speculative_tokens_per_batch_size=${MTP_SCHEDULE}"
+    "+actor_rollout_ref.rollout.engine_kwargs.vllm.speculative_config.num_speculative_tokens_per_batch_size=$1"
   )
 }
 
@@ -189,13 +200,13 @@ uniform() {
   ARGS+=(trainer.v1.trainer_mode=tailsieve +tailsieve.enable=false)
 }
 
-# TailSieve on, in mode $1 (adaptive | fixed) starting from $2 tail replicas.
+# TailSieve on, in mode $1 (adaptive | fixed) starting from $2 tail replicas and q0 = $3 (default B/8).
 tailsieve_on() {
   ARGS+=(
     trainer.v1.trainer_mode=tailsieve
     +tailsieve.enable=true
     "+tailsieve.mode=$1"
-    "+tailsieve.q0=${TAILSIEVE_Q0:-$(( TRAIN_BATCH_SIZE / 8 ))}"
+    "+tailsieve.q0=${TAILSIEVE_Q0:-${3:-$(( TRAIN_BATCH_SIZE / 8 ))}}"
     "+tailsieve.tail_replicas=$2"
     "+tailsieve.perf_model=${PERF_MODEL}"
   )
@@ -217,7 +228,7 @@ mtp_everywhere() {
     actor_rollout_ref.model.mtp.enable=True
     actor_rollout_ref.model.mtp.enable_rollout=True
     actor_rollout_ref.model.mtp.method=mtp
-    "actor_rollout_ref.model.mtp.num_speculative_tokens=${MTP_BULK_TOKENS}"
+    "actor_rollout_ref.model.mtp.num_speculative_tokens=${MTP_BULK_TOKENS:-1}"
   )
 }
 
@@ -227,16 +238,33 @@ uniform_mtp() {
   mtp_everywhere
 }
 
-# TailSieve with MTP on the tail route: the bulk pool keeps the baseline's depth, the
-# low-concurrency tail pool speculates deeper. Engines are configured at launch, so the split is
-# held at m = TAILSIEVE_M0 while the controller adapts q.
+# TailSieve with MTP per pool, the engines `tailsieve plan` ranks best among TailSieve's for the
+# recipe's bundled profile (each MTP recipe names the plan's command and its pick):
+#   tailsieve_mtp_tail M Q TAIL_K BULK: the split held at M tail replicas (engines are configured at
+#     launch) while the controller adapts q from Q; the tail pool at depth TAIL_K, the bulk pool at a
+#     depth or on a batch-size schedule [[b_lo,b_hi,k],...] (the plan's tailsieve-spec)
+# TAILSIEVE_M0, TAILSIEVE_Q0, MTP_TAIL_TOKENS and MTP_BULK_TOKENS override the plan's values.
 tailsieve_mtp_tail() {
-  tailsieve_adaptive
-  mtp_everywhere
+  tailsieve_on fixed "${TAILSIEVE_M0:-$1}" "$2"
+  local tail=${MTP_TAIL_TOKENS:-$3} bulk=${MTP_BULK_TOKENS:-$4} bulk_depth=${MTP_BULK_TOKENS:-$4}
+  if [[ "${bulk}" == \[* ]]; then
+    bulk_depth=$(schedule_depth MTP_BULK_TOKENS "${bulk}")
+    ARGS+=("+tailsieve.bulk.spec_schedule=${bulk}")
+  fi
+  MTP_BULK_TOKENS=${bulk_depth} mtp_everywhere
   ARGS+=(
     +tailsieve.tail.mtp_enable=true
-    "+tailsieve.tail.num_speculative_tokens=${MTP_TAIL_TOKENS}"
+    "+tailsieve.tail.num_speculative_tokens=${tail}"
+    "+tailsieve.bulk.num_speculative_tokens=${bulk_depth}"
   )
+}
+
+# tailsieve_mtp_dynsd M Q: adaptive TailSieve from (Q, M) with MTP on vLLM's batch-size schedule
+# MTP_SCHEDULE on every replica: the tail pool's small batch picks the deep k by itself and the split
+# stays free (the plan's tailsieve-dynsd).
+tailsieve_mtp_dynsd() {
+  tailsieve_on adaptive "${TAILSIEVE_M0:-$1}" "$2"
+  mtp_schedule_everywhere "${MTP_SCHEDULE}"
 }
 
 # TailSieve with a DFlash drafter on the tail route only (vLLM >= 0.24 `method: dflash`; the bulk

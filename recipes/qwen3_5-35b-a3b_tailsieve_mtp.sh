@@ -1,14 +1,25 @@
 #!/usr/bin/env bash
-# Qwen3.5-35B-A3B (MoE, native MTP head): TailSieve with deeper MTP speculation on the tail route.
+# Qwen3.5-35B-A3B (MoE, native MTP head): TailSieve with MTP, as `tailsieve plan` picks it.
 # Layout on one 8-GPU node: 4 vLLM replicas of TP2. Dr. GRPO, n = 8; see recipes/README.md.
 # Compare with its uniform twin: recipes/qwen3_5-35b-a3b_uniform_mtp.sh
 #   bash recipes/qwen3_5-35b-a3b_tailsieve_mtp.sh [extra Hydra overrides]
 #   TAILSIEVE_DRY_RUN=1 bash recipes/qwen3_5-35b-a3b_tailsieve_mtp.sh      # compose + validate only, no GPU
+# Engines: `tailsieve plan` for this layout on its bundled profile (table:h200-moe, one logged step of
+# the `real` preset, 512 groups x 8, B = 64 on 4 replicas, MTP-like acceptance 0.85,0.8,0.75 and draft
+# cost 1/28; about 30 s on 2 CPU cores):
+#   tailsieve plan --workload real --replicas 4 --batch 64 --n 8 --perf-model table:h200-moe --steps 20 --seeds 3 --spec-acceptance 0.85,0.8,0.75
+# Its pick is the stock fallback: no TailSieve configuration beats stock verl with MTP k = 6 on every
+# replica (verl-spec, predicted 2.15x stock verl). To run the pick:
+#   MTP_BULK_TOKENS=6 bash recipes/qwen3_5-35b-a3b_verl_mtp.sh
+# This recipe runs the plan's best TailSieve configuration, tailsieve-dynsd: vLLM's documented schedule
+# (MTP_SCHEDULE) on every replica, adaptive; the plan's runs ended at one shared pool (q = 0, m = 0), and
+# the trainer starts at its smallest split (m = 1) and adapts; predicted 0.849x the pick (10-90 % band
+# 0.845-0.852x), 1.83x stock verl.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 model Qwen/Qwen3.5-35B-A3B
 layout 2 0.6 table:h200-moe
 offload_actor
-tailsieve_mtp_tail
+tailsieve_mtp_dynsd 1 0
 launch "$@"

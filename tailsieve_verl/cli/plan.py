@@ -1,24 +1,36 @@
-"""`tailsieve plan`: from a logged uniform run (a trace or verl rollout dump), predict TailSieve's
-speedup on that workload with an uncertainty band, the (q, m) to start the controller from, and the
-fixed (q, m) to pin instead where that pays more."""
+"""`tailsieve plan`: from a logged uniform run (a trace or verl rollout dump), or one step of a bundled
+workload preset, predict TailSieve's speedup on that workload with an uncertainty band, the (q, m) to
+start the controller from, and the fixed (q, m) to pin instead where that pays more. With the engine's
+speculation (--spec-acceptance, and --num-speculative-tokens, --spec-draft-cost, ...) it also chooses the
+engines: the best stock configuration (stock verl with or without speculation), and TailSieve
+routing-only, tailsieve-spec or tailsieve-dynsd where one beats it, else the fallback to it."""
 
 from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
 
 from ..core.perf import DEFAULT_PERF_MODEL, parse_perf_model
-from ..core.planner import plan_from_trace
+from ..core.planner import Configuration, EnginePlan, plan_from_trace
 from ..core.trace import read_trace
-from .engine_args import add_engine_args, engine_config_from_args
-from .recommend import from_plan, pin_overrides
+from ..core.workload import PRESETS, generate_trace
+from .checks import MAX_COUNT, IntRule
+from .engine_args import add_engine_args, engine_config_from_args, speculation_from_args
+from .recommend import from_plan, pin_overrides, plan_overrides
+
+PRESET_GROUP_SIZE = 8  # a preset's groups when --n is not given (the recipes' n)
 
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "plan", help="predict TailSieve's speedup over stock verl and its starting (q, m) from a logged run",
         description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--trace", required=True, help="JSONL/Parquet trace or verl rollout-dump directory")
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--trace", help="JSONL/Parquet trace or verl rollout-dump directory")
+    source.add_argument("--workload", choices=sorted(PRESETS),
+                        help="instead of a trace: one logged step of this bundled preset (--pool-size groups of --n)")
+    p.add_argument("--pool-size", type=IntRule(2, MAX_COUNT), default=512, help="--workload: prompt groups in the generated step")
     p.add_argument("--replicas", "-R", type=int, default=8)
     p.add_argument("--batch", "-B", type=int, default=None, help="prompt groups per step (default min(64, prompts/2))")
     p.add_argument("--n", type=int, default=None, help="responses per group (default: the trace's median)")
@@ -31,13 +43,18 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    trace = read_trace(args.trace)
+    trace = (read_trace(args.trace) if args.trace else
+             generate_trace(args.workload, args.pool_size, args.n or PRESET_GROUP_SIZE, name=f"preset:{args.workload}"))
     perf = parse_perf_model(args.perf_model)
-    plan = plan_from_trace(trace, args.replicas, perf, batch_size=args.batch, n=args.n,
-                           steps=args.steps, seeds=args.seeds, engine=engine_config_from_args(args, perf))
+    speculating = args.spec_acceptance is not None  # the engine speculates: the plan chooses how
+    engine = engine_config_from_args(args, perf, spec_policies=speculating)
+    speculation = speculation_from_args(args) if speculating else None
+    plan = plan_from_trace(trace, args.replicas, perf, batch_size=args.batch, n=args.n, steps=args.steps,
+                           seeds=args.seeds, engine=replace(engine, speculative=None) if speculating else engine,
+                           speculation=speculation)
     recommendation = from_plan(plan, args.perf_model)
     if args.json:
-        print(json.dumps(plan.to_json() | {"recommendation": recommendation}))
+        print(json.dumps(plan.to_json() | _engines_json(plan.engines, args.perf_model) | {"recommendation": recommendation}))
         return 0
     lo, hi = plan.band
     print(f"trace {trace.name}: {plan.prompts} prompt groups; simulated {len(plan.per_seed)} "
@@ -52,5 +69,43 @@ def run(args: argparse.Namespace) -> int:
               f"{pin_overrides(plan.fixed_q, plan.fixed_m)}")
         print("  on strong tails the plan can overrate isolation (there 4 of 10 picked splits lost 3.4 %): "
               "check it against stock verl with `tailsieve compare` before keeping it")
+    if plan.engines:
+        _print_engines(plan.engines)
     print(recommendation)
     return 0
+
+
+def _engines_json(engines: EnginePlan | None, perf_spec: str) -> dict:
+    """The plan's engines with the overrides that deploy each configuration ({} without speculation)."""
+    if engines is None:
+        return {}
+    def with_overrides(c: Configuration) -> dict:
+        return c.to_json() | {"overrides": plan_overrides(c, perf_spec)}
+    return engines.to_json() | {"best_stock": with_overrides(engines.best_stock),
+                                "candidates": [with_overrides(c) for c in engines.candidates],
+                                "choice": with_overrides(engines.choice) | {"fallback": engines.fallback},
+                                "overrides": plan_overrides(engines.choice, perf_spec)}
+
+
+def _print_engines(engines: EnginePlan) -> None:
+    stock, choice = engines.best_stock, engines.choice
+    print(f"best stock configuration: {_name(stock)}, {stock.speedup_vs_verl:.3f}× stock verl "
+          f"(band {stock.band_vs_verl[0]:.3f}–{stock.band_vs_verl[1]:.3f}×); verl-spec and verl-dynsd-best pick "
+          "their k or schedule per seed in hindsight, which flatters stock")
+    for c in engines.candidates:
+        lo, hi = c.band_vs_best_stock
+        print(f"  {_name(c)}: {c.speedup_vs_best_stock:.3f}× the best stock configuration (band {lo:.3f}–{hi:.3f}×), "
+              f"{c.speedup_vs_verl:.3f}× stock verl")
+    pools = f"tail pool {choice.engines['tail']}, bulk pool {choice.engines['bulk']}"
+    if engines.fallback:
+        print(f"choice: fall back to the best stock configuration, {_name(stock)} ({pools}): no TailSieve "
+              "configuration beat it")
+        return
+    lo, hi = choice.band_vs_best_stock
+    print(f"choice: {_name(choice)} ({pools}, q={choice.q}, m={choice.m}): {choice.speedup_vs_verl:.3f}× stock verl "
+          f"(band {choice.band_vs_verl[0]:.3f}–{choice.band_vs_verl[1]:.3f}×), {choice.speedup_vs_best_stock:.3f}× the "
+          f"best stock configuration (band {lo:.3f}–{hi:.3f}×)")
+
+
+def _name(c: Configuration) -> str:
+    return f"{c.name} ({c.label})" if c.label else c.name

@@ -70,6 +70,37 @@ def pool_speculation_overrides(pool: str, label: str) -> str:
             f"'+tailsieve.{pool}.spec_schedule=[{','.join(f'[{lo},{hi},{k}]' for lo, hi, k in schedule)}]'")
 
 
+def adaptive_start(q: int, m: int) -> str:
+    """The adaptive controller's start at (q, m); the trainer's config check wants at least one tail replica,
+    so one shared pool (m = 0) starts at its smallest split, m = 1."""
+    return f"+tailsieve.q0={q} +tailsieve.tail_replicas={max(1, m)}"
+
+
+def speculation_policy_overrides(name: str, choice: str, q: int, m: int, common: str,
+                                 start_shared: bool = False) -> str:
+    """The overrides that deploy a speculation policy of :mod:`core.sim` (``verl-spec``, ``verl-dynsd``,
+    ``verl-dynsd-best``, ``tailsieve-spec``, ``tailsieve-dynsd``) with its pick ``choice`` (``k=K``, a
+    schedule, ``tail K / bulk SCHEDULE``); ``stock verl`` (``verl``) needs none. TailSieve's start at
+    (q, m) after ``common`` (trainer mode, perf model); ``start_shared``: tailsieve-dynsd starts at one shared pool."""
+    if name == "verl":
+        return ""
+    if name == "verl-spec":
+        return stock_speculation_overrides(int(choice.removeprefix("k=")))
+    if name in ("verl-dynsd", "verl-dynsd-best", "tailsieve-dynsd"):
+        schedule = parse_schedule(choice)
+        stock = stock_speculation_overrides(max(k for _, _, k in schedule), schedule)
+        if name != "tailsieve-dynsd":
+            return stock
+        start = "+tailsieve.tail_replicas=0" if start_shared else adaptive_start(q, m)
+        return f"{common} {start} {stock}"
+    if name == "tailsieve-spec":
+        tail, bulk = choice.removeprefix("tail ").split(" / bulk ")
+        return (f"{common} +tailsieve.mode=fixed +tailsieve.q0={max(q, m)} +tailsieve.tail_replicas={m} "
+                f"actor_rollout_ref.model.mtp.enable=true {pool_speculation_overrides('tail', tail)} "
+                f"{pool_speculation_overrides('bulk', bulk)}")
+    raise ValueError(f"{name} is not a speculation policy")
+
+
 def perf_model_override(spec: str) -> str:
     """The controller's performance model, Hydra-quoted where the spec needs it; empty for the default."""
     if spec == DEFAULT_PERF_MODEL:
@@ -116,23 +147,13 @@ def from_simulation(result, perf_spec: str) -> str:
         elif name == "best-static" and last.next_m > 0:
             overrides = f"{common} {pin_overrides(last.next_q, last.next_m)}{pools}"
             label = f"best-static (q={last.next_q}, m={last.next_m}, the best fixed split in hindsight)"
-        elif name == "verl-spec":
-            k = int(r.choice.removeprefix("k="))
-            overrides = stock_speculation_overrides(k)
-            label = f"stock verl with MTP k={k} on every replica (verl-spec, the best depth in hindsight)"
-        elif name in ("verl-dynsd", "verl-dynsd-best"):
-            schedule = parse_schedule(r.choice)
-            overrides = stock_speculation_overrides(max(k for _, _, k in schedule), schedule)
-            label = f"stock verl with MTP on vLLM's batch-size schedule {r.choice} ({name})"
-        elif name == "tailsieve-dynsd":
-            schedule = parse_schedule(r.choice)
-            overrides = (f"{common} +tailsieve.tail_replicas=0 "
-                         f"{stock_speculation_overrides(max(k for _, _, k in schedule), schedule)}")
-        elif name == "tailsieve-spec":
-            tail, bulk = r.choice.removeprefix("tail ").split(" / bulk ")
-            overrides = (f"{common} +tailsieve.mode=fixed +tailsieve.q0={max(last.next_q, last.next_m)} "
-                         f"+tailsieve.tail_replicas={last.next_m} actor_rollout_ref.model.mtp.enable=true "
-                         f"{pool_speculation_overrides('tail', tail)} {pool_speculation_overrides('bulk', bulk)}")
+        elif name in ("verl-spec", "verl-dynsd", "verl-dynsd-best", "tailsieve-dynsd", "tailsieve-spec"):
+            overrides = speculation_policy_overrides(name, r.choice, last.next_q, last.next_m, common,
+                                                     start_shared=True)
+            if name == "verl-spec":
+                label = f"stock verl with MTP {r.choice} on every replica (verl-spec, the best depth in hindsight)"
+            elif name.startswith("verl-dynsd"):
+                label = f"stock verl with MTP on vLLM's batch-size schedule {r.choice} ({name})"
         else:
             continue  # stock verl itself, group round-robin, or a reference no rollout layer can run
         noise = two_standard_errors((stock - r.makespans) / stock.mean())
@@ -140,10 +161,31 @@ def from_simulation(result, perf_spec: str) -> str:
     return recommendation(candidates)
 
 
+def plan_overrides(choice, perf_spec: str) -> str:
+    """The overrides that deploy a configuration a plan chose (:class:`core.planner.Configuration`): TailSieve
+    routing-only from its start (q, m), a TailSieve speculation policy, or the stock configuration it
+    falls back to ("" for stock verl without speculation)."""
+    common = " ".join(x for x in (TRAINER_MODE, perf_model_override(perf_spec)) if x)
+    if choice.name == "tailsieve":
+        return f"{common} {adaptive_start(choice.q, choice.m)}"
+    return speculation_policy_overrides(choice.name, choice.label, choice.q, choice.m, common)
+
+
 def from_plan(plan, perf_spec: str) -> str:
-    """Recommend from a `tailsieve plan`: the adaptive controller and the best fixed split, each against the
-    noise between the plan's seeds (two standard errors of the adaptive per-seed speedups; the fixed
-    split's per-seed speedups are not kept, and it runs on the same seeds)."""
+    """Recommend from a `tailsieve plan`: with speculation, the configuration the plan chose (the best stock
+    one where no TailSieve candidate beats it); without, the adaptive controller and the best fixed split,
+    each against the noise between the plan's seeds (two standard errors of the adaptive per-seed speedups;
+    the fixed split's per-seed speedups are not kept, and it runs on the same seeds)."""
+    if plan.engines is not None:
+        choice, stock = plan.engines.choice, plan.engines.best_stock
+        overrides = plan_overrides(choice, perf_spec)
+        if plan.engines.fallback:
+            run = f"stock verl ({choice.name} {choice.label})" if choice.label else "stock verl without speculation"
+            return (f"recommendation: fall back to {run}: no TailSieve configuration beat it here"
+                    + (f"; add to your verl command: {overrides}" if overrides else ""))
+        return (f"recommendation: {choice.name} ({choice.label or 'routing only'}) is fastest for this workload, "
+                f"{choice.speedup_vs_best_stock:.3f}× the best stock configuration ({stock.name} {stock.label}); "
+                f"add to your verl command: {overrides}")
     noise = two_standard_errors(plan.per_seed)
     adaptive = " ".join(x for x in (TRAINER_MODE, perf_model_override(perf_spec),
                                     f"+tailsieve.q0={plan.initial_q} +tailsieve.tail_replicas={plan.initial_m}") if x)

@@ -17,6 +17,13 @@ every seed and the one with the best mean steady-state speedup wins. Where a spl
 per cent the adaptive controller cannot resolve it from 30 noisy steps; a split planned this way
 reaches 0.94–1.00 of the best on weak and real tails; on strong tails 4 of 10 picks isolate and
 lose 3.4 % against stock verl (``scripts/results/controller_vs_stock_verl/controller_v2_log.md``, sessions 8 and 9).
+
+With speculation (``speculation``: the engine's acceptance and draft cost) it also chooses the engines
+(:func:`plan_engines`): the same seeds run every stock configuration (:data:`core.sim.STOCK_POLICIES`)
+and TailSieve's speculation policies; the best stock configuration is the stock policy with the least
+mean steady-state makespan, and the plan's choice the fastest of TailSieve routing-only,
+``tailsieve-spec``, ``tailsieve-dynsd`` and that best stock configuration (the fallback). verl-spec and
+verl-dynsd-best pick their k or schedule per seed in hindsight, which flatters the stock bar.
 """
 
 from __future__ import annotations
@@ -26,16 +33,63 @@ from dataclasses import dataclass
 import numpy as np
 
 from .controller import ControllerConfig
-from .engine import EngineConfig
+from .engine import EngineConfig, SpeculativeConfig
 from .errors import TailSieveError
 from .perf import PerfModel
-from .sim import SimConfig, simulate, static_split_runner
+from .sim import (STOCK_POLICIES, STOCK_SPEC_POLICIES, SimConfig, SimResult, engine_label, simulate,
+                  static_split_runner, tailsieve_spec_config)
 from .trace import Trace
 from .workload import PromptPool
 
 
 class PlanError(TailSieveError):
     """The trace cannot support the requested plan."""
+
+
+TAILSIEVE_CANDIDATES = ("tailsieve", "tailsieve-spec", "tailsieve-dynsd")  # routing only, per-pool engines,
+#   one schedule on every replica with m free
+PLAN_POLICIES = ("verl", "tailsieve", "best-static")
+
+
+@dataclass(frozen=True)
+class Configuration:
+    """One configuration the plan weighs: a :mod:`core.sim` policy, its engines, and its predicted speedups
+    (mean over seeds; band: 10th–90th percentile across seeds)."""
+
+    name: str  # the core.sim policy
+    label: str  # its pick: verl-spec's ``k=K``, a schedule, tailsieve-spec's ``tail K / bulk SCHEDULE``; "" for none
+    engines: dict  # speculation per pool (``tail``, ``bulk``) in ``--spec-schedule`` words: ``off``, ``k=K``, a schedule
+    q: int  # the split to start (TailSieve) or pin (tailsieve-spec); 0, 0 for stock verl's one pool
+    m: int
+    speedup_vs_verl: float
+    band_vs_verl: tuple[float, float]
+    speedup_vs_best_stock: float
+    band_vs_best_stock: tuple[float, float]
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "label": self.label, "engines": self.engines, "q": self.q, "m": self.m,
+                "speedup_vs_verl": self.speedup_vs_verl, "band_vs_verl": list(self.band_vs_verl),
+                "speedup_vs_best_stock": self.speedup_vs_best_stock,
+                "band_vs_best_stock": list(self.band_vs_best_stock)}
+
+
+@dataclass(frozen=True)
+class EnginePlan:
+    """The engines the plan chooses: the best stock configuration, every TailSieve candidate, and the
+    fastest of them all (the best stock configuration itself where no TailSieve candidate beats it)."""
+
+    best_stock: Configuration
+    candidates: tuple[Configuration, ...]  # the TailSieve candidates
+    choice: Configuration
+
+    @property
+    def fallback(self) -> bool:
+        return self.choice.name in STOCK_POLICIES
+
+    def to_json(self) -> dict:
+        return {"best_stock": self.best_stock.to_json(),
+                "speedup_vs_best_stock": {c.name: c.speedup_vs_best_stock for c in self.candidates},
+                "choice": self.choice.to_json() | {"fallback": self.fallback}}
 
 
 @dataclass(frozen=True)
@@ -53,19 +107,23 @@ class Plan:
     n_replicas: int
     steps: int
     prompts: int
+    engines: EnginePlan | None = None  # with speculation: the engines chosen (see :func:`plan_engines`)
 
     def to_json(self) -> dict:
         return {"predicted_speedup": self.speedup, "band": list(self.band), "per_seed": list(self.per_seed),
                 "initial_q": self.initial_q, "initial_m": self.initial_m, "fixed_q": self.fixed_q,
                 "fixed_m": self.fixed_m, "fixed_speedup": self.fixed_speedup, "batch": self.batch_size, "n": self.n,
-                "replicas": self.n_replicas, "steps": self.steps, "prompts": self.prompts}
+                "replicas": self.n_replicas, "steps": self.steps, "prompts": self.prompts} | (
+                    self.engines.to_json() if self.engines else {})
 
 
 def plan_from_trace(trace: Trace, n_replicas: int, perf: PerfModel, *, batch_size: int | None = None,
                     n: int | None = None, steps: int = 30, seeds: int = 5,
-                    controller: ControllerConfig | None = None, engine: EngineConfig = EngineConfig()) -> Plan:
+                    controller: ControllerConfig | None = None, engine: EngineConfig = EngineConfig(),
+                    speculation: SpeculativeConfig | None = None) -> Plan:
     """Predict TailSieve's speedup on ``trace``'s workload (see the module docstring); every replica
-    runs ``engine`` (default: no limit binds)."""
+    runs ``engine`` (default: no limit binds). With ``speculation`` (acceptance, draft cost, k) the plan
+    also chooses the engines (:func:`plan_engines`)."""
     if seeds < 1 or steps < 3:
         raise PlanError(f"need --seeds >= 1 and --steps >= 3, got {seeds}, {steps}")
     prompts = len(trace)
@@ -75,13 +133,17 @@ def plan_from_trace(trace: Trace, n_replicas: int, perf: PerfModel, *, batch_siz
                         "(a prompt is in flight at most once); lower --batch or log more steps")
     group_size = n if n is not None else int(np.median([g.n for g in trace]))
     steady = slice(steps // 3, None)
-    speedups, finals, runs = [], [], []
+    if engine.speculative is not None and speculation is not None:
+        raise PlanError("the plan chooses the engines' speculation: give the engine without it")
+    policies = PLAN_POLICIES + ((*STOCK_SPEC_POLICIES, "tailsieve-spec", "tailsieve-dynsd") if speculation else ())
+    speedups, finals, runs, results = [], [], [], []
     for seed in range(seeds):
         pool = PromptPool.from_trace(trace, seed=seed)
         cfg = SimConfig(steps=steps, n_replicas=n_replicas, batch_size=batch, n=group_size, seed=seed,
-                        policies=("verl", "tailsieve", "best-static"), controller=controller or ControllerConfig(),
-                        prompt_record=False, engine=engine)
+                        policies=policies, controller=controller or ControllerConfig(),
+                        prompt_record=False, engine=engine, **({"speculation": speculation} if speculation else {}))
         result = simulate(cfg, pool, perf, workload_name=trace.name)
+        results.append(result)
         speedups.append(result.speedup_vs("verl", steady)["tailsieve"])
         last = result.policies["tailsieve"].records[-1]
         finals.append((last.next_q, last.next_m))
@@ -92,9 +154,59 @@ def plan_from_trace(trace: Trace, n_replicas: int, perf: PerfModel, *, batch_siz
     ms = [m for _, m in finals]
     m0 = max(set(ms), key=ms.count)
     q0 = int(np.median([q for q, m in finals if m == m0]))
-    return Plan(float(speedups_arr.mean()), (float(np.percentile(speedups_arr, 10)), float(np.percentile(speedups_arr, 90))),
-                tuple(float(x) for x in speedups), q0, m0, fixed_q, fixed_m, fixed_speedup, batch, group_size,
-                n_replicas, steps, prompts)
+    return Plan(float(speedups_arr.mean()), _band(speedups_arr), tuple(float(x) for x in speedups), q0, m0, fixed_q,
+                fixed_m, fixed_speedup, batch, group_size, n_replicas, steps, prompts,
+                plan_engines(results, steady, (q0, m0)) if speculation else None)
+
+
+def _band(samples) -> tuple[float, float]:
+    return float(np.percentile(samples, 10)), float(np.percentile(samples, 90))
+
+
+def _most_common(values: list):
+    return max(dict.fromkeys(values), key=values.count)  # ties: the first seen (seed 0's)
+
+
+def plan_engines(results: list[SimResult], steady: slice, tailsieve_start: tuple[int, int]) -> EnginePlan:
+    """From one simulation per seed with every stock policy and the TailSieve candidates: the best stock
+    configuration (least mean steady-state makespan over the seeds), each candidate's speedups over stock
+    verl and over that configuration on the same seed, and the configuration with the least mean
+    steady-state makespan of all. A hindsight
+    pick that differs between seeds is named by its most common value. ``tailsieve_start``: routing-only
+    TailSieve's (q, m) to start from (the plan's)."""
+    def steady_mean(result: SimResult, name: str) -> float:
+        return float(result.policies[name].makespans[steady].mean())
+
+    def configuration(name: str, best_stock: str) -> Configuration:
+        finals = [r.policies[name].records[-1] for r in results]
+        vs_verl = np.array([steady_mean(r, "verl") / steady_mean(r, name) for r in results])
+        vs_best = np.array([steady_mean(r, best_stock) / steady_mean(r, name) for r in results])
+        label = _most_common([r.policies[name].choice for r in results])
+        if name == "tailsieve":
+            q, m = tailsieve_start
+        elif name.startswith("tailsieve"):
+            q, m = int(np.median([f.next_q for f in finals])), _most_common([f.next_m for f in finals])
+        else:
+            q = m = 0
+        return Configuration(name, label, _engines(results[0].config, name, label), q, m, float(vs_verl.mean()),
+                             _band(vs_verl), float(vs_best.mean()), _band(vs_best))
+
+    def over_seeds(name: str) -> float:
+        return float(np.mean([steady_mean(r, name) for r in results]))
+
+    best_stock = min(STOCK_POLICIES, key=over_seeds)
+    stock = configuration(best_stock, best_stock)
+    candidates = tuple(configuration(name, best_stock) for name in TAILSIEVE_CANDIDATES)
+    choice = min((stock, *candidates), key=lambda c: over_seeds(c.name))  # ties: the stock configuration
+    return EnginePlan(stock, candidates, choice)
+
+
+def _engines(cfg: SimConfig, name: str, label: str) -> dict:
+    """Each pool's speculation under policy ``name`` (stock policies: ``label``, their pick, on every replica)."""
+    if name in STOCK_POLICIES:
+        return {"tail": label or "off", "bulk": label or "off"}
+    tail, bulk = (tailsieve_spec_config(cfg, name) if name != "tailsieve" else cfg).tail_and_bulk_engines
+    return {"tail": engine_label(tail), "bulk": engine_label(bulk)}
 
 
 def _best_fixed_split(runs: list, perf: PerfModel, steady: slice) -> tuple[tuple[int, int], float]:

@@ -70,3 +70,42 @@ def test_plan_cli(tmp_path, capsys):
     out = capsys.readouterr().out
     pinned = f"+tailsieve.mode=fixed +tailsieve.q0={report['fixed_q']} +tailsieve.tail_replicas={report['fixed_m']}"
     assert "best fixed split: " in out and (report["fixed_m"] == 0 or pinned in out)
+
+
+PLAN_SPEC = ["plan", "--workload", "real", "--pool-size", "96", "--n", "4", "--replicas", "4", "--batch", "16",
+             "--steps", "6", "--seeds", "2", "--spec-acceptance", "0.99", "--spec-draft-cost", "0"]
+
+
+def test_plan_cli_chooses_the_engines_with_speculation(capsys):
+    """--spec-acceptance: the plan names the best stock configuration, every TailSieve candidate against it, and
+    the choice with its per-pool engines and overrides; here (acceptance 0.99, no draft cost) the fallback."""
+    assert plan_cli.run(_parse(plan_cli, [*PLAN_SPEC, "--json"])) == 0
+    report = json.loads(capsys.readouterr().out)
+    stock, choice = report["best_stock"], report["choice"]
+    assert (stock["name"], stock["label"], stock["speedup_vs_best_stock"]) == ("verl-spec", "k=6", 1.0)
+    assert set(report["speedup_vs_best_stock"]) == {"tailsieve", "tailsieve-spec", "tailsieve-dynsd"}
+    assert [c["name"] for c in report["candidates"]] == list(report["speedup_vs_best_stock"])
+    assert choice["fallback"] and choice["name"] == "verl-spec" and choice["engines"] == {"tail": "k=6", "bulk": "k=6"}
+    stock_mtp = ("actor_rollout_ref.model.mtp.enable=true actor_rollout_ref.model.mtp.enable_rollout=true "
+                 "actor_rollout_ref.model.mtp.num_speculative_tokens=6")
+    assert report["overrides"] == choice["overrides"] == stock_mtp
+    spec = report["candidates"][1]
+    assert "+tailsieve.tail.num_speculative_tokens=6" in spec["overrides"] and "+tailsieve.bulk.spec_schedule=" in spec["overrides"]
+    assert report["recommendation"].startswith("recommendation: fall back to stock verl (verl-spec k=6)")
+
+    assert plan_cli.run(_parse(plan_cli, PLAN_SPEC)) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("trace preset:real: 96 prompt groups")
+    assert any(line.startswith("best stock configuration: verl-spec (k=6), ") for line in out)
+    assert any(line.startswith("choice: fall back to the best stock configuration, verl-spec (k=6)") for line in out)
+    assert out[-1].endswith(stock_mtp)
+
+
+@pytest.mark.parametrize("extra, match", [(["--num-speculative-tokens", "3"], "needs --spec-acceptance"),
+                                          (["--spec-draft-cost", "0.1"], "need --num-speculative-tokens")])
+def test_plan_speculation_flags_without_acceptance_are_one_clear_error(tmp_path, extra, match):
+    trace = tmp_path / "run.jsonl"
+    write_trace(generate_trace("real", 64, 4, seed=1), trace)
+    args = _parse(plan_cli, ["plan", "--trace", str(trace), "--replicas", "4", "--batch", "16", *extra])
+    with pytest.raises(TailSieveError, match=match):
+        plan_cli.run(args)

@@ -51,3 +51,83 @@ def test_plan_refuses_a_trace_too_small_for_the_batch():
     trace = generate_trace("real", 20, 4, seed=0)
     with pytest.raises(PlanError, match="at least 32"):
         plan_from_trace(trace, 4, parse_perf_model("table:h200-dense"), batch_size=16)
+
+
+def _planned(monkeypatch, preset: str, speculation, **kwargs):
+    """A small plan with speculation (4 replicas, 16 x 4, 6 steps, 2 seeds) and the simulations behind it."""
+    from tailsieve_verl.core import planner
+
+    results, real_simulate = [], planner.simulate
+
+    def spy(cfg, *args, **kw):
+        results.append(real_simulate(cfg, *args, **kw))
+        return results[-1]
+
+    monkeypatch.setattr(planner, "simulate", spy)
+    plan = plan_from_trace(generate_trace(preset, 96, 4, seed=0), 4, parse_perf_model("table:h200-dense"),
+                           batch_size=16, steps=6, seeds=2, speculation=speculation, **kwargs)
+    return plan, results
+
+
+def _mean_steady(results, name, steps=6):
+    import numpy as np
+
+    return float(np.mean([r.policies[name].makespans[steps // 3:].mean() for r in results]))
+
+
+def test_the_plan_with_speculation_names_the_fastest_stock_configuration_and_chooses_the_fastest(monkeypatch):
+    """Every stock configuration and TailSieve candidate runs on the same seeds; the best stock configuration is
+    the stock policy with the least mean steady-state makespan, the choice the fastest of all."""
+    from tailsieve_verl.core.sim import DEFAULT_SPECULATION, STOCK_POLICIES
+
+    plan, results = _planned(monkeypatch, "strong", DEFAULT_SPECULATION)
+    assert len(results) == 2 and all(set(STOCK_POLICIES) | {"tailsieve-spec", "tailsieve-dynsd"} <= set(r.policies)
+                                     for r in results)
+    engines = plan.engines
+    fastest_stock = min(STOCK_POLICIES, key=lambda name: _mean_steady(results, name))
+    assert engines.best_stock.name == fastest_stock
+    assert engines.best_stock.label == results[0].policies[fastest_stock].choice  # both seeds pick it here
+    names = [c.name for c in engines.candidates]
+    assert names == ["tailsieve", "tailsieve-spec", "tailsieve-dynsd"]
+    fastest = min([fastest_stock, *names], key=lambda name: _mean_steady(results, name))
+    assert engines.choice.name == fastest and engines.fallback == (fastest == fastest_stock)
+    # on strong tails with MTP-like acceptance a TailSieve candidate edges past the best stock configuration
+    assert not engines.fallback and engines.choice.speedup_vs_best_stock > 1
+    lo, hi = engines.choice.band_vs_best_stock
+    assert lo <= engines.choice.speedup_vs_best_stock <= hi
+    spec = next(c for c in engines.candidates if c.name == "tailsieve-spec")
+    assert spec.engines == {"tail": "k=6", "bulk": "1-64:3,65-128:1,129-256:0"} and spec.m == 2
+    assert set(plan.to_json()) >= {"best_stock", "speedup_vs_best_stock", "choice"}
+
+
+def test_the_plan_falls_back_to_stock_speculation_where_tailsieve_cannot_win(monkeypatch):
+    """Near-perfect acceptance at no draft cost: the deepest k on every replica is far ahead, no TailSieve
+    candidate beats it, and the plan says to fall back to it, with its overrides."""
+    from tailsieve_verl.cli.recommend import from_plan, stock_speculation_overrides
+    from tailsieve_verl.core.engine import SpeculativeConfig
+
+    plan, results = _planned(monkeypatch, "real", SpeculativeConfig(3, (0.99,), draft_cost=0.0))
+    engines = plan.engines
+    assert engines.fallback and engines.choice == engines.best_stock
+    assert engines.best_stock.name == "verl-spec" and engines.best_stock.label == "k=6"
+    assert all(c.speedup_vs_best_stock < 1 for c in engines.candidates)
+    assert all(_mean_steady(results, c.name) > _mean_steady(results, "verl-spec") for c in engines.candidates)
+    line = from_plan(plan, "table:h200-dense")
+    assert line.startswith("recommendation: fall back to stock verl (verl-spec k=6)")
+    assert line.endswith(stock_speculation_overrides(6))
+
+
+def test_without_speculation_the_plan_does_not_choose_engines():
+    plan = plan_from_trace(generate_trace("weak", 64, 4, seed=0), 4, parse_perf_model("table:h200-dense"),
+                           batch_size=16, steps=3, seeds=1)
+    assert plan.engines is None and "best_stock" not in plan.to_json()
+
+
+def test_the_plan_refuses_an_engine_that_already_speculates():
+    from tailsieve_verl.core.engine import EngineConfig
+    from tailsieve_verl.core.sim import DEFAULT_SPECULATION
+
+    with pytest.raises(PlanError, match="give the engine without it"):
+        plan_from_trace(generate_trace("weak", 64, 4, seed=0), 4, parse_perf_model("table:h200-dense"), batch_size=16,
+                        steps=3, seeds=1, engine=EngineConfig(speculative=DEFAULT_SPECULATION),
+                        speculation=DEFAULT_SPECULATION)

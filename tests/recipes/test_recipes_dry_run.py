@@ -8,7 +8,10 @@ runs for a representative subset, since each cold start imports verl (~10 s on 2
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -103,10 +106,14 @@ def test_every_recipe_dry_runs(recipe, dry_run):
     if kind == "verl_dynsd":  # vLLM's documented batch-size schedule on every replica, depth = its deepest k
         schedule = {"num_speculative_tokens_per_batch_size": [[1, 64, 3], [65, 128, 1], [129, 256, 0]]}
         assert all(p[1:] == (True, 3, schedule) for p in plan_summary(plans))
-    if kind == "tailsieve_mtp":
-        for pool, mtp, depth, spec in plan_summary(plans):
-            assert mtp and spec is None
-            assert depth == (3 if pool == "tail" else bulk_depth)
+    if kind == "tailsieve_mtp":  # the TailSieve engines `tailsieve plan` ranks best (test_mtp_recipe_runs_the_plans_pick)
+        doc = {"num_speculative_tokens_per_batch_size": [[1, 64, 3], [65, 128, 1], [129, 256, 0]]}
+        if tp == 2:  # tailsieve-dynsd: vLLM's documented schedule on every replica, m free
+            assert tailsieve.mode == "adaptive" and tailsieve.tail_replicas == 1
+            assert all(p[1:] == (True, 3, doc) for p in plan_summary(plans))
+        else:  # tailsieve-spec: the tail pool at k = 6 on four replicas, the bulk pool on the schedule
+            assert tailsieve.mode == "fixed" and (tailsieve.q0, tailsieve.tail_replicas) == (8, 4)
+            assert plan_summary(plans) == [("tail", True, 6, None)] * 4 + [("bulk", True, 3, doc)] * 4
     if kind == "tailsieve_dflash":
         assert not config.actor_rollout_ref.model.mtp.enable_rollout
         for pool, mtp, depth, spec in plan_summary(plans):
@@ -137,7 +144,10 @@ def test_environment_overrides_reach_the_config(dry_run):
     config, tailsieve, plans = dry_run(args)
     assert config.actor_rollout_ref.model.path == "/ckpt/qwen"
     assert list(config.trainer.logger) == ["console", "file", "tensorboard"]
-    assert plan_summary(plans) == [("tail", True, 5, None)] * 2 + [("bulk", True, 1, None)] * 2
+    doc = {"num_speculative_tokens_per_batch_size": [[1, 64, 3], [65, 128, 1], [129, 256, 0]]}
+    assert plan_summary(plans) == [("tail", True, 5, None)] * 2 + [("bulk", True, 3, doc)] * 2
+    _, _, plans = dry_run(recipe_args(recipe, MTP_BULK_TOKENS="2"))  # a depth instead of the plan's schedule
+    assert plan_summary(plans) == [("tail", True, 6, None)] * 4 + [("bulk", True, 2, None)] * 4
 
 
 def run_recipe(name: str, *overrides: str, **env: str) -> subprocess.CompletedProcess:
@@ -203,3 +213,46 @@ def test_dynsd_rejects_a_bad_schedule_in_one_line():
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines()[-1] == ("qwen3_5-2b_verl_dynsd: MTP_SCHEDULE must be a JSON list of "
                                                     "[batch_lo, batch_hi, k], got '1-64:3'")
+
+
+def label_engine(label: str) -> tuple[int, dict | None]:
+    """A plan's engine label (``k=K`` or a schedule) as the dry run's (depth, speculative_config)."""
+    from tailsieve_verl.cli.recommend import parse_schedule
+
+    if label.startswith("k="):
+        return int(label.removeprefix("k=")), None
+    schedule = parse_schedule(label)
+    return max(k for *_, k in schedule), {"num_speculative_tokens_per_batch_size": schedule}
+
+
+@pytest.mark.parametrize("name", ["qwen3_5-2b_tailsieve_mtp", "qwen3_5-35b-a3b_tailsieve_mtp"])
+def test_mtp_recipe_runs_the_plans_pick(name, dry_run, capsys):
+    """Each TailSieve MTP recipe names the `tailsieve plan` command for its bundled profile and runs what it
+    picks: where the pick is the stock fallback, the recipe says so, names that configuration and its
+    prediction, and runs the plan's best TailSieve configuration (its engines per pool, its split).
+    Runs the recipe's exact command (~30-50 s on 2 cores)."""
+    from tailsieve_verl.cli import plan as plan_cli
+
+    recipe = ROOT / "recipes" / f"{name}.sh"
+    lines = recipe.read_text().splitlines()
+    comment = " ".join(line.lstrip("# ") for line in lines if line.startswith("#"))
+    command = next(line.removeprefix("#").strip() for line in lines if line.startswith("#   tailsieve plan "))
+    parser = argparse.ArgumentParser()
+    plan_cli.register(parser.add_subparsers())
+    assert plan_cli.run(parser.parse_args(shlex.split(command)[1:] + ["--json"])) == 0
+    plan = json.loads(capsys.readouterr().out.splitlines()[-1])
+    stock, best = plan["best_stock"], max(plan["candidates"], key=lambda c: c["speedup_vs_best_stock"])
+    assert ("Its pick is the stock fallback" in comment) == plan["choice"]["fallback"]
+    assert f"({stock['name']}, predicted {stock['speedup_vs_verl']:.2f}x stock verl)" in comment
+    depth, schedule = label_engine(stock["label"])
+    assert (json.dumps(schedule["num_speculative_tokens_per_batch_size"], separators=(",", ":")) in comment
+            if schedule else f"MTP_BULK_TOKENS={depth} bash" in comment)
+    assert f"best TailSieve configuration, {best['name']}" in comment
+    assert f"predicted {best['speedup_vs_best_stock']:.3f}x the pick" in comment
+
+    _, tailsieve, plans = dry_run(recipe_args(recipe))
+    assert tailsieve.mode == ("fixed" if best["name"] == "tailsieve-spec" else "adaptive")
+    m = tailsieve.tail_replicas
+    assert m == max(1, best["m"])  # the trainer starts at one tail replica at least
+    assert plan_summary(plans) == ([("tail", True, *label_engine(best["engines"]["tail"]))] * m
+                                   + [("bulk", True, *label_engine(best["engines"]["bulk"]))] * (len(plans) - m))
