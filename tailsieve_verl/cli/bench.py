@@ -5,6 +5,7 @@ the simulator's prediction with a calibration measured on the same server."""
 from __future__ import annotations
 
 import argparse
+import sys
 
 from ..core.errors import TailSieveError
 from ..core.perf import Calibration, TablePerf
@@ -12,7 +13,7 @@ from ..core.trace import MAX_TOKENS, read_trace
 from ..core.workload import generate_trace
 from .calibrate import int_list, progress_bar
 from .checks import output_file, write_report
-from .engine_args import add_engine_args, engine_config_from_args
+from .engine_args import add_engine_args, engine_config_from_args, prediction_engine
 
 
 def register(subparsers) -> None:
@@ -47,7 +48,7 @@ def register(subparsers) -> None:
                    help="prompt lengths of a calibration measured here")
     p.add_argument("--out", default="bench.json", help="report JSON file to write")
     p.add_argument("--json", action="store_true", help="print the report as JSON instead of a table")
-    add_engine_args(p)  # the servers' engine settings, for the prediction
+    add_engine_args(p)  # override what the calibration measured of the servers' engine, for the prediction
     p.set_defaults(func=run)
 
 
@@ -99,10 +100,13 @@ def run(args: argparse.Namespace) -> int:
                 f"batch {batch} ctx {context:.0f}"))
         cal = write_calibration(doc, out.with_name(out.stem + ".calibration.json"))
     perf = TablePerf(cal)
+    engine, note = prediction_engine(args, cal, perf)
+    if note:
+        print(note, file=sys.stderr)
     runs = args.repeats * len(policies) + ("tailsieve" in policies)
     with progress_bar("bench", runs, quiet=args.json) as advance:
         report = bench(groups, servers, args.replicas, perf, policies=policies, repeats=args.repeats,
-                       split=None if args.q is None else (args.q, args.m), engine=engine_config_from_args(args, perf),
+                       split=None if args.q is None else (args.q, args.m), engine=engine,
                        oracle_time_limit_s=args.oracle_time_limit, group_atomic=args.group_atomic,
                        on_run=lambda d, t, name, s: advance(f"{name}: {s:.2f}s"))
     report["trace"] = str(args.trace) if args.trace else f"preset:{args.preset}:B={args.groups}:n={args.group_size}:seed={args.seed}"

@@ -5,13 +5,14 @@ next to the simulator's prediction for the same lengths and assignment."""
 from __future__ import annotations
 
 import argparse
+import sys
 
 from ..core.perf import Calibration, TablePerf
 from ..core.sim import SimConfig
 from ..core.workload import PRESETS, PromptPool, get_preset
 from .calibrate import progress_bar
 from .checks import CLIError, output_file, write_report
-from .engine_args import add_engine_args, engine_config_from_args
+from .engine_args import add_engine_args, prediction_engine
 
 CLOSED_LOOP_POLICIES = "verl,tailsieve"
 
@@ -41,7 +42,8 @@ def register(subparsers) -> None:
                    help="comma list from verl,uniform,tailsieve,tailsieve-fixed; verl (stock verl) is required")
     p.add_argument("--out", default="closed_loop.json", help="report JSON file to write")
     p.add_argument("--json", action="store_true", help="print the report as JSON instead of a table")
-    add_engine_args(p)  # the servers' engine settings, for the prediction (and the controller's model)
+    add_engine_args(p)  # override what the calibration measured of the servers' engine, for the prediction (and the
+    # controller's model)
     p.set_defaults(func=run)
 
 
@@ -55,12 +57,15 @@ def run(args: argparse.Namespace) -> int:
                        "at most once, so the dataset needs at least two batches")
     spec = get_preset(args.workload, median_len=args.median_len, max_response_length=args.max_len,
                       prompt_len=args.prompt_len)
-    perf = TablePerf(Calibration.load(args.calibration))  # before any server is contacted
+    cal = Calibration.load(args.calibration)  # before any server is contacted
+    perf = TablePerf(cal)
+    engine, note = prediction_engine(args, cal, perf)
     cfg = SimConfig(steps=args.steps, n_replicas=args.replicas, batch_size=args.batch, n=args.n, seed=args.seed,
-                    policies=tuple(p.strip() for p in args.policies.split(",") if p.strip()),
-                    engine=engine_config_from_args(args, perf))
+                    policies=tuple(p.strip() for p in args.policies.split(",") if p.strip()), engine=engine)
     cfg.validate()
     check_run(cfg, args.warmup)
+    if note:  # once the input is known good (bad input says one line)
+        print(note, file=sys.stderr)
     pool = PromptPool(spec, args.pool_size, seed=args.seed)
     servers = [OpenAIServer(url, args.model) for url in args.url]
     with progress_bar("closed loop", cfg.steps * len(cfg.policies), quiet=args.json) as advance:

@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import replace
-from ..core.engine import (H200_MODELS, EngineConfig, EngineConfigError, SpeculativeConfig, parse_spec_schedule,
-                           prefill_cost_from_perf)
-from ..core.perf import PerfModel
+from ..core.engine import (H200_MODELS, EngineConfig, EngineConfigError, SpeculativeConfig, measured_engine_fields,
+                           parse_spec_schedule, prefill_cost_from_perf)
+from ..core.perf import Calibration, PerfModel
 from ..core.sim import DEFAULT_SPECULATION
 from ..core.verify_cost import VerifyTable
 from .checks import MAX_COUNT, CLIError, FloatRule, IntRule
 
 MAX_BLOCKS = 10 ** 9
+FIELD_FLAGS = ("max_num_seqs", "num_gpu_blocks", "block_size", "max_num_batched_tokens")
+"""Engine flags named after the :class:`core.engine.EngineConfig` field they set."""
 
 
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
@@ -80,8 +82,7 @@ def engine_config_from_args(args: argparse.Namespace, perf: PerfModel | None, sp
                   args.spec_verify_table)
     base = (EngineConfig.verl_defaults(args.engine_defaults, perf, block_size=args.block_size or 16)
             if args.engine_defaults else EngineConfig())
-    fields = {name: getattr(args, name) for name in ("max_num_seqs", "num_gpu_blocks", "block_size",
-                                                     "max_num_batched_tokens") if getattr(args, name) is not None}
+    fields = {name: getattr(args, name) for name in FIELD_FLAGS if getattr(args, name) is not None}
     if args.max_num_batched_tokens is not None and not args.engine_defaults and perf is not None:
         fields["prefill_s_per_token"] = prefill_cost_from_perf(perf)
     k = args.num_speculative_tokens
@@ -101,6 +102,38 @@ def engine_config_from_args(args: argparse.Namespace, perf: PerfModel | None, sp
             k, args.spec_acceptance, args.spec_schedule or (), args.spec_acceptance_half_life,
             args.spec_draft_cost or 0.0, _verify_table(args))
     return replace(base, **fields)
+
+
+def prediction_engine(args: argparse.Namespace, calibration: Calibration, perf: PerfModel
+                      ) -> tuple[EngineConfig, str | None]:
+    """The engine that predicts a server measured by ``calibration`` (``bench``, ``closed-loop``), and
+    a note for stderr (None: nothing to say): what its ``tailsieve calibrate`` run measured (KV blocks,
+    block size, prefill rate) over the flags' engine (``--engine-defaults``, a prefill rate derived from
+    the table), with every field flag and ``--spec-*`` speculation the user gave overriding the
+    measurement. A calibration without engine facts: the flags alone, and the note says so. A
+    speculating server's table already holds its speculation (time per generated token), so its
+    speculation rows are not added again. ``perf``: the decode model built from ``calibration``."""
+    flags = engine_config_from_args(args, perf)
+    if calibration.engine is None:
+        return flags, (f"{calibration.source}: no engine section (measured before `tailsieve calibrate` recorded KV "
+                       "cache and prefill), so the prediction uses the engine flags alone; calibrate again to model "
+                       "the server's engine")
+    try:
+        measured = measured_engine_fields(calibration.engine, name=calibration.source)
+    except EngineConfigError as exc:
+        raise CLIError(str(exc)) from None
+    spec = measured.pop("speculative", None)
+    given = {name: getattr(flags, name) for name in FIELD_FLAGS if getattr(args, name) is not None}
+    note = None
+    if flags.speculative is not None:
+        given["speculative"] = flags.speculative
+    elif spec is not None:
+        note = (f"{calibration.source}: the server speculated (k = {spec.num_speculative_tokens}); its decode table is "
+                "already time per generated token, so the prediction adds no speculation on top")
+    try:
+        return replace(flags, **{**measured, **given}), note
+    except EngineConfigError as exc:
+        raise CLIError(f"{calibration.source} with the engine flags: {exc}") from None
 
 
 POOLS = ("tail", "bulk")

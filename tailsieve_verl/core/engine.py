@@ -330,6 +330,13 @@ def engine_from_calibration(source: "str | os.PathLike | dict", base_perf: PerfM
     if not isinstance(facts, dict):
         raise EngineConfigError(f"{_name(source)}: no 'engine' section; measure it with `tailsieve calibrate` "
                                 "against the server (a file from before engine facts were recorded has none)")
+    return EngineConfig(**{**measured_engine_fields(facts, base_perf, _name(source)), **changes})
+
+
+def measured_engine_fields(facts: dict, base_perf: PerfModel | None = None, name: str = "the calibration") -> dict:
+    """The :class:`EngineConfig` fields a calibration's ``"engine"`` section measured, and only those
+    (a field it did not measure is absent, so a caller can fill it from elsewhere); see
+    :func:`engine_from_calibration`."""
     fields: dict = {}
     if facts.get("num_gpu_blocks") is not None:
         fields["num_gpu_blocks"] = usable_kv_blocks(int(facts["num_gpu_blocks"]))
@@ -339,9 +346,8 @@ def engine_from_calibration(source: "str | os.PathLike | dict", base_perf: PerfM
         fields["prefill_s_per_token"] = float(facts["prefill_s_per_token"])
     spec = facts.get("speculative")
     if spec:
-        fields["speculative"] = _speculative_from_rows(spec.get("rows") or [], base_perf, _name(source))
-    fields.update(changes)
-    return EngineConfig(**fields)
+        fields["speculative"] = _speculative_from_rows(spec.get("rows") or [], base_perf, name)
+    return fields
 
 
 def _speculative_from_rows(rows: list[dict], base_perf: PerfModel | None, name: str) -> SpeculativeConfig:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
 
@@ -78,6 +78,9 @@ class Calibration:
     context: np.ndarray
     step_s: np.ndarray
     source: str
+    engine: dict | None = None
+    """The engine facts ``tailsieve calibrate`` measured with the table (the file's ``"engine"``
+    section, read by :func:`core.engine.measured_engine_fields`); None in files from before it did."""
 
     @classmethod
     def load(cls, name_or_path: str, model: str | None = None) -> "Calibration":
@@ -92,7 +95,11 @@ class Calibration:
                 f"unknown calibration {name_or_path!r}: not a bundled table ({', '.join(BUNDLED_TABLES)}) "
                 "and no such file; measure one with `tailsieve calibrate` or pick a bundled table")
         data = parse_calibration_json(text, name_or_path)
-        return cls.from_rows(data.get("rows") if isinstance(data, dict) else data, name_or_path, model)
+        if not isinstance(data, dict):
+            return cls.from_rows(data, name_or_path, model)
+        engine = data.get("engine")
+        return replace(cls.from_rows(data.get("rows"), name_or_path, model),
+                       engine=engine if isinstance(engine, dict) else None)
 
     @classmethod
     def from_rows(cls, rows, source: str, model: str | None = None) -> "Calibration":

@@ -7,12 +7,15 @@ from __future__ import annotations
 import argparse
 import json
 from collections import Counter
+from dataclasses import asdict
+from pathlib import Path
 
 import numpy as np
 import pytest
 from fake_openai_server import FakeOpenAIServer
 
 from tailsieve_verl.cli import bench as cli_bench
+from tailsieve_verl.core.engine import EngineConfig
 from tailsieve_verl.core.perf import LinearPerf
 from tailsieve_verl.core.replica import evaluate_assignment, evaluate_samples, expand_to_samples
 from tailsieve_verl.core.trace import Group, write_trace
@@ -194,3 +197,75 @@ def test_cli_bench_measures_a_calibration_on_the_server_when_none_is_given(tmp_p
     written = tmp_path / "b.calibration.json"
     assert report["calibration"] == str(written)
     assert [row["batch"] for row in json.loads(written.read_text())["rows"]] == [1, 2]
+
+
+MEASURED_ENGINE = {"num_gpu_blocks": 1024, "block_size": 128, "prefill_s_per_token": 0.000234}
+
+
+def _bench_engine(tmp_path, capsys, engine_section, *flags) -> tuple[dict, str]:
+    """The engine a CLI bench predicted with (its report's "engine") for a calibration with this engine
+    section (None: a file from before calibrate measured it), and what it said on stderr."""
+    trace = tmp_path / "step.jsonl"
+    write_trace(skewed_groups(), trace)
+    doc = {"device": "test", "rows": [{"model": "tiny", "batch": b, "context": c, "step_ms": 10 + 2 * b}
+                                      for b in (1, 8, 64) for c in (16, 512)]}
+    if engine_section is not None:
+        doc["engine"] = engine_section
+    cal = tmp_path / "cal.json"
+    cal.write_text(json.dumps(doc))
+    parser = argparse.ArgumentParser()
+    cli_bench.register(parser.add_subparsers())
+    out = tmp_path / "bench.json"
+    with FakeOpenAIServer(seconds_per_token=0.0002) as fake:
+        args = parser.parse_args(["bench", "--trace", str(trace), "-R", "2", "--url", fake.url, "--calibration",
+                                  str(cal), "--repeats", "1", "--policies", "verl", "--out", str(out), "--json",
+                                  *flags])
+        assert args.func(args) == 0
+    captured = capsys.readouterr()
+    report = json.loads(out.read_text())
+    assert report == json.loads(captured.out)
+    return report["engine"], captured.err
+
+
+def test_cli_bench_predicts_with_the_engine_its_calibration_measured(tmp_path, capsys):
+    engine, err = _bench_engine(tmp_path, capsys, MEASURED_ENGINE)
+    assert (engine["num_gpu_blocks"], engine["block_size"], engine["prefill_s_per_token"]) == (1023, 128, 0.000234)
+    assert engine["max_num_seqs"] is None and engine["speculative"] is None and err == ""
+
+
+def test_cli_bench_engine_flags_override_what_the_calibration_measured(tmp_path, capsys):
+    engine, _ = _bench_engine(tmp_path, capsys, MEASURED_ENGINE, "--max-num-seqs", "8", "--num-gpu-blocks", "40")
+    assert (engine["max_num_seqs"], engine["num_gpu_blocks"]) == (8, 40)
+    assert (engine["block_size"], engine["prefill_s_per_token"]) == (128, 0.000234)  # not given: still measured
+
+
+def test_cli_bench_without_engine_facts_predicts_with_the_flags_alone_and_says_so(tmp_path, capsys):
+    engine, err = _bench_engine(tmp_path, capsys, None, "--max-num-seqs", "8")
+    assert engine == asdict(EngineConfig(max_num_seqs=8))
+    assert len(err.strip().splitlines()) == 1 and "no engine section" in err and "engine flags alone" in err
+
+
+def test_cli_bench_adds_no_speculation_onto_a_speculating_servers_table(tmp_path, capsys):
+    """A speculating server's calibration rows are time per generated token: speculation is in the table."""
+    rows = [{"batch": 1, "context": 40.0, "k": 3.0, "tokens_per_step": 2.5, "drafts": 100, "draft_tokens": 300,
+             "accepted": 150, "accepted_per_pos": [80, 50, 20], "step_ms": 30.0}]
+    engine, err = _bench_engine(tmp_path, capsys, {**MEASURED_ENGINE, "speculative": {"rows": rows}})
+    assert engine["speculative"] is None and engine["num_gpu_blocks"] == 1023
+    assert "speculated (k = 3)" in err and "no speculation on top" in err
+
+
+def test_cli_bench_predicts_with_the_engine_of_the_calibration_it_measured(tmp_path, capsys):
+    metrics = (Path(__file__).parent / "vllm_cpu_metrics_dynamic_sd.txt").read_text()  # 512 blocks of 128
+    trace = tmp_path / "step.jsonl"
+    write_trace([Group("a", (5,)), Group("b", (9,))], trace)
+    parser = argparse.ArgumentParser()
+    cli_bench.register(parser.add_subparsers())
+    with FakeOpenAIServer(seconds_per_token=0.005, metrics_text=metrics) as fake:
+        args = parser.parse_args(["bench", "--trace", str(trace), "-R", "2", "--url", fake.url, "--repeats", "1",
+                                  "--policies", "verl", "--calibration-prompt-lens", "4",
+                                  "--out", str(tmp_path / "b.json"), "--json"])
+        assert args.func(args) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert (report["engine"]["num_gpu_blocks"], report["engine"]["block_size"]) == (511, 128)
+    assert report["engine"]["prefill_s_per_token"] == json.loads(
+        (tmp_path / "b.calibration.json").read_text())["engine"]["prefill_s_per_token"]

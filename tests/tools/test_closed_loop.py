@@ -1,6 +1,7 @@
 """`tailsieve closed-loop` plumbing against the fake endpoint (no timing claims: those come from vLLM)."""
 
 import json
+from dataclasses import asdict
 
 import numpy as np
 import pytest
@@ -21,9 +22,12 @@ PERF = LinearPerf(a=0.0002, c=0.0)  # the fake sleeps 0.2 ms per token: the mode
 SPEC = get_preset("strong", median_len=20, max_response_length=200, prompt_len=4)
 
 
-def _cal(path):
-    path.write_text(json.dumps({"device": "test", "rows": [
-        {"model": "tiny", "batch": b, "context": c, "step_ms": 0.2} for b in (1, 8, 64) for c in (4, 512)]}))
+def _cal(path, engine=None):
+    doc = {"device": "test", "rows": [
+        {"model": "tiny", "batch": b, "context": c, "step_ms": 0.2} for b in (1, 8, 64) for c in (4, 512)]}
+    if engine is not None:
+        doc["engine"] = engine
+    path.write_text(json.dumps(doc))
     return path
 
 
@@ -131,6 +135,40 @@ def test_cli_closed_loop_writes_the_report(tmp_path, capsys):
     assert "share of gain" in printed and str(out) in printed
     report = json.loads(out.read_text())
     assert report["config"]["steps"] == 3 and report["calibration"] == str(cal)
+
+
+def _closed_loop_engine(tmp_path, capsys, engine_section, *flags) -> tuple[dict, str]:
+    """The engine a CLI closed loop predicted with (its report's "engine") for a calibration with this
+    engine section (None: a file from before calibrate measured it), and what it said on stderr."""
+    out = tmp_path / "closed_loop.json"
+    cal = _cal(tmp_path / "cal.json", engine_section)
+    with FakeOpenAIServer(seconds_per_token=0.0002, max_model_len=2048) as fake:
+        code = main(["closed-loop", "--url", fake.url, "--calibration", str(cal), "--steps", "2", "--warmup", "1",
+                     "-R", "2", "-B", "4", "--n", "2", "--pool-size", "8", "--median-len", "10", "--max-len", "40",
+                     "--policies", "verl", "--out", str(out), "--json", *flags])
+    assert code == 0
+    return json.loads(out.read_text())["engine"], capsys.readouterr().err
+
+
+MEASURED_ENGINE = {"num_gpu_blocks": 1024, "block_size": 128, "prefill_s_per_token": 0.000234}
+
+
+def test_cli_closed_loop_predicts_with_the_engine_its_calibration_measured(tmp_path, capsys):
+    engine, err = _closed_loop_engine(tmp_path, capsys, MEASURED_ENGINE)
+    assert (engine["num_gpu_blocks"], engine["block_size"], engine["prefill_s_per_token"]) == (1023, 128, 0.000234)
+    assert engine["max_num_seqs"] is None and err == ""
+
+
+def test_cli_closed_loop_engine_flags_override_what_the_calibration_measured(tmp_path, capsys):
+    engine, _ = _closed_loop_engine(tmp_path, capsys, MEASURED_ENGINE, "--max-num-seqs", "4", "--block-size", "16")
+    assert (engine["max_num_seqs"], engine["block_size"]) == (4, 16)
+    assert (engine["num_gpu_blocks"], engine["prefill_s_per_token"]) == (1023, 0.000234)
+
+
+def test_cli_closed_loop_without_engine_facts_predicts_with_the_flags_alone_and_says_so(tmp_path, capsys):
+    engine, err = _closed_loop_engine(tmp_path, capsys, None, "--num-gpu-blocks", "64")
+    assert engine == asdict(EngineConfig(num_gpu_blocks=64))
+    assert len(err.strip().splitlines()) == 1 and "no engine section" in err
 
 
 def test_cli_closed_loop_refuses_a_missing_calibration_before_any_server(tmp_path, capsys):
