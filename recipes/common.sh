@@ -200,13 +200,14 @@ uniform() {
   ARGS+=(trainer.v1.trainer_mode=tailsieve +tailsieve.enable=false)
 }
 
-# TailSieve on, in mode $1 (adaptive | fixed) starting from $2 tail replicas and q0 = $3 (default B/8).
+# TailSieve on, in mode $1 (adaptive | fixed) starting from $2 tail replicas and q0 = $3 (default B/8; 0 at
+# one shared pool, $2 = 0, which carries nothing).
 tailsieve_on() {
   ARGS+=(
     trainer.v1.trainer_mode=tailsieve
     +tailsieve.enable=true
     "+tailsieve.mode=$1"
-    "+tailsieve.q0=${TAILSIEVE_Q0:-${3:-$(( TRAIN_BATCH_SIZE / 8 ))}}"
+    "+tailsieve.q0=${TAILSIEVE_Q0:-${3:-$(( $2 > 0 ? TRAIN_BATCH_SIZE / 8 : 0 ))}}"
     "+tailsieve.tail_replicas=$2"
     "+tailsieve.perf_model=${PERF_MODEL}"
   )

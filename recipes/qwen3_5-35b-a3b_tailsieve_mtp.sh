@@ -13,13 +13,13 @@
 #   MTP_BULK_TOKENS=6 bash recipes/qwen3_5-35b-a3b_verl_mtp.sh
 # This recipe runs the plan's best TailSieve configuration, tailsieve-dynsd: vLLM's documented schedule
 # (MTP_SCHEDULE) on every replica, adaptive; the plan's runs ended at one shared pool (q = 0, m = 0), and
-# the trainer starts at its smallest split (m = 1) and adapts; predicted 0.849x the pick (10-90 % band
-# 0.845-0.852x), 1.83x stock verl.
+# the trainer starts there and adapts; predicted 0.849x the pick (10-90 % band 0.845-0.852x), 1.83x stock
+# verl.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 model Qwen/Qwen3.5-35B-A3B
 layout 2 0.6 table:h200-moe
 offload_actor
-tailsieve_mtp_dynsd 1 0
+tailsieve_mtp_dynsd 0 0
 launch "$@"

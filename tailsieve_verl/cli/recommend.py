@@ -71,9 +71,8 @@ def pool_speculation_overrides(pool: str, label: str) -> str:
 
 
 def adaptive_start(q: int, m: int) -> str:
-    """The adaptive controller's start at (q, m); the trainer's config check wants at least one tail replica,
-    so one shared pool (m = 0) starts at its smallest split, m = 1."""
-    return f"+tailsieve.q0={q} +tailsieve.tail_replicas={max(1, m)}"
+    """The adaptive controller's start at (q, m); at m = 0, one shared pool, nothing is carried (q0 stays 0)."""
+    return f"+tailsieve.q0={q} +tailsieve.tail_replicas={m}" if m else "+tailsieve.tail_replicas=0"
 
 
 def speculation_policy_overrides(name: str, choice: str, q: int, m: int, common: str,
@@ -91,7 +90,7 @@ def speculation_policy_overrides(name: str, choice: str, q: int, m: int, common:
         stock = stock_speculation_overrides(max(k for _, _, k in schedule), schedule)
         if name != "tailsieve-dynsd":
             return stock
-        start = "+tailsieve.tail_replicas=0" if start_shared else adaptive_start(q, m)
+        start = adaptive_start(0, 0) if start_shared else adaptive_start(q, m)
         return f"{common} {start} {stock}"
     if name == "tailsieve-spec":
         tail, bulk = choice.removeprefix("tail ").split(" / bulk ")
@@ -140,7 +139,7 @@ def from_simulation(result, perf_spec: str) -> str:
         if name == "tailsieve":
             if pools:
                 continue  # per-pool engines are set at launch: the trainer pins the split, so no adaptive m
-            overrides = f"{common} +tailsieve.tail_replicas=0"  # q0 = 0, m = 0: start at one shared pool
+            overrides = f"{common} {adaptive_start(0, 0)}"  # where the simulation started it
         elif name == "tailsieve-fixed":
             overrides = (f"{common} +tailsieve.mode=fixed +tailsieve.q0={max(last.next_q, last.next_m)} "
                          f"+tailsieve.tail_replicas={last.next_m}{pools}")
@@ -188,7 +187,7 @@ def from_plan(plan, perf_spec: str) -> str:
                 f"add to your verl command: {overrides}")
     noise = two_standard_errors(plan.per_seed)
     adaptive = " ".join(x for x in (TRAINER_MODE, perf_model_override(perf_spec),
-                                    f"+tailsieve.q0={plan.initial_q} +tailsieve.tail_replicas={plan.initial_m}") if x)
+                                    adaptive_start(plan.initial_q, plan.initial_m)) if x)
     candidates = [Candidate("TailSieve adaptive", plan.speedup, noise, adaptive)]
     if plan.fixed_m > 0:
         candidates.append(Candidate(f"TailSieve pinned at q={plan.fixed_q}, m={plan.fixed_m}", plan.fixed_speedup,

@@ -150,10 +150,14 @@ class TailSieveConfig:
                 f"unknown or reserved tailsieve.controller key(s) {', '.join(bad)}; set q0 / tail_replicas / mode "
                 f"instead of {', '.join(sorted(reserved))}; known: {', '.join(sorted(known - reserved))}"
             )
-        pinned = self.mode == "fixed" or not (self.tail.is_default() and self.bulk.is_default())
         kwargs = dict(self.controller)
         return ControllerConfig(q_init=self.q0, m_init=self.tail_replicas,
-                                fixed_tail_replicas=self.tail_replicas if pinned else None, **kwargs)
+                                fixed_tail_replicas=self.tail_replicas if self.pins_split else None, **kwargs)
+
+    @property
+    def pins_split(self) -> bool:
+        """``mode=fixed``, or per-pool engine settings (fixed at engine launch): m stays ``tail_replicas``."""
+        return self.mode == "fixed" or not (self.tail.is_default() and self.bulk.is_default())
 
     def perf(self) -> PerfModel:
         return parse_perf_model(self.perf_model)
@@ -363,10 +367,23 @@ def validate_verl_config(config: Any) -> TailSieveConfig:
                 f"{replicas} (trainer.n_gpus_per_node x trainer.nnodes / rollout tp x dp x pp); add GPUs, lower "
                 f"the rollout parallel sizes, or set tailsieve.enable=false"
             )
-        if not 1 <= cfg.tail_replicas < replicas:
+        if cfg.pins_split and not 1 <= cfg.tail_replicas < replicas:
+            why = "tailsieve.mode=fixed" if cfg.mode == "fixed" else "per-pool engine settings (tailsieve.tail/bulk)"
             raise TailSieveConfigError(
-                f"tailsieve.tail_replicas={cfg.tail_replicas} must be in [1, {replicas - 1}]: the tail and bulk "
-                f"pools each need at least one of the {replicas} rollout replicas"
+                f"tailsieve.tail_replicas={cfg.tail_replicas} must be in [1, {replicas - 1}] with {why}, which pin "
+                f"the split: the tail and bulk pools each need at least one of the {replicas} rollout replicas (one "
+                f"shared pool is tailsieve.mode=adaptive with tail_replicas=0, or tailsieve.enable=false)"
+            )
+        if not 0 <= cfg.tail_replicas < replicas:
+            raise TailSieveConfigError(
+                f"tailsieve.tail_replicas={cfg.tail_replicas} must be in [0, {replicas - 1}]: the bulk pool needs at "
+                f"least one of the {replicas} rollout replicas (0 starts the controller at one shared pool)"
+            )
+        if cfg.tail_replicas == 0 and cfg.q0 > 0:
+            raise TailSieveConfigError(
+                f"tailsieve.q0={cfg.q0} with tailsieve.tail_replicas=0: one shared pool carries no groups, so the "
+                f"controller starts at (q, m) = (0, 0) and q0 would be ignored; set tailsieve.q0=0, or "
+                f"tailsieve.tail_replicas>=1 to start with a tail pool"
             )
         if max(cfg.q0, 1) < cfg.tail_replicas:  # q0=0 starts the controller at q=1
             raise TailSieveConfigError(

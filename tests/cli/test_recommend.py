@@ -111,9 +111,9 @@ def test_pool_speculation_in_the_verl_configs_words():
         "+tailsieve.tail.num_speculative_tokens=4 '+tailsieve.tail.spec_schedule=[[1,8,4],[9,16,1]]'")
 
 
-def test_a_plans_overrides_start_the_adaptive_controller_where_the_trainer_accepts_it():
-    """The trainer's config check wants at least one tail replica: a plan that ended at one shared pool
-    starts at the smallest split; a TailSieve speculation pick carries its engines per pool."""
+def test_a_plans_overrides_start_the_adaptive_controller_where_the_plan_did():
+    """A plan that ended at one shared pool starts the trainer's adaptive controller there (q0 unused);
+    a TailSieve speculation pick carries its engines per pool."""
     from tailsieve_verl.cli.recommend import plan_overrides
     from tailsieve_verl.core.planner import Configuration
 
@@ -121,7 +121,7 @@ def test_a_plans_overrides_start_the_adaptive_controller_where_the_trainer_accep
         return Configuration(name, label, {}, q, m, 1.0, (1.0, 1.0), 1.0, (1.0, 1.0))
 
     assert plan_overrides(pick("tailsieve", "", 0, 0), "table:h200-dense").endswith(
-        "+tailsieve.q0=0 +tailsieve.tail_replicas=1")
+        "tailsieve +tailsieve.tail_replicas=0")
     dynsd = plan_overrides(pick("tailsieve-dynsd", "1-64:3,65-128:1", 6, 2), "table:h200-moe")
     assert "+tailsieve.perf_model=table:h200-moe +tailsieve.q0=6 +tailsieve.tail_replicas=2" in dynsd
     assert dynsd.endswith("num_speculative_tokens_per_batch_size=[[1,64,3],[65,128,1]]'")

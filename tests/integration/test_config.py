@@ -35,6 +35,17 @@ def test_shipped_config_and_plain_overrides_give_the_same_settings():
     assert (a.initial_q, a.initial_m) == (4, 1)
 
 
+def test_adaptive_mode_starts_at_one_shared_pool_as_recommend_says():
+    """What `tailsieve simulate`/`plan` recommend for a run that starts at (q, m) = (0, 0) launches: the
+    adaptive controller starts there (it reaches (0, 0) at run time anyway)."""
+    from tailsieve_verl.cli.recommend import TRAINER_MODE, adaptive_start
+    from tailsieve_verl.core.controller import initial_split
+
+    cfg = validate_verl_config(stock([TRAINER_MODE, *adaptive_start(0, 0).split()]))
+    assert cfg.active and (cfg.initial_q, cfg.initial_m) == (0, 0) and not cfg.pins_split
+    assert initial_split(cfg.controller_config(), 4, 32) == (0, 0)
+
+
 def test_stop_strings_are_read_as_a_list():
     assert validate_verl_config(shipped(["+tailsieve.stop=['<END>']"])).stop == ("<END>",)
     assert validate_verl_config(shipped([])).stop == ()
@@ -51,7 +62,11 @@ def test_uniform_mode_is_the_zero_boundary():
 
 
 @pytest.mark.parametrize("overrides, message", [
-    (["tailsieve.tail_replicas=4"], "tail_replicas=4 must be in [1, 3]"),
+    (["tailsieve.tail_replicas=4"], "tail_replicas=4 must be in [0, 3]: the bulk pool needs"),
+    (["tailsieve.mode=fixed", "tailsieve.tail_replicas=0"], "tail_replicas=0 must be in [1, 3] with tailsieve.mode=fixed"),
+    (["tailsieve.tail_replicas=0", "+tailsieve.tail.max_num_seqs=16"],
+     "tail_replicas=0 must be in [1, 3] with per-pool engine settings"),
+    (["tailsieve.q0=4", "tailsieve.tail_replicas=0"], "q0 would be ignored; set tailsieve.q0=0"),
     (["tailsieve.q0=40"], "must be < data.train_batch_size=32"),
     (["tailsieve.q0=1", "tailsieve.tail_replicas=2"], "tailsieve.q0=1 is below tailsieve.tail_replicas=2"),
     (["tailsieve.perf_model=nope"], "unknown performance model"),

@@ -53,6 +53,23 @@ def test_uniform_mode_routes_like_stock_verl_or_whole_groups(harness_factory, tm
         assert min(completed) > 0
 
 
+def test_adaptive_mode_starts_at_one_shared_pool(harness_factory, tmp_path):
+    """``+tailsieve.tail_replicas=0`` (what `tailsieve simulate`/`plan` recommend when the controller starts
+    shared) launches in adaptive mode: the first step runs (q, m) = (0, 0), one pool of all R replicas,
+    consumes exactly B whole groups and carries nothing."""
+    h = harness_factory(["+tailsieve.tail_replicas=0", f"trainer.default_local_dir={tmp_path}"])
+    assert h.trainer.settings.active and h.trainer.settings.mode == "adaptive"
+    result = h.step()
+    m, outcome = result["metrics"], result["outcome"]
+    assert (m["tailsieve/q"], m["tailsieve/m"], m["tailsieve/aborted_groups"]) == (0, 0, 0)
+    assert m["tailsieve/carried_groups"] == m["tailsieve/requeued_groups"] == 0
+    assert len(set(_check_whole_batch(result))) == B
+    assert not outcome.carried_ids and not h.trainer.carried_rows
+    stats = h.server_stats()
+    assert sum(s["completed"] for s in stats) == B * N and sum(s["aborted"] for s in stats) == 0
+    assert min(s["completed"] for s in stats) > 0  # every replica served the step: one shared pool
+
+
 def test_carried_groups_are_regenerated_and_survive_checkpoint_resume(harness_factory, tmp_path):
     overrides = ["+tailsieve.mode=fixed", "+tailsieve.q0=2", "+tailsieve.tail_replicas=1",
                  "+tailsieve.controller.inner_loop=false",  # hold q = 2 too, so every step carries 2
