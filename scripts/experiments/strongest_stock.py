@@ -197,8 +197,14 @@ def main() -> None:
                 if args.sensitivity else {"default": base})
     jobs = [dict(v, cell=c, seed=s) for v in variants.values() for c in args.cells.split(",") for s in range(args.seeds)]
     t0 = time.time()
+    partial = Path(args.out + ".partial.jsonl") if args.out else None  # each finished (cell, seed) as it lands
+    rows = []
     with ProcessPoolExecutor(args.jobs) as ex:
-        rows = list(ex.map(run, jobs))
+        for row in ex.map(run, jobs):
+            rows.append(row)
+            if partial:
+                with partial.open("a") as f:
+                    f.write(json.dumps(row) + "\n")
     for row, job in zip(rows, jobs):
         row["variant"] = job["variant"]
     text = ((sensitivity_table(rows) if args.sensitivity else table(rows)) + f"\ntotal wall {time.time() - t0:.0f} s with --jobs {args.jobs}\n"
@@ -207,6 +213,7 @@ def main() -> None:
     if args.out:
         Path(args.out + ".json").write_text(json.dumps(rows, indent=1))
         Path(args.out + ".txt").write_text(text + "\n")
+        partial.unlink(missing_ok=True)
 
 
 if __name__ == "__main__":
