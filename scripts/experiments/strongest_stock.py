@@ -6,7 +6,8 @@ in hindsight), verl-dynsd (vLLM's documented batch-size schedule), verl-dynsd-be
 a small grid in hindsight) — and TailSieve routing-only (adaptive), tailsieve-spec (tail pool at k = 6,
 pinned at m = 1 and at m = R/2, bulk pool on vLLM's schedule; q adapts), tailsieve-dynsd (vLLM's
 schedule on every replica, m free), tailsieve-auto (the split of tailsieve-spec or a fallback to stock
-verl with speculation, chosen online: `core.fallback`) and "tailsieve k=6 all" (adaptive TailSieve with k = 6 on every
+verl with speculation, chosen online: `core.fallback`), clairvoyant-split (lengths known, the best stock
+configuration's engine in the bulk pool: the ceiling of a tail split over it, `core.sim.ClairvoyantSplitRunner`) and "tailsieve k=6 all" (adaptive TailSieve with k = 6 on every
 replica: what routing adds on top of the deepest fixed-depth stock engine). Speculation: `core.sim.DEFAULT_SPECULATION` (MTP-like assumptions:
 conditional acceptance 0.85, 0.8, 0.75, draft cost 1/28 of a step per draft token), with
 `--half-life` an acceptance decay with context. Prints, per cell, every policy's speedup vs stock verl
@@ -76,8 +77,14 @@ def run(job: dict) -> dict:
         for r in runners:
             r.step(t, keep=False)
     results = {r.name: r.finish() for r in runners}
+    best_stock = min(STOCK, key=lambda name: results[name].mean_makespan_s)
+    # the ceiling over the best stock configuration: lengths known, its engine in the bulk pool
+    best_engine = engine if best_stock == "verl" else sim.stock_engines(cfg)[results[best_stock].choice]
+    ceiling = sim.ClairvoyantSplitRunner(replace(cfg, engine=best_engine), pool, perf)
+    for t in range(cfg.steps):
+        ceiling.step(t, keep=False)
+    results[ceiling.name] = ceiling.finish()
     means = {name: r.mean_makespan_s for name, r in results.items()}
-    best_stock = min(STOCK, key=means.get)
     return {"cell": job["cell"], "seed": job["seed"], "shape": f"{job['batch']}x{job['n']}", "engine": job["engine"],
             "cap": job["cap"], "half_life": job["half_life"], "acceptance_shift": shift,
             "prompt_share": job.get("prompt_share"), "steps": job["steps"], "wall_s": time.time() - t0, "mean_makespan_s": means,
@@ -117,6 +124,9 @@ def table(rows: list[dict]) -> str:
         autos = [r["choice"]["tailsieve-auto"] for r in cr if "tailsieve-auto" in r["choice"]]
         if autos:
             out.append(f"  tailsieve-auto per seed: {'; '.join(autos)}")
+        ceilings = [r["choice"]["clairvoyant-split"] for r in cr if "clairvoyant-split" in r["choice"]]
+        if ceilings:
+            out.append(f"  clairvoyant-split (on the best stock engine) per seed: {'; '.join(ceilings)}")
         out.append(f"  {'policy':<22}{'vs stock verl':>22}{'vs best stock':>22}{'max deferral':>14}{'final m':>10}")
         for name in names:
             a = np.array([r["speedup_vs_verl"][name] for r in cr])
@@ -143,18 +153,19 @@ def sensitivity_table(rows: list[dict]) -> str:
     out = [f"{rows[0]['shape']}, engine {rows[0]['engine']}, cap {rows[0]['cap']}, {len({r['seed'] for r in rows})} "
            f"seeds, {rows[0]['steps']} steps; speedup vs the best stock configuration of the same seed, mean [worst seed]",
            f"{'sensitivity':<18}{'cell':<14}{'best stock':<18}{'vs verl':>8}{'tailsieve-spec':>18}{'tailsieve-auto':>18}"
-           f"{'auto split steps':>18}"]
+           f"{'auto split steps':>18}{'clairvoyant-split':>20}"]
     for variant in dict.fromkeys(r["variant"] for r in rows):
         for cell in dict.fromkeys(r["cell"] for r in rows if r["variant"] == variant):
             cr = [r for r in rows if r["variant"] == variant and r["cell"] == cell]
             best = max(_count(r["best_stock"] for r in cr).items(), key=lambda kv: kv[1])[0]
             vs_verl = np.mean([1 / r["speedup_vs_best_stock"]["verl"] for r in cr])
             cols = []
-            for name in ("tailsieve-spec", "tailsieve-auto"):
-                x = np.array([r["speedup_vs_best_stock"][name] for r in cr])
+            for name in ("tailsieve-spec", "tailsieve-auto", "clairvoyant-split"):
+                x = np.array([r["speedup_vs_best_stock"].get(name, np.nan) for r in cr])
                 cols.append(f"{x.mean():.3f} [{x.min():.3f}]")
             split = np.mean([int(r["choice"]["tailsieve-auto"].split(" on ")[1].split(" of ")[0]) for r in cr])
-            out.append(f"{variant:<18}{cell:<14}{best:<18}{vs_verl:>8.2f}{cols[0]:>18}{cols[1]:>18}{split:>18.1f}")
+            out.append(f"{variant:<18}{cell:<14}{best:<18}{vs_verl:>8.2f}{cols[0]:>18}{cols[1]:>18}{split:>18.1f}"
+                       f"{cols[2]:>20}")
     out.append(f"max deferral steps over all runs: {max(max(r['max_deferral_steps'].values()) for r in rows)}; "
                f"lost + duplicated + stale: {sum(r['lost_dup_stale'] for r in rows)}")
     return "\n".join(out)

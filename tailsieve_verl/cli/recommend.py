@@ -12,7 +12,7 @@ import numpy as np
 
 from ..core.engine import parse_spec_schedule
 from ..core.perf import DEFAULT_PERF_MODEL
-from ..core.sim import engine_label
+from ..core.sim import LAUNCH_SPEC_POLICIES, engine_label
 
 TRAINER_MODE = "trainer.v1.trainer_mode=tailsieve"
 MTP_ON = "actor_rollout_ref.model.mtp.enable=true actor_rollout_ref.model.mtp.enable_rollout=true"
@@ -146,7 +146,7 @@ def from_simulation(result, perf_spec: str) -> str:
         elif name == "best-static" and last.next_m > 0:
             overrides = f"{common} {pin_overrides(last.next_q, last.next_m)}{pools}"
             label = f"best-static (q={last.next_q}, m={last.next_m}, the best fixed split in hindsight)"
-        elif name in ("verl-spec", "verl-dynsd", "verl-dynsd-best", "tailsieve-dynsd", "tailsieve-spec"):
+        elif name in LAUNCH_SPEC_POLICIES:
             overrides = speculation_policy_overrides(name, r.choice, last.next_q, last.next_m, common,
                                                      start_shared=True)
             if name == "verl-spec":

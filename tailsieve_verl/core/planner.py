@@ -36,7 +36,7 @@ from .controller import ControllerConfig
 from .engine import EngineConfig, SpeculativeConfig
 from .errors import TailSieveError
 from .perf import PerfModel
-from .sim import (STOCK_POLICIES, STOCK_SPEC_POLICIES, SimConfig, SimResult, engine_label, simulate,
+from .sim import (LAUNCH_SPEC_POLICIES, STOCK_POLICIES, SimConfig, SimResult, engine_label, simulate,
                   static_split_runner, tailsieve_spec_config)
 from .trace import Trace
 from .workload import PromptPool
@@ -135,7 +135,7 @@ def plan_from_trace(trace: Trace, n_replicas: int, perf: PerfModel, *, batch_siz
     steady = slice(steps // 3, None)
     if engine.speculative is not None and speculation is not None:
         raise PlanError("the plan chooses the engines' speculation: give the engine without it")
-    policies = PLAN_POLICIES + ((*STOCK_SPEC_POLICIES, "tailsieve-spec", "tailsieve-dynsd") if speculation else ())
+    policies = PLAN_POLICIES + (LAUNCH_SPEC_POLICIES if speculation else ())
     speedups, finals, runs, results = [], [], [], []
     for seed in range(seeds):
         pool = PromptPool.from_trace(trace, seed=seed)
@@ -152,7 +152,7 @@ def plan_from_trace(trace: Trace, n_replicas: int, perf: PerfModel, *, batch_siz
     (fixed_q, fixed_m), fixed_speedup = _best_fixed_split(runs, perf, steady)
     speedups_arr = np.array(speedups)
     ms = [m for _, m in finals]
-    m0 = max(set(ms), key=ms.count)
+    m0 = _most_common(ms)
     q0 = int(np.median([q for q, m in finals if m == m0]))
     return Plan(float(speedups_arr.mean()), _band(speedups_arr), tuple(float(x) for x in speedups), q0, m0, fixed_q,
                 fixed_m, fixed_speedup, batch, group_size, n_replicas, steps, prompts,
@@ -174,13 +174,13 @@ def plan_engines(results: list[SimResult], steady: slice, tailsieve_start: tuple
     steady-state makespan of all. A hindsight
     pick that differs between seeds is named by its most common value. ``tailsieve_start``: routing-only
     TailSieve's (q, m) to start from (the plan's)."""
-    def steady_mean(result: SimResult, name: str) -> float:
-        return float(result.policies[name].makespans[steady].mean())
+    names = dict.fromkeys((*STOCK_POLICIES, *TAILSIEVE_CANDIDATES))
+    per_seed = {name: np.array([r.policies[name].makespans[steady].mean() for r in results]) for name in names}
 
     def configuration(name: str, best_stock: str) -> Configuration:
         finals = [r.policies[name].records[-1] for r in results]
-        vs_verl = np.array([steady_mean(r, "verl") / steady_mean(r, name) for r in results])
-        vs_best = np.array([steady_mean(r, best_stock) / steady_mean(r, name) for r in results])
+        vs_verl = per_seed["verl"] / per_seed[name]
+        vs_best = per_seed[best_stock] / per_seed[name]
         label = _most_common([r.policies[name].choice for r in results])
         if name == "tailsieve":
             q, m = tailsieve_start
@@ -192,7 +192,7 @@ def plan_engines(results: list[SimResult], steady: slice, tailsieve_start: tuple
                              _band(vs_verl), float(vs_best.mean()), _band(vs_best))
 
     def over_seeds(name: str) -> float:
-        return float(np.mean([steady_mean(r, name) for r in results]))
+        return float(per_seed[name].mean())
 
     best_stock = min(STOCK_POLICIES, key=over_seeds)
     stock = configuration(best_stock, best_stock)

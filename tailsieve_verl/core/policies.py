@@ -241,6 +241,21 @@ def pool_assignment(groups: Sequence[Group], replicas: int, offset: int = 0, gro
     return least_inflight_assignment(sum(g.n for g in groups), replicas, offset, rng)
 
 
+def longest_to_tail(groups: Sequence[Group], q: int, m: int, n_replicas: int, group_atomic: bool = False,
+                    rng: np.random.Generator | None = None) -> np.ndarray:
+    """Replica of every sample (in ``groups``' order) of a split whose lengths are known: the ``q``
+    groups with the most tokens on the tail pool (replicas 0..m−1), the rest on the bulk pool, each
+    pool routed by :func:`pool_assignment` (the tail first; a group keeps its order within its pool)."""
+    work = np.array([sum(g.lengths) for g in groups])
+    in_tail = np.zeros(len(groups), dtype=bool)
+    in_tail[np.argsort(-work, kind="stable")[:q]] = True
+    by_pool = {True: iter(pool_assignment([g for g, t in zip(groups, in_tail) if t], m, 0, group_atomic, rng)),
+               False: iter(pool_assignment([g for g, t in zip(groups, in_tail) if not t], n_replicas - m, m,
+                                           group_atomic, rng))}
+    return np.fromiter((next(by_pool[bool(t)]) for g, t in zip(groups, in_tail) for _ in range(g.n)),
+                       dtype=np.int64, count=sum(g.n for g in groups))
+
+
 def singletons(groups: Sequence[Group]) -> list[Group]:
     """Every sample as a group of one (flat, group-major): per-sample policies are group policies on these."""
     return [Group(f"{g.prompt_id}/{j}", (length,), g.prompt_len) for g in groups for j, length in enumerate(g.lengths)]

@@ -38,6 +38,10 @@ Policies:
   stock engine on every replica. The stock engine is the stock speculative configuration
   (:func:`stock_engines`) with the least replayed makespan on the steps observed so far. The engines
   switch per step for free here; a deployment restarts them (or runs one schedule everywhere).
+* ``clairvoyant-split`` — knows this step's lengths: the best of a small grid of splits, the longest
+  groups on a tail pool at the deepest speculation (or on ``engine``), the rest by stock verl's
+  routing on ``engine``, one shared pool included (:class:`ClairvoyantSplitRunner`; opt-in). On the
+  best stock configuration's engine, the ceiling of route-specialised speculation over it.
 * ``clairvoyant-group`` / ``clairvoyant-sample`` — know this step's lengths: the B fresh groups
   (or their single samples) routed ``topk-balanced`` (:mod:`core.policies`) with the best (k, m),
   searched coarse-to-fine within ``oracle_time_limit_s`` per step, on ``SimConfig.engine`` (no per-pool
@@ -76,7 +80,8 @@ from .errors import TailSieveError
 from .fallback import Arm, FallbackConfig, StockFallback
 from .perf import PerfModel
 from .oracle import SetCost
-from .policies import best_k_search, expand_to_samples, least_inflight_assignment, pool_assignment, route, singletons
+from .policies import (best_k_search, expand_to_samples, least_inflight_assignment, longest_to_tail, pool_assignment,
+                       route, singletons)
 from .replica import Evaluation, evaluate_samples, tokens_generated_at
 from .selector import Cutoff, bulk_cutoff
 from .kinds import Pool
@@ -88,7 +93,9 @@ POLICIES = ("verl", "uniform", "tailsieve-fixed", "tailsieve", "clairvoyant-grou
 # hindsight; vLLM's batch-size schedule; the best schedule of a small grid in hindsight), and TailSieve with
 # speculation per pool or one schedule on every replica (:data:`SPEC_POLICIES`)
 STOCK_SPEC_POLICIES = ("verl-spec", "verl-dynsd", "verl-dynsd-best")
-SPEC_POLICIES = STOCK_SPEC_POLICIES + ("tailsieve-spec", "tailsieve-dynsd", "tailsieve-auto")
+LAUNCH_SPEC_POLICIES = STOCK_SPEC_POLICIES + ("tailsieve-spec", "tailsieve-dynsd")  # engines fixed at launch, as
+#   a verl run sets them (tailsieve-auto switches engines per step; clairvoyant-split is a reference)
+SPEC_POLICIES = LAUNCH_SPEC_POLICIES + ("tailsieve-auto", "clairvoyant-split")
 POOL_ENGINE_POLICIES = ("tailsieve", "tailsieve-fixed", "best-static", "tailsieve-spec", "tailsieve-auto")  # read
 #   SimConfig.tail_engine / bulk_engine (tailsieve-auto: the tail engine; its bulk runs the stock engine it picks)
 STOCK_POLICIES = ("verl",) + STOCK_SPEC_POLICIES  # what a verl 0.9.1 user can run without TailSieve
@@ -526,6 +533,56 @@ class StaticRunner(_Runner):
         return samples, found.m
 
 
+class ClairvoyantSplitRunner(StaticRunner):
+    """``clairvoyant-split``: the reference for a tail pool with its own engine. It knows each step's
+    lengths and runs the best of a small grid (:meth:`candidates`): the q groups with the most tokens
+    on m tail replicas — at the deepest speculation of ``spec_depths`` or on ``engine`` itself — and
+    the rest on the other replicas by stock verl's routing on ``engine``. One shared pool with stock
+    verl's routing on ``engine`` (the same assignment stock verl draws at this step) is a candidate,
+    so no step is slower than stock verl on ``engine``: run it with the best stock configuration's
+    engine and it is the ceiling of route-specialised speculation over that configuration (a lower
+    bound on the best split, the grid being small). Not deployable: nobody knows lengths in advance."""
+
+    def __init__(self, cfg: SimConfig, pool: PromptPool, perf: PerfModel, name: str = "clairvoyant-split"):
+        super().__init__(cfg, pool, perf, name)
+        self.deep = with_speculation(cfg.engine, cfg.speculation, max(cfg.spec_depths))
+        self.split_rng = np.random.default_rng([cfg.seed, 19])
+        self.tail_engine = cfg.engine
+        self.picks: Counter = Counter()
+
+    def candidates(self) -> list[tuple[int, int, EngineConfig]]:
+        """(q, m, tail engine): m of 1, 2, R/4, R/2; q of B/32, B/16, B/8, B/4 (at least m)."""
+        R, B = self.cfg.n_replicas, self.cfg.batch_size
+        ms = sorted({m for m in (1, 2, R // 4, R // 2) if 1 <= m < R})
+        qs = sorted({max(1, B // d) for d in (32, 16, 8, 4)})
+        return [(max(q, m), m, tail) for m in ms for q in qs for tail in (self.deep, self.cfg.engine)]
+
+    def engines(self, m: int) -> list[EngineConfig]:
+        return replica_engines(self.tail_engine, self.cfg.engine, m, self.cfg.n_replicas)
+
+    def assign(self, groups: list[Group]) -> tuple[np.ndarray, int]:
+        R = self.cfg.n_replicas
+        samples = least_inflight_assignment(sum(g.n for g in groups), R, rng=self.routing_rng)
+        best = evaluate_samples(groups, samples, R, self.perf, engine=self.cfg.engine).makespan_s
+        pick, self.tail_engine = ("shared", 0), self.cfg.engine
+        for q, m, tail in self.candidates():
+            split = longest_to_tail(groups, q, m, R, self.cfg.group_atomic, self.split_rng)
+            makespan = evaluate_samples(groups, split, R, self.perf,
+                                        engine=replica_engines(tail, self.cfg.engine, m, R)).makespan_s
+            if makespan < best:
+                best, samples, self.tail_engine = makespan, split, tail
+                pick = (f"q={q}, m={m}, tail {engine_label(tail)}", m)
+        self.picks[pick[0]] += 1
+        return samples, pick[1]
+
+    def finish(self) -> PolicyResult:
+        result = super().finish()
+        label, count = self.picks.most_common(1)[0]
+        result.choice = (f"split on {sum(self.picks.values()) - self.picks['shared']} of {sum(self.picks.values())} "
+                         f"steps; most often {label} ({count})")
+        return result
+
+
 class TailSieveRunner(_Runner):
     """Selector + controller in closed loop; the controller sees only measurable quantities."""
 
@@ -734,10 +791,8 @@ class FallbackRunner(TailSieveRunner):
         order = sorted(groups, key=lambda g: -sum(g.lengths))
         best = float("inf")
         for q in sorted({max(m, decision.q // 2), max(m, decision.q), min(len(groups) - 1, 2 * max(m, decision.q))}):
-            tail, bulk = order[:q], order[q:]
-            samples = np.concatenate([pool_assignment(tail, m, 0, cfg.group_atomic, self.replay_rng),
-                                      pool_assignment(bulk, R - m, m, cfg.group_atomic, self.replay_rng)])
-            best = min(best, evaluate_samples(tail + bulk, samples, R, self.perf, engine=self.engines(m)).makespan_s)
+            samples = longest_to_tail(order, q, m, R, cfg.group_atomic, self.replay_rng)
+            best = min(best, evaluate_samples(order, samples, R, self.perf, engine=self.engines(m)).makespan_s)
         return best
 
     def engines(self, m: int) -> list[EngineConfig]:
@@ -818,6 +873,8 @@ def build_runners(cfg: SimConfig, pool: PromptPool, perf: PerfModel,
             runners.append(stock_spec_runner(cfg, pool, perf, name))
         elif name == "tailsieve-auto":
             runners.append(FallbackRunner(cfg, pool, perf, name))
+        elif name == "clairvoyant-split":
+            runners.append(ClairvoyantSplitRunner(cfg, pool, perf, name))
         elif name == "best-static":
             runners.append(BestStaticRunner(cfg, pool, perf, name, execute))
         elif name in ("tailsieve", "tailsieve-dynsd"):
