@@ -116,3 +116,38 @@ def test_speculation_policies_need_the_engine_model():
     cfg = SimConfig(steps=1, n_replicas=4, batch_size=16, n=4, policies=("verl-spec",))
     with pytest.raises(SimError, match="verl-spec runs on the engine model"):
         sim.build_runners(cfg, POOL, PERF, execute=lambda name, groups, samples: None)
+
+
+def test_longest_to_tail_puts_the_q_heaviest_groups_on_the_tail_replicas_in_group_order():
+    from tailsieve_verl.core.policies import longest_to_tail
+    from tailsieve_verl.core.trace import Group
+
+    groups = [Group(f"p{i}", tuple(lengths), 8) for i, lengths in
+              enumerate([(5, 5), (100, 1), (7, 7), (50, 60), (1, 1)])]
+    samples = longest_to_tail(groups, q=2, m=1, n_replicas=4)
+    per_group = [samples[2 * i:2 * i + 2] for i in range(len(groups))]
+    on_tail = [bool((s < 1).all()) for s in per_group]
+    assert on_tail == [False, True, False, True, False]  # 101 and 110 tokens, the two heaviest
+    assert all(((s >= 1) & (s < 4)).all() for s, t in zip(per_group, on_tail) if not t)
+    atomic = longest_to_tail(groups, q=2, m=2, n_replicas=4, group_atomic=True)
+    assert all(len(set(atomic[2 * i:2 * i + 2])) == 1 for i in range(len(groups)))  # whole groups
+
+
+def test_clairvoyant_split_is_never_slower_than_stock_verl_on_its_engine_and_beats_it_with_a_deep_tail():
+    """The shared-pool candidate is stock verl's own assignment of the step, so every step is at most
+    verl's on the same engine; a free perfect drafter in the tail pool makes the split win."""
+    engine = sim.with_speculation(EngineConfig(), sim.DEFAULT_SPECULATION, 0, sim.vllm_doc_schedule(3))
+    result = _run(("verl-dynsd", "clairvoyant-split"), engine=engine)
+    stock, ceiling = result.policies["verl-dynsd"], result.policies["clairvoyant-split"]
+    assert (ceiling.makespans <= stock.makespans + 1e-12).all()
+    assert (ceiling.lost, ceiling.duplicated, ceiling.max_deferral_steps) == (0, 0, 0)
+    free = _run(("verl", "clairvoyant-split"), SpeculativeConfig(3, (1.0,), draft_cost=0.0))
+    assert (free.policies["clairvoyant-split"].makespans < free.policies["verl"].makespans).all()
+    assert free.policies["clairvoyant-split"].choice.startswith("split on 4 of 4 steps; most often q=")
+    assert "tail k=6" in free.policies["clairvoyant-split"].choice
+
+
+def test_clairvoyant_split_runs_on_the_engine_model_only():
+    cfg = SimConfig(steps=1, n_replicas=4, batch_size=16, n=4, seed=3, policies=("clairvoyant-split",))
+    with pytest.raises(SimError, match="clairvoyant-split runs on the engine model"):
+        sim.build_runners(cfg, POOL, PERF, execute=lambda name, groups, samples: None)
