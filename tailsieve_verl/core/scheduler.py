@@ -315,6 +315,9 @@ class ReplicaScheduler:
         """Play out the refill admissions of ``waiting[pos:until]`` (see :meth:`_refill_span`): the next
         position in the queue and the clock index of its admission, None once the queue ran out (the
         heap then holds the finishes)."""
+        # without an acceptance decay every request gains the same tokens per step: price it once
+        flat = (float(self.spec.tokens_per_step(k, 0.0)) if k else 1.0) if (
+            not k or self.spec.acceptance_half_life is None) else None
         while pos < len(waiting):
             if pos >= until:
                 return pos, heap[0]
@@ -331,7 +334,7 @@ class ReplicaScheduler:
             hit = holding_end.get(gid, -1) > free_at  # a sibling still running holds the prompt's blocks
             mid = prompt + (g0 + length) / 2
             self.ctx_mid[j] = mid
-            e_j = float(self.spec.tokens_per_step(k, mid)) if k else 1.0
+            e_j = flat if flat is not None else float(self.spec.tokens_per_step(k, mid))
             end = free_at + 1 + steps_to_finish(length - g0 - 1, e_j)  # after the prefill step's token
             holding_end[gid] = max(holding_end.get(gid, -1), end)
             new.append((j, free_at, end, e_j, prompt + int(g0) - (int(self.hit_blocks[j]) * self.bs if hit else 0),
