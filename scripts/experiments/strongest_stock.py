@@ -6,9 +6,10 @@ in hindsight), verl-dynsd (vLLM's documented batch-size schedule), verl-dynsd-be
 a small grid in hindsight) — and TailSieve routing-only (adaptive), tailsieve-spec (tail pool at k = 6,
 pinned at m = 1 and at m = R/2, bulk pool on vLLM's schedule; q adapts), tailsieve-dynsd (vLLM's
 schedule on every replica, m free), tailsieve-auto (the split of tailsieve-spec or a fallback to stock
-verl with speculation, chosen online: `core.fallback`), clairvoyant-split (lengths known, the best stock
-configuration's engine in the bulk pool: the ceiling of a tail split over it, `core.sim.ClairvoyantSplitRunner`) and "tailsieve k=6 all" (adaptive TailSieve with k = 6 on every
-replica: what routing adds on top of the deepest fixed-depth stock engine). Speculation: `core.sim.DEFAULT_SPECULATION` (MTP-like assumptions:
+verl with speculation, chosen online: `core.fallback`), and on the best stock configuration's engine
+(picked in hindsight per seed, as `tailsieve plan` picks from a logged trace) "tailsieve on best stock"
+(adaptive TailSieve, that engine on every replica: what routing adds on top of it) and clairvoyant-split
+(lengths known: the ceiling of a tail split over it, `core.sim.ClairvoyantSplitRunner`). Speculation: `core.sim.DEFAULT_SPECULATION` (MTP-like assumptions:
 conditional acceptance 0.85, 0.8, 0.75, draft cost 1/28 of a step per draft token), with
 `--half-life` an acceptance decay with context. Prints, per cell, every policy's speedup vs stock verl
 and vs the best stock configuration of the same seed (mean, worst seed), which stock configuration was
@@ -66,24 +67,22 @@ def run(job: dict) -> dict:
         one = sim.build_runners(replace(cfg, fixed_tail_replicas=1, policies=("tailsieve-spec",)), pool, perf)[0]
         one.name = one.result.name = "tailsieve-spec m=1"
         runners.append(one)
-        # TailSieve's routing on the strongest fixed-depth engine: k = 6 on every replica (verl-spec's usual
-        # pick), both pools alike — what routing adds on top of stock speculation
-        deep = replace(cfg, engine=sim.with_speculation(engine, speculation, max(cfg.spec_depths)))
-        on_deep = sim.TailSieveRunner(deep, pool, perf, replace(cfg.controller, fixed_tail_replicas=None),
-                                      "tailsieve k=6 all")
-        runners.append(on_deep)
     t0 = time.time()
     for t in range(cfg.steps):
         for r in runners:
             r.step(t, keep=False)
     results = {r.name: r.finish() for r in runners}
     best_stock = min(STOCK, key=lambda name: results[name].mean_makespan_s)
-    # the ceiling over the best stock configuration: lengths known, its engine in the bulk pool
-    best_engine = engine if best_stock == "verl" else sim.stock_engines(cfg)[results[best_stock].choice]
-    ceiling = sim.ClairvoyantSplitRunner(replace(cfg, engine=best_engine), pool, perf)
+    # on the best stock configuration's engine (a hindsight pick, as a plan makes from a logged trace):
+    # TailSieve's routing on every replica, m free — what routing adds on top of it — and the ceiling of a
+    # split over it (lengths known)
+    best = replace(cfg, engine=engine if best_stock == "verl" else sim.stock_engines(cfg)[results[best_stock].choice])
+    on_best = [sim.TailSieveRunner(best, pool, perf, replace(cfg.controller, fixed_tail_replicas=None),
+                                   "tailsieve on best stock"), sim.ClairvoyantSplitRunner(best, pool, perf)]
     for t in range(cfg.steps):
-        ceiling.step(t, keep=False)
-    results[ceiling.name] = ceiling.finish()
+        for r in on_best:
+            r.step(t, keep=False)
+    results.update({r.name: r.finish() for r in on_best})
     means = {name: r.mean_makespan_s for name, r in results.items()}
     return {"cell": job["cell"], "seed": job["seed"], "shape": f"{job['batch']}x{job['n']}", "engine": job["engine"],
             "cap": job["cap"], "half_life": job["half_life"], "acceptance_shift": shift,
@@ -93,7 +92,8 @@ def run(job: dict) -> dict:
             "choice": {k: r.choice for k, r in results.items() if r.choice},
             "max_deferral_steps": {k: r.max_deferral_steps for k, r in results.items()},
             "lost_dup_stale": sum(r.lost + r.duplicated + r.stale for r in results.values()),
-            "final_m": {k: r.records[-1].next_m for k, r in results.items() if k.startswith("tailsieve")}}
+            "final_m": {k: r.records[-1].next_m for k, r in results.items() if k.startswith("tailsieve")},
+            "variant": job["variant"]}
 
 
 def prompt_share_fields(share: float | None) -> dict:
@@ -127,12 +127,12 @@ def table(rows: list[dict]) -> str:
         ceilings = [r["choice"]["clairvoyant-split"] for r in cr if "clairvoyant-split" in r["choice"]]
         if ceilings:
             out.append(f"  clairvoyant-split (on the best stock engine) per seed: {'; '.join(ceilings)}")
-        out.append(f"  {'policy':<22}{'vs stock verl':>22}{'vs best stock':>22}{'max deferral':>14}{'final m':>10}")
+        out.append(f"  {'policy':<26}{'vs stock verl':>22}{'vs best stock':>22}{'max deferral':>14}{'final m':>10}")
         for name in names:
             a = np.array([r["speedup_vs_verl"][name] for r in cr])
             b = np.array([r["speedup_vs_best_stock"][name] for r in cr])
             m = [r["final_m"].get(name) for r in cr]
-            out.append(f"  {name:<22}{a.mean():>13.3f} [{a.min():.3f}]{b.mean():>13.3f} [{b.min():.3f}]"
+            out.append(f"  {name:<26}{a.mean():>13.3f} [{a.min():.3f}]{b.mean():>13.3f} [{b.min():.3f}]"
                        f"{max(r['max_deferral_steps'][name] for r in cr):>14}"
                        f"{('-' if m[0] is None else f'{np.mean(m):.1f}'):>10}")
     out.append(f"\nlost + duplicated + stale prompts over all runs: {sum(r['lost_dup_stale'] for r in rows)}; "
@@ -194,12 +194,19 @@ def main() -> None:
     ap.add_argument("--pool", type=int, default=4096)
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--fallback-only", action="store_true",
-                    help="run only the stock configurations, tailsieve-spec and tailsieve-auto (about half the time)")
+                    help="run only the stock configurations, tailsieve-spec, tailsieve-auto and the two runs on the "
+                         "best stock engine (about half the time)")
     ap.add_argument("--sensitivity", action="store_true",
                     help="run every sensitivity of SENSITIVITY (acceptance ±0.1, decay, prompt share) instead of the "
                          "defaults, with --fallback-only's policies; one line per (sensitivity, cell)")
     ap.add_argument("--out", default="", help="stem: writes STEM.json and STEM.txt")
+    ap.add_argument("--render", default="", metavar="ROWS",
+                    help="run nothing: print (and with --out write) the table of saved rows, a STEM.json or the "
+                         "STEM.partial.jsonl of a run stopped early (the (cell, seed) runs that finished)")
     args = ap.parse_args()
+    if args.render:
+        render(Path(args.render), args.out)
+        return
     batch, n = (int(x) for x in args.shape.split("x"))
     base = dict(steps=args.steps, batch=batch, n=n, pool=args.pool, engine=args.engine, cap=args.cap,
                 half_life=args.half_life, fallback_only=args.fallback_only or args.sensitivity,
@@ -216,15 +223,31 @@ def main() -> None:
             if partial:
                 with partial.open("a") as f:
                     f.write(json.dumps(row) + "\n")
-    for row, job in zip(rows, jobs):
-        row["variant"] = job["variant"]
     text = ((sensitivity_table(rows) if args.sensitivity else table(rows)) + f"\ntotal wall {time.time() - t0:.0f} s with --jobs {args.jobs}\n"
             f"command: python scripts/experiments/strongest_stock.py {' '.join(sys.argv[1:])}")
-    print(text)
-    if args.out:
-        Path(args.out + ".json").write_text(json.dumps(rows, indent=1))
-        Path(args.out + ".txt").write_text(text + "\n")
+    write(rows, text, args.out)
+    if partial:
         partial.unlink(missing_ok=True)
+
+
+def render(path: Path, out: str) -> None:
+    """The table of rows saved by an earlier run (a JSON list, or JSON lines as the partial file has)."""
+    raw = path.read_text()
+    rows = json.loads(raw) if path.suffix == ".json" else [json.loads(line) for line in raw.splitlines() if line.strip()]
+    if not rows:
+        raise SystemExit(f"{path}: no rows")
+    sensitivity = any(r.get("variant", "default") != "default" for r in rows)
+    text = ((sensitivity_table(rows) if sensitivity else table(rows))
+            + f"\nrendered from {path.name}: the {len(rows)} (cell, seed) runs it holds\n"
+            f"command: python scripts/experiments/strongest_stock.py {' '.join(sys.argv[1:])}")
+    write(rows, text, out)
+
+
+def write(rows: list[dict], text: str, out: str) -> None:
+    print(text)
+    if out:
+        Path(out + ".json").write_text(json.dumps(rows, indent=1))
+        Path(out + ".txt").write_text(text + "\n")
 
 
 if __name__ == "__main__":
