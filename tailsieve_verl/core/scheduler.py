@@ -315,9 +315,14 @@ class ReplicaScheduler:
         """Play out the refill admissions of ``waiting[pos:until]`` (see :meth:`_refill_span`): the next
         position in the queue and the clock index of its admission, None once the queue ran out (the
         heap then holds the finishes)."""
-        # without an acceptance decay every request gains the same tokens per step: price it once
-        flat = (float(self.spec.tokens_per_step(k, 0.0)) if k else 1.0) if (
-            not k or self.spec.acceptance_half_life is None) else None
+        # without speculation, or without an acceptance decay, every request gains the same tokens per
+        # step: price it once (None: per request, at its mid-way context)
+        if not k:
+            flat = 1.0
+        elif self.spec.acceptance_half_life is None:
+            flat = float(self.spec.tokens_per_step(k, 0.0))
+        else:
+            flat = None
         while pos < len(waiting):
             if pos >= until:
                 return pos, heap[0]
