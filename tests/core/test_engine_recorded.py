@@ -54,16 +54,51 @@ def replica_workload(seed: int = 3, groups: int = 40, n: int = 8):
     return lengths, np.repeat(prompts, n), np.repeat(np.arange(len(gs)), n)
 
 
-def run_replica(engine: EngineConfig) -> dict:
-    lengths, prompts, groups = replica_workload()
-    run = simulate_replica(lengths, PERF, prompts, engine, groups)
+def fuzz_case(seed: int):
+    """A small random replica under random limits (the span tests' fuzz cases, kept with their
+    recorded runs: requests of length 0, tiny KV, dyadic and schedule speculation, decay)."""
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 70))
+    lengths = rng.integers(0, 300, size=n)
+    lengths[rng.random(n) < 0.1] = 0
+    prompts = rng.integers(1, 200, size=n)
+    groups = np.repeat(np.arange(n), rng.integers(1, 6, size=n))[:n]
+    prompts = prompts[groups]  # a group shares its prompt
+    block = int(rng.choice([4, 16]))
+    need = int(np.ceil((prompts + lengths + 4) / block).max())
+    spec = None
+    if seed % 3 == 0:
+        spec = SpeculativeConfig(3, (0.5, 0.75) if seed % 2 else (0.85, 0.8),
+                                 schedule=((1, 4, 3), (5, 16, 1), (17, 64, 0)) if seed % 4 == 0 else (),
+                                 acceptance_half_life=300.0 if seed % 9 == 0 else None)
+    cfg = EngineConfig(max_num_seqs=int(rng.integers(1, 40)),
+                       num_gpu_blocks=None if seed % 5 == 0 else need + int(rng.integers(0, 3 * need)),
+                       block_size=block,
+                       max_num_batched_tokens=None if seed % 7 == 0 else int(rng.integers(64, 600)),
+                       enable_prefix_caching=seed % 2 == 0, prefill_s_per_token=1e-5 * (seed % 4),
+                       speculative=spec)
+    return lengths, prompts, groups, cfg
+
+
+FUZZ_SEEDS = [*range(60), 1010, 1114, 1210, 1342, 2484, 2844, 2880]
+FUZZ_PERF = parse_perf_model("table:h200-dense")
+
+
+def run_fuzz(seed: int) -> dict:
+    lengths, prompts, groups, cfg = fuzz_case(seed)
+    return run_replica(cfg, (lengths, prompts, groups), FUZZ_PERF)
+
+
+def run_replica(engine: EngineConfig, workload=None, perf=PERF) -> dict:
+    lengths, prompts, groups = workload or replica_workload()
+    run = simulate_replica(lengths, perf, prompts, engine, groups)
     ev = run.events
     times = np.linspace(0, run.completion_s, 9)[1:-1]
     return {"completion_s": run.completion_s, "steps": run.steps, "finish_s": run.finish_s.tolist(),
             "admit_s": run.admit_s.tolist(), "preemptions": ev.preemptions, "queue_wait_s": ev.queue_wait_s,
             "tokens_recomputed": ev.tokens_recomputed, "prefill_tokens": ev.prefill_tokens,
             "spec_accepted_tokens": ev.spec_accepted_tokens, "spec_draft_tokens": ev.spec_draft_tokens,
-            "tokens_at": [run.progress.tokens_at(t).astype(int).tolist() for t in times]}
+            "tokens_at": [] if run.progress is None else [run.progress.tokens_at(t).astype(int).tolist() for t in times]}
 
 
 SIM_POLICIES = ("verl", "uniform", "tailsieve-fixed", "tailsieve", "verl-dynsd", "tailsieve-spec", "clairvoyant-split")
@@ -87,6 +122,7 @@ def run_sim(name: str, cfg: sim.SimConfig) -> dict:
 
 def record() -> None:
     out = {"replica": {name: run_replica(engine) for name, engine in replica_cells().items()},
+           "fuzz": {str(seed): run_fuzz(seed) for seed in FUZZ_SEEDS},
            "sim": {name: run_sim(name, cfg) for name, cfg in sim_cells().items()}}
     RECORDED.write_text(json.dumps(out), encoding="utf-8")
 
@@ -98,7 +134,15 @@ def recorded() -> dict:
 
 @pytest.mark.parametrize("name", sorted(replica_cells()))
 def test_one_replica_gives_the_recorded_run(recorded, name):
-    want, got = recorded["replica"][name], run_replica(replica_cells()[name])
+    assert_same_replica_run(run_replica(replica_cells()[name]), recorded["replica"][name])
+
+
+@pytest.mark.parametrize("seed", FUZZ_SEEDS)
+def test_random_small_replicas_give_the_recorded_runs(recorded, seed):
+    assert_same_replica_run(run_fuzz(seed), recorded["fuzz"][str(seed)])
+
+
+def assert_same_replica_run(got: dict, want: dict) -> None:
     for key in ("steps", "preemptions", "tokens_recomputed", "prefill_tokens", "tokens_at"):
         assert got[key] == want[key], key
     for key in ("completion_s", "finish_s", "admit_s", "queue_wait_s", "spec_accepted_tokens", "spec_draft_tokens"):
