@@ -599,15 +599,6 @@ class ReplicaScheduler:
             if extra is not None:
                 self.held[run] += extra
                 self.used += int(extra.sum())
-        elif extra is not None and len(run) * (1 + k) <= budget:  # all decoding, blocks short: preempt
-            keep = self._preemptions_needed(run, extra)
-            preempted = keep < len(run)
-            for _ in range(len(run) - keep):
-                self._preempt_newest()
-            decoding = run[:keep]
-            budget -= keep * (1 + k)
-            self.held[decoding] += extra[:keep]
-            self.used += int(extra[:keep].sum())
         else:
             scheduled: list[int] = []
             idx = 0
@@ -639,16 +630,6 @@ class ReplicaScheduler:
         if not preempted:
             self._admit(budget, k, chunks)
         self._execute(decoding, chunks, k)
-
-    def _preemptions_needed(self, run: np.ndarray, extra: np.ndarray) -> int:
-        """How many running requests keep their place when each, oldest first, takes ``extra`` blocks
-        and a shortfall preempts the newest (whose blocks come free) until it fits: vLLM's walk ends
-        with the fewest preemptions m for which the first b − m requests' blocks fit in what is free
-        plus what the last m held. Returns b − m."""
-        b = len(run)
-        need = np.concatenate([[0], np.cumsum(extra)])[::-1]  # need[m]: blocks the first b − m take
-        freed = np.concatenate([[0], np.cumsum(self.held[run][::-1])])  # freed[m]: held by the last m
-        return b - int(np.argmax(need <= self.capacity - self.used + freed))
 
     def _admit(self, budget: float, k: int, chunks: list[tuple[int, int]]) -> None:
         """FCFS admission of waiting requests (``chunks`` receives their first prefill chunk)."""

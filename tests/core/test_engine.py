@@ -56,6 +56,18 @@ def test_the_requester_preempts_itself_when_it_is_the_newest():
     assert (r.events.preemptions, r.events.tokens_recomputed) == (1, 9)
 
 
+def test_preempting_a_groups_last_holder_frees_its_prompt_blocks():
+    # block 4, 15 blocks; three single-request groups, prompt 17 (4 shared prompt blocks + 1 private
+    # each: 15 used). At 4 generated tokens all three need a 6th block, none free: #0 asks, the newest
+    # (#2) is preempted and frees its private block and, as its group's last holder, its 4 prompt
+    # blocks; #0 and #1 take theirs from those. One preemption, as vLLM's walk does it (the scheduler
+    # once credited only the private blocks and preempted #1 as well).
+    r = run([5, 5, 5], [17, 17, 17], EngineConfig(num_gpu_blocks=15, block_size=4), groups=[0, 1, 2],
+            perf=LinearPerf(0.01, 0.0))
+    assert r.events.preemptions == 1
+    np.testing.assert_allclose(r.finish_s, [0.05, 0.05, 0.06])  # #2: re-admitted at step 5, prefills, emits its 5th
+
+
 def test_chunked_prefill_within_the_token_budget():
     # budget 8, 0.5 s per prefilled token. Step 0: 8 of #0's 10 prompt tokens (no token emitted): 4 s.
     # Step 1: #0's last 2 tokens + #1's 3 (both emit their first token): 1 s + 2.5 s. Step 2: both

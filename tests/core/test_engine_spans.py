@@ -70,27 +70,3 @@ def test_shortcuts_match_the_step_by_step_walk(seed):
         np.testing.assert_allclose(run.events.spec_accepted_tokens, ref.events.spec_accepted_tokens, rtol=1e-12)
         for t in np.linspace(0, ref.completion_s, 7):
             np.testing.assert_array_equal(run.progress.tokens_at(t), ref.progress.tokens_at(t))
-
-
-@pytest.mark.parametrize("seed", range(30))
-def test_vectorised_preemption_matches_vllms_walk(seed):
-    # vLLM: oldest first, each request takes its new blocks; short of blocks, pop the newest (freeing
-    # what it held) until the request fits or is itself popped
-    rng = np.random.default_rng(seed)
-    b = int(rng.integers(1, 30))
-    held = rng.integers(0, 6, size=b)
-    extra = rng.integers(0, 3, size=b)
-    free = int(rng.integers(0, 8))
-    sched = ReplicaScheduler(np.ones(b, dtype=np.int64), np.ones(b, dtype=np.int64), None,
-                             EngineConfig(num_gpu_blocks=int(held.sum()) + free + 100))
-    sched.held[:] = held
-    sched.used = int(held.sum()) + 100  # leaves `free` blocks
-    idx, tail, left = 0, b, free
-    while idx < tail:
-        if extra[idx] <= left:
-            left -= extra[idx]
-            idx += 1
-        else:
-            tail -= 1
-            left += held[tail]
-    assert sched._preemptions_needed(np.arange(b), extra) == tail
