@@ -45,11 +45,20 @@ TRAIN_BATCH_SIZE=${TRAIN_BATCH_SIZE:-64}
 MTP_SCHEDULE=${MTP_SCHEDULE:-[[1,64,3],[65,128,1],[129,256,0]]}
 DFLASH_TOKENS=${DFLASH_TOKENS:-8}
 
+# The code workload's reward runs model-written code in a sandbox (tailsieve_verl/code_sandbox.py):
+# stop before launch, with one line, where this node cannot isolate it (docs/usage.md, "Code reward
+# isolation"; TAILSIEVE_UNISOLATED_CODE_REWARD=1 opts into the unisolated runner).
+require_code_isolation() {
+  if [[ "${TAILSIEVE_PRINT_ARGS:-0}" != "1" ]]; then
+    "${PYTHON}" -m tailsieve_verl.code_sandbox --check-isolation || exit 1
+  fi
+}
+
 # One sampling configuration per workload, shared by every recipe, baseline and variant alike
 # (matched sampling). n = 8 responses per prompt group.
 case "${WORKLOAD}" in
   math) MAX_PROMPT_LENGTH=1024; MAX_RESPONSE_LENGTH=8192; STOP="['<END>']" ;;
-  code) MAX_PROMPT_LENGTH=1024; MAX_RESPONSE_LENGTH=4096; STOP="[]" ;;
+  code) MAX_PROMPT_LENGTH=1024; MAX_RESPONSE_LENGTH=4096; STOP="[]"; require_code_isolation ;;
   *) echo "${RECIPE_NAME}: WORKLOAD must be math or code, got '${WORKLOAD}'" >&2; exit 2 ;;
 esac
 ROLLOUT_N=8

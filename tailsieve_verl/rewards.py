@@ -12,9 +12,9 @@ recipes through ``reward.custom_reward_function.path=<this file> ...name=compute
 * ``tailsieve_code``: bounded reasoning (reasoning, correctness, edge cases, complexity), then
   exactly one complete Python function in one fenced block. Reward = 1 if the function passes
   every test (``assert`` lines), else 0; a response with zero or several code blocks or functions
-  scores 0. The tests run in a separate, isolated Python process with CPU, memory and wall-clock
-  limits — a guard against runaway code, not a security sandbox (use verl's sandbox_fusion
-  reward for untrusted settings).
+  scores 0. The tests run in a sandbox (:mod:`tailsieve_verl.code_sandbox`: no network, no host
+  files, a private ``/tmp``, bounded processes, CPU, memory and wall-clock limits); where the node
+  cannot isolate, the reward refuses with one line unless ``TAILSIEVE_UNISOLATED_CODE_REWARD=1``.
 """
 
 from __future__ import annotations
@@ -28,6 +28,8 @@ import sys
 import tempfile
 from fractions import Fraction
 from typing import Any
+
+from tailsieve_verl.code_sandbox import UNISOLATED_ENV, isolation_problem, run_isolated
 
 MATH_DATA_SOURCE = "tailsieve_math"
 CODE_DATA_SOURCE = "tailsieve_code"
@@ -160,8 +162,20 @@ def _limit_child_resources() -> None:  # runs in the child between fork and exec
 
 
 def run_function_tests(code: str, entry_point: str, tests: list[str], timeout_s: float = CODE_TIMEOUT_S) -> bool:
-    """True if ``code`` defines ``entry_point`` and every test passes in an isolated interpreter."""
+    """True if ``code`` defines ``entry_point`` and every test passes, run in the sandbox; on a node
+    that cannot isolate, refuses with one line unless the user opted into the unisolated runner."""
     program = "\n".join([code, "", f"assert callable({entry_point})", *tests, ""])
+    problem = isolation_problem()
+    if problem is None:
+        return run_isolated(program, timeout_s, CODE_CPU_LIMIT_S, CODE_MEMORY_LIMIT_BYTES).returncode == 0
+    if os.environ.get(UNISOLATED_ENV) != "1":
+        raise RuntimeError(problem)
+    return run_unisolated(program, timeout_s)
+
+
+def run_unisolated(program: str, timeout_s: float = CODE_TIMEOUT_S) -> bool:
+    """The opt-in runner for nodes without isolation: a separate interpreter with CPU, memory and
+    wall-clock limits only. It sees the node's network and every file the trainer's user can."""
     with tempfile.TemporaryDirectory(prefix="tailsieve_code_") as workdir:
         path = os.path.join(workdir, "candidate.py")
         with open(path, "w", encoding="utf-8") as f:

@@ -1,0 +1,232 @@
+"""The code reward runs model-written code isolated: hostile candidates score 0 and leave the machine
+as it was (files, the home folder, loopback listeners, processes, the trainer itself); legitimate
+candidates still pass; a node that cannot isolate refuses at launch and in the reward, with one
+line, unless the user opts into the unisolated runner."""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from tailsieve_verl import code_sandbox, rewards
+
+ROOT = Path(__file__).resolve().parents[2]
+PREAMBLE = "Reasoning: add.\nCorrectness: trivial.\nEdge cases: negatives.\nComplexity: O(1).\n"
+TESTS = ["assert add(1, 2) == 3", "assert add(-1, 1) == 0"]
+
+def candidate(*body: str, imports: str = "import os") -> str:
+    """A response whose only function is a correct ``add`` that first runs ``body``: it scores 1
+    exactly when every hostile step in ``body`` succeeds."""
+    lines = "\n".join(f"    {line}" for line in body)
+    return PREAMBLE + f"```python\n{imports}\n\ndef add(a, b):\n{lines}\n    return a + b\n```"
+
+
+def score(response: str) -> float:
+    return rewards.compute_score(rewards.CODE_DATA_SOURCE, response,
+                                 json.dumps({"entry_point": "add", "tests": TESTS}))
+
+
+def sandbox_processes() -> list[int]:
+    """Host PIDs of processes running as a sandbox user id (a candidate or anything it started)."""
+    found = []
+    for status in Path("/proc").glob("[0-9]*/status"):
+        try:
+            uid = int(next(line for line in status.read_text().splitlines() if line.startswith("Uid:")).split()[1])
+        except (OSError, StopIteration):
+            continue
+        if code_sandbox.SANDBOX_UID_BASE <= uid < code_sandbox.SANDBOX_UID_BASE + code_sandbox.SANDBOX_UID_SPAN:
+            found.append(int(status.parent.name))
+    return found
+
+
+@pytest.fixture(autouse=True)
+def no_process_left_behind():
+    assert sandbox_processes() == []
+    yield
+    assert sandbox_processes() == []
+
+
+# ---------------------------------------------------------------------------------------------
+# legitimate candidates
+
+
+def test_legitimate_candidates_still_pass():
+    assert score(candidate("pass")) == 1.0
+    uses_stdlib_threads_and_its_folder = candidate(
+        "import collections, functools, heapq, itertools, json, math, random, re, tempfile, threading",
+        "t = threading.Thread(target=lambda: None); t.start(); t.join()",
+        "with tempfile.NamedTemporaryFile('w') as f: f.write(json.dumps([math.pi, random.random()]))",
+        "open('scratch.txt', 'w').write('mine')",
+        "assert open('scratch.txt').read() == 'mine'")
+    assert score(uses_stdlib_threads_and_its_folder) == 1.0
+    assert score(candidate("return a - b")) == 0.0
+
+
+def test_candidate_folder_leaves_nothing_on_the_host():
+    marker = f"tailsieve_marker_{os.getpid()}_{time.time_ns()}"
+    assert score(candidate(f"open('/tmp/{marker}', 'w').write('x')", f"open('{marker}', 'w').write('x')")) == 1.0
+    host_tmp = Path(tempfile.gettempdir())
+    assert not list(host_tmp.glob(f"{marker}")) and not list(host_tmp.glob(f"*/{marker}"))
+
+
+# ---------------------------------------------------------------------------------------------
+# hostile candidates: each scores 0 and the machine is as it was
+
+
+def test_writing_outside_its_folder_scores_zero_and_writes_nothing(tmp_path):
+    target = tmp_path / "written_by_candidate"
+    assert score(candidate(f"open({str(target)!r}, 'w').write('pwned')")) == 0.0
+    assert score(candidate("open('/usr/written_by_candidate', 'w').write('pwned')")) == 0.0
+    assert not target.exists() and not Path("/usr/written_by_candidate").exists()
+
+
+def test_deleting_outside_its_folder_scores_zero_and_deletes_nothing(tmp_path):
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me")
+    tree = tmp_path / "tree"
+    (tree / "sub").mkdir(parents=True)
+    (tree / "sub" / "data").write_text("keep me too")
+    assert score(candidate(f"os.remove({str(victim)!r})")) == 0.0
+    assert score(candidate(f"shutil.rmtree({str(tree)!r})", imports="import shutil")) == 0.0
+    assert victim.read_text() == "keep me" and (tree / "sub" / "data").read_text() == "keep me too"
+
+
+def test_reading_the_home_folder_or_the_checkout_scores_zero():
+    with tempfile.NamedTemporaryFile("w", dir=Path.home(), prefix=".tailsieve_secret_") as secret:
+        secret.write("token")
+        secret.flush()
+        assert score(candidate(f"assert open({secret.name!r}).read() == 'token'")) == 0.0
+        listed = f"assert {os.path.basename(secret.name)!r} in os.listdir({str(Path.home())!r})"
+        assert score(candidate(listed)) == 0.0
+    assert score(candidate(f"open({str(ROOT / 'setup.py')!r}).read()")) == 0.0
+
+
+def test_connecting_to_a_loopback_listener_scores_zero_and_connects_nothing():
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        assert score(candidate(f"socket.create_connection(('127.0.0.1', {port}), timeout=2).close()",
+                               imports="import socket")) == 0.0
+        listener.setblocking(False)
+        with pytest.raises(BlockingIOError):
+            listener.accept()
+
+
+def forking(children: int | bool) -> str:
+    """A candidate that starts ``children`` sleeping children (``True``: until refused)."""
+    loop = "while True:" if children is True else f"for _ in range({children}):"
+    return candidate(loop, "    if os.fork() == 0:", "        time.sleep(60)", "        os._exit(0)",
+                     imports="import os, time")
+
+
+def test_forking_is_bounded_and_cleaned_up():
+    assert score(forking(8)) == 1.0  # a few processes are fine (and killed when the candidate ends)
+    assert score(forking(code_sandbox.SANDBOX_PROCESSES)) == 0.0
+    assert score(forking(True)) == 0.0
+    classic_bomb = candidate("while True:", "    os.fork()")
+    assert score(classic_bomb) == 0.0
+
+
+def processes_named(name: str) -> list[int]:
+    return [int(comm.parent.name) for comm in Path("/proc").glob("[0-9]*/comm")
+            if comm.exists() and comm.read_text().strip() == name]
+
+
+def test_sleeping_past_the_limit_is_killed_with_its_whole_tree():
+    name = f"ts{time.time_ns() % 10**12}"  # the sleepers rename themselves (comm) so the test can find them
+    sleeper = candidate(
+        f"ctypes.CDLL(None).prctl(15, {name.encode()!r})",
+        "if os.fork() == 0:",
+        "    os.setsid()",
+        "    time.sleep(600)",
+        "time.sleep(600)", imports="import ctypes, os, time")
+    start = time.monotonic()
+    assert rewards.run_function_tests(rewards.extract_single_function(sleeper), "add", TESTS, timeout_s=1.0) is False
+    assert time.monotonic() - start < 1.0 + code_sandbox.HOST_GRACE_S
+    assert processes_named(name) == []
+
+
+def test_allocating_past_the_memory_limit_scores_zero():
+    assert score(candidate(f"x = bytearray({2 * rewards.CODE_MEMORY_LIMIT_BYTES})")) == 0.0
+
+
+def test_signalling_its_parent_or_the_trainer_scores_zero_and_reaches_neither():
+    received = []
+    previous = signal.signal(signal.SIGUSR1, lambda *_: received.append(1))
+    try:
+        assert score(candidate("os.kill(os.getppid(), signal.SIGUSR1)", imports="import os, signal")) == 0.0
+        assert score(candidate(f"os.kill({os.getpid()}, signal.SIGUSR1)", imports="import os, signal")) == 0.0
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+    assert received == []
+
+
+def test_reaching_the_trainers_session_keyring_scores_zero():
+    from tailsieve_verl.sandbox_init import SYS_KEYCTL
+
+    keyctl = SYS_KEYCTL[os.uname().machine]
+    session = ctypes.CDLL(None).syscall(keyctl, 0, -3, 0)  # KEYCTL_GET_KEYRING_ID, KEY_SPEC_SESSION_KEYRING
+    assert session > 0
+    assert score(candidate(f"assert ctypes.CDLL(None).syscall({keyctl}, 0, -3, 0) == {session}",
+                           imports="import ctypes")) == 0.0
+
+
+# ---------------------------------------------------------------------------------------------
+# a node that cannot isolate: refuse, or run unisolated only when the user says so
+
+
+@pytest.fixture
+def node_without_unshare(tmp_path, monkeypatch):
+    """PATH with every command of /usr/bin except util-linux ``unshare``."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in Path("/usr/bin").iterdir():
+        if tool.name != "unshare":
+            (bin_dir / tool.name).symlink_to(tool)
+    monkeypatch.setenv("PATH", str(bin_dir))
+    monkeypatch.delenv(code_sandbox.UNISOLATED_ENV, raising=False)
+    code_sandbox.isolation_problem.cache_clear()
+    yield os.environ.copy()
+    code_sandbox.isolation_problem.cache_clear()
+
+
+def test_reward_refuses_without_isolation_unless_opted_in(node_without_unshare, monkeypatch):
+    with pytest.raises(RuntimeError, match=r"isolation unavailable: util-linux `unshare` is not on PATH.*"
+                                           + code_sandbox.UNISOLATED_ENV + "=1") as refused:
+        score(candidate("pass"))
+    assert "\n" not in str(refused.value)
+    monkeypatch.setenv(code_sandbox.UNISOLATED_ENV, "1")
+    assert score(candidate("pass")) == 1.0 and score(candidate("return a - b")) == 0.0
+
+
+def check_isolation(env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "tailsieve_verl.code_sandbox", "--check-isolation"],
+                          env=env, capture_output=True, text=True, timeout=60)
+
+
+def test_check_isolation_passes_here_and_refuses_without_unshare(node_without_unshare):
+    assert check_isolation(dict(os.environ, PATH="/usr/bin:/bin")).returncode == 0
+    refused = check_isolation(node_without_unshare)
+    assert refused.returncode == 1 and len(refused.stderr.strip().splitlines()) == 1
+    assert "isolation unavailable" in refused.stderr and code_sandbox.UNISOLATED_ENV in refused.stderr
+    opted_in = check_isolation(dict(node_without_unshare, **{code_sandbox.UNISOLATED_ENV: "1"}))
+    assert opted_in.returncode == 0 and "UNISOLATED" in opted_in.stderr
+
+
+def test_code_recipe_stops_at_launch_without_isolation(node_without_unshare):
+    env = dict(node_without_unshare, PYTHON=sys.executable, WORKLOAD="code", TAILSIEVE_DRY_RUN="1")
+    proc = subprocess.run(["bash", str(ROOT / "recipes" / "qwen3-8b_verl.sh")], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1 and "isolation unavailable" in proc.stderr
+    assert "Traceback" not in proc.stderr and proc.stdout == ""
