@@ -90,6 +90,11 @@ def test_writing_outside_its_folder_scores_zero_and_writes_nothing(tmp_path):
     assert not target.exists() and not Path("/usr/written_by_candidate").exists()
 
 
+def test_filling_its_folder_stops_at_its_size():
+    fill = f"open('/tmp/big', 'wb').write(bytes({2 * code_sandbox.SANDBOX_WORK_BYTES}))"
+    assert score(candidate(fill)) == 0.0
+
+
 def test_deleting_outside_its_folder_scores_zero_and_deletes_nothing(tmp_path):
     victim = tmp_path / "victim.txt"
     victim.write_text("keep me")
