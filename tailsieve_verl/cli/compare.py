@@ -21,7 +21,7 @@ from .checks import IMAGE_SUFFIXES, output_file
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
-        "compare", help="compare verl runs (generation/step time, speedup, reward, response length) from their logs",
+        "compare", help="compare verl runs (generation/step time, speedup, reward, response length, validation scores) from their logs",
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("runs", nargs="+", metavar="RUN", help="run log: file-logger JSONL, tensorboard dir, console log")
     p.add_argument("--names", help="comma-separated display names, one per run (default: file or directory name)")
@@ -81,6 +81,14 @@ def warn_repeated_steps(run: RunLog) -> None:
           "keeping the last record of each", file=sys.stderr)
 
 
+def _validation_cell(score: list | None) -> str:
+    """A held-out score's first and last validation, with their steps."""
+    if score is None:
+        return "n/a"
+    first_step, first, last_step, last = score
+    return f"{first:.3f} (step {first_step}) -> {last:.3f} (step {last_step})"
+
+
 def _fmt(value: float, digits: int = 2) -> str:
     return "n/a" if math.isnan(value) else f"{value:.{digits}f}"
 
@@ -90,11 +98,12 @@ def _print_table(summaries, baseline: int, steps: list[int], extra: list[str]) -
     from rich.table import Table
 
     table = Table(title=f"steps {steps[0]}..{steps[-1]} ({len(steps)} common), baseline: {summaries[baseline].name}")
+    held_out = sorted({key for s in summaries for key in s.validation})
     for column in ("run", "log", "gen time (s)", "step time (s)", "gen speedup", "step speedup", "reward",
-                   "resp. length", *extra):
+                   "resp. length", *extra, *(f"val {key} (first -> last)" for key in held_out)):
         table.add_column(column, justify="left" if column in ("run", "log") else "right")
     for s in [summaries[baseline]] + [x for i, x in enumerate(summaries) if i != baseline]:  # baseline first
         table.add_row(s.name, s.fmt, _fmt(s.gen_s), _fmt(s.step_s), f"{_fmt(s.gen_speedup, 3)}x",
                       f"{_fmt(s.step_speedup, 3)}x", _fmt(s.reward, 4), _fmt(s.response_length, 1),
-                      *(_fmt(s.extra[k], 3) for k in extra))
+                      *(_fmt(s.extra[k], 3) for k in extra), *(_validation_cell(s.validation.get(k)) for k in held_out))
     Console(width=160).print(table)

@@ -15,7 +15,10 @@ Formats, as written by ``verl/utils/tracking.py`` (``trainer.logger``):
 
 The metrics compared are verl's own: ``timing_s/gen`` (the V1 trainer times the replay-buffer
 sample, i.e. the whole rollout, as "gen"), ``timing_s/step``, ``critic/score/mean`` (reward before
-KL) and ``response_length/mean``. Runs are compared over the steps they all logged.
+KL) and ``response_length/mean``. Runs are compared over the steps they all logged. Next to them, the
+held-out scores verl's ``_validate`` logs (``val-core/<data_source>/<variable>/<metric>``, e.g.
+``val-core/tailsieve_math/reward/mean@1``): each run's first and last validation (``trainer.val_before_train``
+logs one at step 0, ``trainer.test_freq`` the later ones), which need not fall on common steps.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ STEP_TIME = "timing_s/step"
 REWARD = "critic/score/mean"
 RESPONSE_LENGTH = "response_length/mean"
 COMPARED = (GEN_TIME, STEP_TIME, REWARD, RESPONSE_LENGTH)
+VALIDATION_PREFIX = "val-core/"
 
 # verl's TaskRunner is a Ray actor, so its console lines reach the driver's stdout with Ray's
 # "(TaskRunnerV1 pid=123, ip=...)" prefix, often colour-coded.
@@ -243,6 +247,8 @@ class RunSummary:
     gen_speedup: float  # baseline mean gen time / this run's
     step_speedup: float
     extra: dict[str, float] = field(default_factory=dict)
+    # held-out scores: metric (without "val-core/") -> [first step, its value, last step, its value]
+    validation: dict[str, list] = field(default_factory=dict)
 
     def to_json(self) -> dict:
         return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in self.__dict__.items()}
@@ -258,6 +264,16 @@ def parse_step_range(text: str | None) -> tuple[int | None, int | None]:
     except ValueError:
         raise CompareError(f"--steps {text!r}: expected A:B, A: or :B with integer steps") from None
     return bounds
+
+
+def validation_scores(run: RunLog) -> dict[str, list]:
+    """Each ``val-core/*`` metric's first and last logged validation: [step, value, step, value]."""
+    scores = {}
+    for key, values in sorted(run.series.items()):
+        if key.startswith(VALIDATION_PREFIX) and values:
+            first, last = min(values), max(values)
+            scores[key[len(VALIDATION_PREFIX):]] = [first, values[first], last, values[last]]
+    return scores
 
 
 def common_steps(runs: Sequence[RunLog], skip: int = 0, step_range: tuple[int | None, int | None] = (None, None)) -> list[int]:
@@ -311,6 +327,6 @@ def compare_runs(runs: Sequence[RunLog], baseline: int = 0, skip: int = 0,
             reward=m[REWARD], response_length=m[RESPONSE_LENGTH],
             gen_speedup=base[GEN_TIME] / m[GEN_TIME] if m[GEN_TIME] > 0 else math.nan,
             step_speedup=base[STEP_TIME] / m[STEP_TIME] if m[STEP_TIME] > 0 else math.nan,
-            extra={key: m[key] for key in extra_keys},
+            extra={key: m[key] for key in extra_keys}, validation=validation_scores(run),
         ))
     return steps, summaries

@@ -196,3 +196,33 @@ def test_stock_verl_run_is_the_default_baseline_and_listed_first(capsys):
     _print_table(summaries, 1, steps, [])
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("│")]
     assert rows[0].split("│")[1].strip() == "verl"
+
+
+def test_validation_scores_are_shown_first_and_last_next_to_the_generation_time(tmp_path, capsys):
+    """Issue 31: an A/B of the recipes reports each arm's held-out score, as verl's _validate logs it
+    (val_before_train at step 0, then every test_freq steps), beside the generation time."""
+    from verl.utils.tracking import Tracking
+
+    key = "val-core/tailsieve_math/reward/mean@1"
+    paths = []
+    for name, scores in (("verl", {0: 0.25, 2: 0.5}), ("tailsieve", {0: 0.25, 2: 0.375})):
+        path = tmp_path / f"{name}.jsonl"
+        os_env = {"VERL_FILE_LOGGER_PATH": str(path)}
+        with pytest.MonkeyPatch.context() as mp:
+            for k, v in os_env.items():
+                mp.setenv(k, v)
+            tracker = Tracking("tailsieve", name, default_backend=["file"])
+            tracker.log({key: scores[0]}, step=0)
+            for step in (1, 2):
+                tracker.log({GEN_TIME: 10.0 if name == "verl" else 8.0, STEP_TIME: 12.0}, step=step)
+            tracker.log({key: scores[2]}, step=2)
+            tracker.finish()
+        paths.append(str(path))
+    steps, summaries = compare_runs([read_run(p) for p in paths])
+    assert steps == [1, 2]  # the step-0 validation is not a training step
+    assert summaries[1].validation == {"tailsieve_math/reward/mean@1": [0, 0.25, 2, 0.375]}
+    compare_cli.run(argparse.Namespace(runs=paths, names=None, baseline=None, skip_steps=0, steps=None, metric=[],
+                                       plot=None, json=False))
+    out = capsys.readouterr().out
+    assert "val tailsieve_math/reward/mean@1" in out
+    assert "0.250 (step 0) -> 0.500 (step 2)" in out and "0.250 (step 0) -> 0.375 (step 2)" in out
