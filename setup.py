@@ -10,7 +10,7 @@ setup(
     python_requires=">=3.10",
     packages=find_packages(include=["tailsieve_verl", "tailsieve_verl.*"]),
     package_data={"tailsieve_verl": ["data/*.json", "data/*.jsonl", "config/*.yaml"]},
-    install_requires=["numpy", "scipy", "matplotlib", "rich", "pyarrow"],
+    install_requires=["numpy", "scipy", "matplotlib", "rich", "pyarrow", "numba"],
     extras_require={
         # The verl layer; torch must already be installed (see docs/usage.md: a CPU torch first).
         "verl": ["verl[verl-core]==0.9.1", "hydra-core", "omegaconf"],
