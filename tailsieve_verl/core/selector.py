@@ -18,8 +18,9 @@ batches: a length bias). :attr:`StepOutcome.max_deferral_steps` measures it.
 
 ``a = min(B − 1, ceil(candidate_factor · q))``: with ``candidate_factor`` > 1 the partial rollout
 over-collects candidates and the abort score picks the tail among them — unfinished status is a
-high-recall, low-precision signal. The abort score is the number of response tokens the group had
-generated when it was aborted (finished samples count their full length); a count, never the tokens.
+high-recall, low-precision signal. The abort score is the group's work when it was aborted
+(:func:`group_work`: the tokens the model had generated, finished samples whole); a count, never the
+tokens. Summed over the aborted groups it is the step's wasted work (:attr:`StepOutcome.aborted_work`).
 Tail groups are listed heaviest first, so round-robin over the tail replicas spreads the heavy ones.
 
 So a step consumes ``T + (C − T) + (B − C) = B`` groups. When ``q`` shrinks, the candidates beyond
@@ -96,10 +97,28 @@ class StepOutcome:
     carried_ids: tuple[str, ...]  # aborted at the cutoff, highest abort score first: the next candidates
     policy_version: int
     max_deferral_steps: int = 0  # the most steps a consumed prompt waited since it was first pulled (<= 1)
+    aborted_work: int = 0  # the work the cutoff threw away: the aborted groups' abort scores, summed
 
     @property
     def consumed_ids(self) -> tuple[str, ...]:
         return tuple(c.prompt_id for c in self.consumed)
+
+
+def group_work(sample_tokens: Sequence[int]) -> int:
+    """A group's work: the tokens the model generated for its samples, each over all its turns (an
+    aborted turn's partial tokens included; tool output and other tokens the response mask leaves out,
+    never). For an aborted group, its finished samples whole and the others up to the abort: its abort
+    score, and what the abort wasted. The simulator, the trainer and the length record all count so."""
+    return int(sum(int(x) for x in sample_tokens))
+
+
+def fresh_cutoff(consumed: Sequence, finished: Sequence, fresh_quota: int) -> tuple[list, bool]:
+    """The cutoff rule, one finish at a time: fresh bulk groups are consumed in the order they finish
+    until ``fresh_quota`` are; the cutoff falls when the last of those finishes, and every other fresh
+    group still running is aborted then. ``consumed``: those taken so far; ``finished``: fresh groups
+    seen finished since, in order. Returns (the consumed ones now, whether the cutoff has fallen)."""
+    taken = list(consumed) + list(finished)[: max(0, fresh_quota - len(consumed))]
+    return taken, len(taken) >= fresh_quota
 
 
 @dataclass(frozen=True)
@@ -121,12 +140,13 @@ def bulk_cutoff(bulk_finish_s: Sequence[float], n_requeued: int, fresh_quota: in
     if not 0 <= n_requeued <= len(finish) or not 0 <= fresh_quota <= len(finish) - n_requeued:
         raise SelectorError(f"a cutoff needs 0 <= fresh_quota ({fresh_quota}) <= fresh groups "
                             f"({len(finish) - n_requeued})")
-    fresh = n_requeued + np.argsort(finish[n_requeued:], kind="stable")
-    done, aborted = fresh[:fresh_quota], fresh[fresh_quota:]
-    consumed = np.concatenate([np.arange(n_requeued), done]).astype(np.int64)
-    return Cutoff(float(finish[done[-1]]) if len(done) else 0.0,
-                  float(finish[consumed].max()) if len(consumed) else 0.0,
-                  tuple(int(i) for i in consumed), tuple(sorted(int(i) for i in aborted)))
+    fresh = [int(i) for i in n_requeued + np.argsort(finish[n_requeued:], kind="stable")]
+    done, _ = fresh_cutoff([], fresh, fresh_quota)
+    aborted = fresh[len(done):]
+    consumed = list(range(n_requeued)) + done
+    return Cutoff(float(finish[done[-1]]) if done else 0.0,
+                  float(finish[consumed].max()) if consumed else 0.0,
+                  tuple(consumed), tuple(sorted(aborted)))
 
 
 class TailSelector:
@@ -251,7 +271,8 @@ class TailSelector:
         self.pulled_at = {p: self.pulled_at.get(p, plan.step) for p in carried}
         self.step += 1
         self._open_plan = None
-        return StepOutcome(plan.step, consumed, carried, policy_version, deferral)
+        return StepOutcome(plan.step, consumed, carried, policy_version, deferral,
+                           int(sum(self.scores[p] for p in carried)))
 
     def state_dict(self) -> dict:
         if self._open_plan is not None:

@@ -241,7 +241,7 @@ class StepRecord:
     n_tail: int  # carried groups regenerated this step
     tail_s: float  # tail pool done (0 without a tail pool)
     bulk_s: float  # the bulk pool's end (its last consumed group), or the shared pool's end
-    wasted_tokens: int  # tokens of aborted responses generated before the abort
+    wasted_tokens: int  # the aborted groups' work at the abort (core.selector.StepOutcome.aborted_work)
     consumed_tokens: int
     consumed_lengths: tuple[int, ...]  # response lengths of the B consumed groups (bias monitor)
     replica_busy_s: tuple[float, ...]
@@ -650,7 +650,7 @@ class TailSieveRunner(_Runner):
             spans = _spans(ev, groups, routes, [False] * len(tail) + aborted.tolist(), cut.cutoff_s)
         self.result.records.append(StepRecord(
             step=t, makespan_s=makespan, q=plan.q, m=m, n_tail=len(tail), n_requeued=len(plan.requeued_ids),
-            tail_s=tail_s, bulk_s=cut.bulk_end_s, wasted_tokens=int(sum(scores.values())),
+            tail_s=tail_s, bulk_s=cut.bulk_end_s, wasted_tokens=outcome.aborted_work,
             consumed_tokens=sum(lengths), consumed_lengths=lengths, replica_busy_s=tuple(busy),
             next_q=self.cycle.decision.q, next_m=self.cycle.decision.m, spans=spans))
 

@@ -8,12 +8,13 @@ TransferQueue, per-sample measurements for the controller — on verl's unchange
   (a context variable), so single-turn, tool and user-registered loops all work unchanged.
 * :class:`GroupTaggedClient` (the trainer's ``get_llm_client``) tags each request id with the group
   uid — for the pool router, and for the server, which aborts a group's requests by that tag
-  (``abort_groups``) — and records aborted outputs in the context.
+  (``abort_groups``) — and counts in the context every token the model generates for the sample.
 * A sample whose generation came back aborted raises :class:`SampleAborted` out of the agent loop:
   verl then writes no trajectory for it and marks its group ``failure``, so an aborted trajectory
   never enters TransferQueue; the trainer never selects such a group either.
 * ``tailsieve.stop`` strings are added to every request's sampling params.
-* Each sample's duration and token counts are reported to the router's ledger (worker clock only).
+* Each sample's duration and work (its generated tokens, all turns, aborted ones included) are reported
+  to the router's ledger (worker clock only), whatever the inner loop returns (one output or a list).
 """
 
 from __future__ import annotations
@@ -50,7 +51,10 @@ class GroupContext:
     uid: str
     aborted: bool = False
     failed: bool = False
-    aborted_tokens: int = 0
+    # the sample's work (core.selector.group_work): every token the model generated for it, over all its
+    # turns, an aborted turn's partial tokens included — what its outputs' response_mask marks 1, and
+    # more when a turn was aborted or verl cut the response at response_length
+    generated_tokens: int = 0
     refused: str | None = None  # the engine's reason, when it rejected a request of this sample
 
 
@@ -86,9 +90,9 @@ class GroupTaggedClient(LLMServerClient):
                 sample.failed = True
                 sample.refused = sample.refused or refusal_reason(exc)
             raise
-        if sample is not None and output.stop_reason in ABORT_REASONS:
-            sample.aborted = True
-            sample.aborted_tokens += len(output.token_ids)
+        if sample is not None:
+            sample.generated_tokens += len(output.token_ids)
+            sample.aborted = sample.aborted or output.stop_reason in ABORT_REASONS
         return output
 
     def _vllm_request_id(self, request_id: str) -> str:
@@ -110,7 +114,7 @@ class TailSieveAgentLoop(AgentLoopBase):
         # Validated at start-up (integration.config): the stop strings every request carries.
         self.stop = list(OmegaConf.select(config, "tailsieve.stop", default=None) or ())
 
-    async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
+    async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput | list[AgentLoopOutput]:
         inner_name = kwargs.pop(INNER_AGENT_KEY, None) or self.default_agent
         if inner_name == AGENT_NAME or inner_name not in _agent_loop_registry:
             raise ValueError(f"tailsieve_agent cannot wrap agent loop {inner_name!r}; registered: "
@@ -132,12 +136,14 @@ class TailSieveAgentLoop(AgentLoopBase):
                                 f"(expected: the group is carried to the next step)")
         return output
 
-    def _report(self, sample: GroupContext, session_id: Any, duration_s: float, output: AgentLoopOutput | None) -> None:
+    def _report(self, sample: GroupContext, session_id: Any, duration_s: float,
+                output: AgentLoopOutput | list[AgentLoopOutput] | None) -> None:
+        """The sample's measurements, for the router's ledger; the work is the client's count, so a loop
+        that returns several outputs (verl's TransferQueue worker stores each) is measured like one."""
         balancer = getattr(self.server_manager, "_load_balancer", None)
         if balancer is None or not hasattr(balancer, "report_sample"):
             return
-        tokens = len(output.response_ids) if output is not None and not sample.aborted else 0
         balancer.report_sample.remote({
-            "uid": sample.uid, "session_id": int(session_id or 0), "duration_s": duration_s, "tokens": tokens,
-            "aborted_tokens": sample.aborted_tokens, "aborted": sample.aborted, "refused": sample.refused,
+            "uid": sample.uid, "session_id": int(session_id or 0), "duration_s": duration_s,
+            "tokens": sample.generated_tokens, "aborted": sample.aborted, "refused": sample.refused,
             "failed": sample.failed or (output is None and not sample.aborted)})

@@ -32,6 +32,7 @@ from typing import Any, BinaryIO, Callable, Mapping
 
 from tailsieve_verl import __version__
 from tailsieve_verl.core.errors import TailSieveError
+from tailsieve_verl.integration.prompts import prompt_key
 
 logger = logging.getLogger(__name__)
 
@@ -241,8 +242,6 @@ def _unusable(problem: str, path: str, shape: RunShape, policy: str) -> Restore:
 
 
 def _prompt_keys(rows: Mapping, carried: list[str]) -> list[str]:
-    from tailsieve_verl.integration.trainer import prompt_key  # (the trainer imports this module)
-
     return [prompt_key(rows[p]) for p in carried]
 
 

@@ -353,6 +353,13 @@ def validate_verl_config(config: Any) -> TailSieveConfig:
             "algorithm.filter_groups (DAPO dynamic sampling) is unsupported with TailSieve: both decide which "
             "groups a step consumes; disable one of them"
         )
+    sampler = _select(config, "trainer.v1.sampler.custom_sampler", {})
+    if sampler.get("path") and sampler.get("name"):
+        raise TailSieveConfigError(
+            f"trainer.v1.sampler.custom_sampler ({sampler.get('path')}:{sampler.get('name')}) would be replaced: the "
+            f"TailSieve trainer picks each step's groups itself; unset it, or train with it in stock verl "
+            f"(trainer.v1.trainer_mode=sync)"
+        )
     if int(_select(config, "trainer.v1.tailsieve.parameter_sync_step", 1)) != 1:
         raise TailSieveConfigError("trainer.v1.tailsieve.parameter_sync_step must be 1: TailSieve is synchronous")
     if cfg.active:

@@ -16,7 +16,8 @@ verl's V1 trainer aggregates ``_step_once`` metrics by key name and hands them t
                                first pulled (the selector's figure; at most 1: a carried prompt is
                                consumed in the step after its abort)
 ``tailsieve/aborted_groups``   fresh bulk groups aborted (or finished too late) and carried as candidates
-``tailsieve/aborted_tokens``   tokens those groups had generated: the wasted work
+``tailsieve/aborted_tokens``   those groups' work (core.selector.group_work, finished samples whole):
+                               the wasted work, counted as the simulator's ``wasted_tokens``
 ``tailsieve/tail_makespan_s``  last regenerated tail group's finish (worker clock, from dispatch)
 ``tailsieve/bulk_makespan_s``  the bulk pool's last consumed group (the cutoff, or a requeued group)
 ``tailsieve/makespan_s``       max of the two
@@ -31,8 +32,9 @@ verl's V1 trainer aggregates ``_step_once`` metrics by key name and hands them t
 ``tailsieve/refused_groups``   prompts the engine refused this step, each dropped and replaced by a
                                fresh one (``tailsieve.on_refused_request=skip``)
 ``tailsieve/bias/*``           the core's length-bias monitor (``core.bias``): KS distance of this
-                               step's consumed lengths to the earlier consumed steps, its noise
-                               level, ratio and mean shift (``tailsieve.log_bias``)
+                               step's consumed lengths to every group pulled in the last steps
+                               (aborted ones as lower bounds), its noise level, ratio, mean shift
+                               and censored share (``tailsieve.log_bias``)
 =============================  ==================================================================
 """
 

@@ -34,8 +34,6 @@ Carried prompt rows and the selector/controller/record state are saved next to v
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import os
 import threading
@@ -60,13 +58,14 @@ from tailsieve_verl.core.bias import LengthBiasMonitor
 from tailsieve_verl.core.kinds import Pool
 from tailsieve_verl.core.controller import GroupRecord
 from tailsieve_verl.core.cycle import TailSieveCycle
-from tailsieve_verl.core.selector import StepOutcome, StepPlan
+from tailsieve_verl.core.selector import StepOutcome, StepPlan, fresh_cutoff, group_work
 from tailsieve_verl.integration.checkpoint import (Restore, RunShape, checkpoint_state, restore_for_resume,
                                                     resume_folder, save_state)
 from tailsieve_verl.integration.config import TRAINER_MODE, TailSieveConfig, rollout_replica_count, wire_verl_config
 from tailsieve_verl.integration.engine_config import install_tailsieve_vllm, pool_engine_models
 from tailsieve_verl.integration.group_status import GroupStatus
 from tailsieve_verl.integration.metrics import StepMeasurement, step_metrics
+from tailsieve_verl.integration.prompts import plain, prompt_key
 from tailsieve_verl.integration.verl_compat import check_verl_internals
 
 logger = logging.getLogger(__name__)
@@ -109,8 +108,6 @@ class ReplicaProgress:
 class ActiveStep:
     plan: StepPlan
     m_used: int
-    tail_addresses: list[str]
-    bulk_addresses: list[str]
     groups: dict[str, InflightGroup] = field(default_factory=dict)  # by attempt uid
     started: float = field(default_factory=time.monotonic)
     cutoff_s: float | None = None
@@ -124,31 +121,13 @@ class ActiveStep:
     refused: int = 0  # groups the engine refused, each replaced by a fresh prompt (on_refused_request=skip)
 
 
-def _abort_score(report: dict) -> int:
-    """Response tokens a group had generated when it was aborted: its candidate score (core.selector)."""
-    return sum(report.get("tokens", ())) + report.get("aborted_tokens", 0)
-
-
 def _row(batch: TensorDict, index: int) -> TensorDict:
     return batch[index : index + 1]
 
 
-def _plain(value):
-    """Chat messages as plain lists and dicts, whatever container a fetch or a checkpoint left them in."""
-    if hasattr(value, "tolist"):  # numpy arrays, tensordict's non-tensor stacks
-        value = value.tolist()
-    elif type(value).__name__ == "NonTensorData":
-        value = value.data
-    if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    return value
-
-
 def _prompt_excerpt(row: TensorDict, limit: int = 60) -> str:
     """The start of a row's last chat message, to name a prompt in an error line."""
-    message = _plain(row["raw_prompt"])
+    message = plain(row["raw_prompt"])
     while isinstance(message, list) and message:
         message = message[-1]  # a one-row batch holds a list of conversations, each a list of messages
     text = str(message.get("content", "")) if isinstance(message, dict) else str(message)
@@ -159,7 +138,7 @@ def _group_size(row: TensorDict, default: int) -> int:
     """The samples verl's agent loop runs for this row: its ``__rollout_n__`` when set, else rollout.n."""
     if ROLLOUT_N_KEY not in row.keys():
         return default
-    value = _plain(row[ROLLOUT_N_KEY])
+    value = plain(row[ROLLOUT_N_KEY])
     return int(value[0] if isinstance(value, list) else value)
 
 
@@ -189,23 +168,31 @@ def _call_with_time_limit(call: Callable[[], T], limit_s: float) -> T:
     return outcome["value"]
 
 
-def _response_lengths(batch: KVBatchMeta) -> dict[str, tuple[int, ...]]:
-    """Each group's response lengths by session, from the TransferQueue tags of its trajectories
-    (keys ``<uid>_<session>_<index>``; a multi-output agent loop's last output stands for its session)."""
-    by_session: dict[str, dict[int, tuple[int, int]]] = {}
-    for key, tag in zip(batch.keys, batch.tags):
-        uid, session, index = key.rsplit("_", 2)
+def _generated_lengths(batch: KVBatchMeta, uids: set[str]) -> dict[str, tuple[int, ...]]:
+    """The work of each session of ``uids`` (core.selector.group_work) from its trajectories in
+    TransferQueue (keys ``<uid>_<session>_<index>``): the tokens their response_mask marks generated,
+    over every output of the session — tool output left out, as the agent loops' own count does."""
+    keys = [key for key in batch.keys if key.rsplit("_", 2)[0] in uids]
+    if not keys:
+        return {}
+    masks = tq.kv_batch_get(keys=keys, partition_id=batch.partition_id, select_fields=["response_mask"])["response_mask"]
+    by_session: dict[str, dict[int, int]] = {}
+    for key, mask in zip(keys, masks.unbind(0)):
+        uid, session, _ = key.rsplit("_", 2)
         sessions = by_session.setdefault(uid, {})
-        if int(index) >= sessions.get(int(session), (-1, 0))[0]:
-            sessions[int(session)] = (int(index), int(tag.get("response_len", 0)))
-    return {uid: tuple(length for _, length in (s[k] for k in sorted(s))) for uid, s in by_session.items()}
+        sessions[int(session)] = sessions.get(int(session), 0) + int(mask.sum())
+    return {uid: tuple(s[k] for k in sorted(s)) for uid, s in by_session.items()}
 
 
-def prompt_key(row: TensorDict) -> str:
-    """The prompt itself, stable across epochs and resumes (verl gives every fetch a fresh uid): a
-    digest of its chat messages, which key the per-prompt length record."""
-    text = json.dumps(_plain(row["raw_prompt"]), sort_keys=True, default=str)
-    return hashlib.sha1(text.encode()).hexdigest()[:20]
+def _pulled_work(plan: StepPlan, consumed: list[tuple[str, GroupRecord]], aborted: dict[str, dict]
+                 ) -> tuple[list[tuple[int, ...]], list[tuple[bool, ...]]]:
+    """Every group the step pulled fresh from the data set, for the length-bias monitor's reference:
+    the consumed ones whole, the aborted ones (all fresh) as each sample's work and whether the abort
+    cut it (then its work is a lower bound on its length)."""
+    fresh = set(plan.bulk_fresh_ids) | set(plan.fresh_tail_ids)
+    groups = [(g.lengths, (False,) * len(g.lengths)) for identity, g in consumed if identity in fresh]
+    groups += [(tuple(r["tokens"]), tuple(r["sample_aborted"])) for r in aborted.values()]
+    return [lengths for lengths, _ in groups], [cut for _, cut in groups]
 
 
 class TailSieveReplayBuffer(ReplayBuffer):
@@ -371,10 +358,10 @@ class TailSieveTrainer(PPOTrainerSync):
         self.prompt_keys.update({identity: prompt_key(row) for identity, row in fresh_rows.items()})
         addresses = list(self._replicas_by_address())
         plan, m = self.cycle.plan(list(fresh_rows), len(addresses))
-        tail_addresses, bulk_addresses = addresses[:m], addresses[m:]
-        ray.get(self.router.set_pools.remote(tail_addresses, self.settings.group_atomic))
+        ray.get(self.router.set_pools.remote(addresses[:m], self.settings.group_atomic,
+                                             bool(self.config.actor_rollout_ref.rollout.full_determinism)))
 
-        state = ActiveStep(plan, m, tail_addresses, bulk_addresses)
+        state = ActiveStep(plan, m)
         rows = {**self.carried_rows, **fresh_rows}
         self.carried_rows = {}
         self._dispatch(state, [(identity, Pool.TAIL, rows[identity]) for identity in plan.tail_ids]
@@ -434,14 +421,13 @@ class TailSieveTrainer(PPOTrainerSync):
         return self._close_step(buffer, state)
 
     def _cut_off_when_due(self, state: ActiveStep, statuses: dict[str, str]) -> None:
-        """Select finished fresh bulk groups up to the plan's fresh quota; once it is met, abort the fresh
-        bulk groups still running (they are carried) — only those groups: the requeued ones run on to
-        completion and the engines never pause."""
-        quota = state.plan.fresh_quota
+        """The cutoff rule (core.selector.fresh_cutoff, the simulator's too) on the fresh bulk groups seen
+        finished; once it falls, abort the fresh bulk groups still running (they are carried) — only those
+        groups: the requeued ones run on to completion and the engines never pause."""
         finished = [uid for uid, g in state.groups.items() if g.pool == Pool.BULK and not g.committed
                     and statuses.get(uid) == GroupStatus.FINISHED and uid not in state.selected_bulk]
-        state.selected_bulk.extend(finished[: quota - len(state.selected_bulk)])
-        if len(state.selected_bulk) < quota:
+        state.selected_bulk, due = fresh_cutoff(state.selected_bulk, finished, state.plan.fresh_quota)
+        if not due:
             return
         state.cutoff_s = time.monotonic() - state.started
         selected = set(state.selected_bulk)
@@ -619,9 +605,6 @@ class TailSieveTrainer(PPOTrainerSync):
         ray.get(self.router.remove_servers.remote(addresses))
         self.llm_server_manager.rollout_replicas = [r for r in self.llm_server_manager.rollout_replicas if r not in dead]
         self.checkpoint_manager.remove_replicas(dead)
-        if self.step_state is not None:
-            self.step_state.tail_addresses = [a for a in self.step_state.tail_addresses if a not in addresses]
-            self.step_state.bulk_addresses = [a for a in self.step_state.bulk_addresses if a not in addresses]
 
     def _forget(self, state: ActiveStep, uids: list[str]) -> None:
         """Remove attempts from TransferQueue (prompt key and any trajectory) and from the step."""
@@ -645,8 +628,8 @@ class TailSieveTrainer(PPOTrainerSync):
                 raise RolloutStepError(f"group {state.groups[uid].identity} was aborted but selected for training")
         identity = {uid: g.identity for uid, g in state.groups.items()}
         rows = {g.identity: g.row for g in state.groups.values()}
-        scores = {identity[u]: _abort_score(reports.get(u, {})) for u in dropped}
-        aborted_tokens = sum(reports.get(uid, {}).get("aborted_tokens", 0) for uid in dropped)
+        scores = {identity[u]: group_work(reports.get(u, {}).get("tokens", ())) for u in dropped}
+        fresh_aborted = {identity[u]: reports[u] for u in dropped if u in reports}  # the bias monitor's reference
         self._forget(state, dropped)
         batch = buffer.selected_batch(tail_uids + consumed_bulk)
         ray.get(self.router.forget_groups.remote(tail_uids + consumed_bulk))
@@ -663,7 +646,7 @@ class TailSieveTrainer(PPOTrainerSync):
         measurement = StepMeasurement(
             q=plan.q, m=state.m_used, carried=len(plan.tail_ids) - len(plan.fresh_tail_ids),
             requeued=len(plan.requeued_ids), from_record=len(plan.fresh_tail_ids),
-            aborted=len(dropped), aborted_tokens=aborted_tokens, cutoff_s=state.cutoff_s or 0.0,
+            aborted=len(dropped), aborted_tokens=outcome.aborted_work, cutoff_s=state.cutoff_s or 0.0,
             max_deferral_steps=outcome.max_deferral_steps,
             tail=[g for _, g in tail], bulk=[g for _, g in bulk],
             redispatched=state.redispatched, live_replicas=len(self._replicas_by_address()), refused=state.refused)
@@ -673,16 +656,18 @@ class TailSieveTrainer(PPOTrainerSync):
         if self.bias_monitor is not None and consumed_lengths:
             self._watch_bias(self.bias_monitor.update(consumed_lengths))
             self.tailsieve_metrics.update(self.bias_monitor.metrics())
+            self.bias_monitor.add_reference(*_pulled_work(plan, tail + bulk, fresh_aborted))
         self.step_state = None
         return batch, {}
 
     def _measured(self, state: ActiveStep, reports: dict[str, dict], batch: KVBatchMeta) -> dict[str, GroupRecord]:
         """Each consumed group as its agent loops reported it; a group whose report never came is
-        measured from what the trainer holds (its trajectories' lengths in TransferQueue, the time the
+        measured from what the trainer holds (its trajectories' work in TransferQueue, the time the
         trainer saw it finish), so the controller always observes every consumed group."""
-        lengths = _response_lengths(batch)
+        uids = list(dict.fromkeys(key.rsplit("_", 2)[0] for key in batch.keys))
+        lengths = _generated_lengths(batch, {uid for uid in uids if uid not in reports})
         measured, late = {}, []
-        for uid in lengths:
+        for uid in uids:
             if uid in reports:
                 measured[uid] = GroupRecord(tuple(reports[uid]["tokens"]), reports[uid]["duration_s"])
             else:
@@ -694,14 +679,15 @@ class TailSieveTrainer(PPOTrainerSync):
         return measured
 
     def _watch_bias(self, bias: dict[str, float]) -> None:
-        """Warn when the consumed lengths drift beyond sampling noise for several steps in a row: the
-        batches may be losing their longest prompts (deferred, or routed away)."""
+        """Warn when the consumed lengths differ from the population the run pulls (core.bias: every
+        fresh group, the aborted ones as lower bounds) beyond sampling noise for several steps in a row:
+        the batches may be losing their longest prompts (deferred, or routed away)."""
         above = bool(bias) and bias["ks"] > bias["ks_noise"]
         self.bias_streak = self.bias_streak + 1 if above else 0
         if self.settings.bias_warning_steps and self.bias_streak == self.settings.bias_warning_steps:
             logger.warning(
-                "TailSieve: step %d: the consumed response lengths have differed from the earlier steps' beyond "
-                "sampling noise for %d steps in a row (KS %.3f, noise %.3f, mean shift %+.1f%%); the batches may "
+                "TailSieve: step %d: the consumed response lengths have differed from those of every prompt pulled "
+                "(aborted ones included) beyond sampling noise for %d steps in a row (KS %.3f, noise %.3f, mean shift %+.1f%%); the batches may "
                 "be losing their longest prompts: check tailsieve/max_deferral_steps and tailsieve/bias/*",
                 self.global_steps, self.bias_streak, bias["ks"], bias["ks_noise"], 100 * bias["mean_shift"])
 

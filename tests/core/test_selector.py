@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from tailsieve_verl.core.kinds import Pool
-from tailsieve_verl.core.selector import SelectorError, TailSelector, bulk_cutoff
+from tailsieve_verl.core.selector import SelectorError, TailSelector, bulk_cutoff, fresh_cutoff, group_work
 
 
 def _run_step(sel: TailSelector, q: int, next_id: list[int], rng: np.random.Generator, version: int):
@@ -102,6 +102,34 @@ def test_the_cutoff_consumes_every_requeued_group_and_the_first_fresh_ones():
     assert cut.cutoff_s == 3.0 and cut.bulk_end_s == 9.0  # the slow requeued group ends the bulk pool
     with pytest.raises(SelectorError, match="fresh_quota"):
         bulk_cutoff([1.0, 2.0], n_requeued=1, fresh_quota=2)
+
+
+def test_the_trainers_online_cutoff_is_the_simulators_rule():
+    """The trainer sees fresh groups finish a poll at a time (fresh_cutoff); the simulator knows every
+    finish time (bulk_cutoff). However the finishes are polled, both consume and abort the same groups."""
+    rng = np.random.default_rng(7)
+    for _ in range(200):
+        n_requeued, n_fresh = int(rng.integers(0, 4)), int(rng.integers(1, 12))
+        quota = int(rng.integers(1, n_fresh + 1))
+        finish = rng.exponential(1.0, n_requeued + n_fresh)
+        cut = bulk_cutoff(finish, n_requeued, quota)
+        order = list(n_requeued + np.argsort(finish[n_requeued:], kind="stable"))
+        taken, due, seen = [], False, 0
+        while not due:  # polls that each see a random number of new finishes
+            polled = order[seen: seen + int(rng.integers(1, 4))]
+            seen += len(polled)
+            taken, due = fresh_cutoff(taken, polled, quota)
+        assert tuple(range(n_requeued)) + tuple(taken) == cut.consumed
+        assert tuple(sorted(set(order) - set(taken))) == cut.aborted
+
+
+def test_an_outcome_counts_the_aborted_groups_whole_work_as_wasted():
+    sel = TailSelector(4)
+    plan = sel.plan_step(1)
+    fresh = [f"p{i}" for i in range(plan.n_fresh)]
+    work = {fresh[-1]: group_work([30, 12, 0])}  # a finished sample, one cut mid-turn, one never started
+    out = sel.finish_step(plan, fresh, fresh[:plan.bulk_quota], policy_version=0, scores=work)
+    assert out.carried_ids == (fresh[-1],) and out.aborted_work == 42 == sel.scores[fresh[-1]]
 
 
 @pytest.mark.parametrize("bad", ["count", "duplicate", "overlap", "unknown", "quota", "requeued"])

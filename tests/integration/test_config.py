@@ -94,6 +94,8 @@ def test_uniform_mode_is_the_zero_boundary():
     (["+tailsieve.tail.spec_schedule=[[1,8,2]]"], "actor_rollout_ref.model.mtp.enable=true"),
     (["tailsieve.mode=sometimes"], "tailsieve.mode must be one of"),
     (["algorithm.filter_groups.enable=true"], "filter_groups"),
+    (["trainer.v1.sampler.custom_sampler.path=my.py", "trainer.v1.sampler.custom_sampler.name=Mine"],
+     "trainer.v1.sampler.custom_sampler (my.py:Mine) would be replaced"),
     (["+tailsieve.stop=[1]"], "tailsieve.stop must be a list of non-empty strings"),
 ])
 def test_invalid_settings_fail_with_one_clear_message(overrides, message):

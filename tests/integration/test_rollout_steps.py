@@ -106,7 +106,8 @@ def test_carried_groups_are_regenerated_and_survive_checkpoint_resume(harness_fa
     assert len(consumed) == len(set(consumed)) == 3 * B  # no prompt consumed twice
     stats = h.server_stats()
     assert sum(s["aborted"] for s in stats) > 0  # the bulk cutoff really aborted requests
-    assert wasted == sum(s["aborted_tokens"] for s in stats)  # every aborted token is accounted as waste
+    # every token an abort cut is waste, and so are the finished samples of aborted groups (test_sample_work)
+    assert wasted >= sum(s["aborted_tokens"] for s in stats)
     assert max(all_scores) > 0  # (a group parked before admission scores 0: it generated nothing)
 
     carried_rows = dict(h.trainer.carried_rows)

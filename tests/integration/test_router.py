@@ -88,11 +88,11 @@ def test_a_removed_replica_hands_its_groups_to_the_rest_of_its_pool():
 
 def test_sample_ledger_aggregates_a_group():
     router = PoolRouter(dict(SERVERS))
-    router.report_sample({"uid": "g", "session_id": 1, "duration_s": 2.0, "tokens": 7, "aborted_tokens": 0,
-                          "aborted": False, "failed": False})
+    router.report_sample({"uid": "g", "session_id": 1, "duration_s": 2.0, "tokens": 7, "aborted": False,
+                          "failed": False})
     assert router.take_reports({"g": 2}) == {}
-    router.report_sample({"uid": "g", "session_id": 0, "duration_s": 3.0, "tokens": 5, "aborted_tokens": 0,
-                          "aborted": False, "failed": False})
+    router.report_sample({"uid": "g", "session_id": 0, "duration_s": 3.0, "tokens": 5, "aborted": False,
+                          "failed": False})
     report = router.take_reports({"g": 2})["g"]
     assert report["duration_s"] == 3.0 and report["tokens"] == (5, 7) and not report["aborted"]
     assert router.take_reports({"g": 1}) == {}  # taken once
@@ -101,13 +101,41 @@ def test_sample_ledger_aggregates_a_group():
 def test_reports_wait_for_each_groups_own_sample_count():
     """verl's per-row ``__rollout_n__``: a group of 1 sample is reported next to a group of 3."""
     router = PoolRouter(dict(SERVERS))
-    sample = {"duration_s": 1.0, "tokens": 4, "aborted_tokens": 0, "aborted": False, "failed": False}
+    sample = {"duration_s": 1.0, "tokens": 4, "aborted": False, "failed": False}
     router.report_sample({**sample, "uid": "one", "session_id": 0})
     for session in range(2):
         router.report_sample({**sample, "uid": "three", "session_id": session})
     assert set(router.take_reports({"one": 1, "three": 3})) == {"one"}
     router.report_sample({**sample, "uid": "three", "session_id": 2})
     assert router.take_reports({"three": 3})["three"]["tokens"] == (4, 4, 4)
+
+
+def test_an_aborted_groups_report_keeps_every_samples_work_and_which_the_abort_cut():
+    """Its abort score and the bias monitor's reference need the finished samples' work too (issue 31)."""
+    router = PoolRouter(dict(SERVERS))
+    router.assign_groups({"g": Pool.BULK})
+    for session, (tokens, aborted) in enumerate([(9, False), (4, True), (0, True)]):
+        router.report_sample({"uid": "g", "session_id": session, "duration_s": 1.0, "tokens": tokens,
+                              "aborted": aborted, "failed": False})
+    report = router.take_reports({"g": 3})["g"]
+    assert report["tokens"] == (9, 4, 0) and report["sample_aborted"] == (False, True, True) and report["aborted"]
+
+
+def test_full_determinism_routes_each_pool_as_stock_verls_balancer_does():
+    """``rollout.full_determinism``: inside its pool a request goes where stock verl's balancer over
+    that pool sends it (a hash of the agent loop's own request id, not of the group tag), every time."""
+    from verl.workers.rollout.router import GlobalRequestLoadBalancer
+
+    router = PoolRouter(dict(SERVERS))
+    router.set_pools([ADDRS[0]], full_determinism=True)
+    stock = GlobalRequestLoadBalancer({a: SERVERS[a] for a in ADDRS[1:]}, full_determinism=True)
+    router.assign_groups({f"g{i}": Pool.BULK for i in range(3)} | {"t": Pool.TAIL})
+    for nonce in (f"det-{k}" for k in range(12)):
+        expected = stock.acquire_server(nonce)[0]
+        assert [acquire(router, f"g{i}", nonce, release=False) for i in range(3)] == [expected] * 3
+        assert acquire(router, "t", nonce) == ADDRS[0]
+    router.set_pools([ADDRS[0]], full_determinism=False)  # back to least in flight
+    assert router.get_total_inflight() == 0 and not router.full_determinism
 
 
 def test_aborted_groups_are_remembered_and_bounded():
