@@ -7,9 +7,16 @@ and the per-prompt length record. Three promises:
 * **Atomic.** It is written to a temporary file in the same folder, flushed to disk and renamed
   over the old one: a kill mid-save leaves the previous complete file (or none), never half a file.
 * **Versioned and checked before anything launches.** The file carries a format version and the run
-  shape its state depends on (batch size, rollout replicas, ``candidate_factor``, plugin version).
-  The trainer reads it in ``init()``, before verl starts a worker or a replica, and a file it cannot
-  use as is stops the run with one line saying what differs and how to go on.
+  shape its state depends on (batch size, rollout replicas, ``candidate_factor``), with the plugin
+  version that wrote it and the split the run pinned, if any. The trainer reads it in ``init()``,
+  before verl starts a worker or a replica, and a file it cannot use as is stops the run with one
+  line saying what differs and how to go on. A plugin upgrade alone resumes: only the format version
+  says whether a file can be read.
+* **A pinned split is the one the resumed run uses.** A run resumed with ``mode=fixed`` (or per-pool
+  engine settings) whose pinned split — (q0, tail_replicas) and the inner loop — differs from the
+  checkpoint's starts at that split: the learned (q, m) of another split is not restored (the carried
+  prompts, their scores and the per-prompt record are). An adaptive resume continues from the
+  learned (q, m), whichever run wrote it: ``q0`` / ``tail_replicas`` seed only a fresh start.
 * **No prompt silently lost or trained twice.** ``tailsieve.on_checkpoint_mismatch`` decides what a
   mismatch does:
 
@@ -31,6 +38,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any, BinaryIO, Callable, Mapping
 
 from tailsieve_verl import __version__
+from tailsieve_verl.core.controller import ControllerConfig, initial_split
 from tailsieve_verl.core.errors import TailSieveError
 from tailsieve_verl.integration.prompts import prompt_key
 
@@ -45,33 +53,45 @@ class CheckpointMismatchError(TailSieveError):
     """A ``tailsieve.pt`` the resuming run cannot use as is (unreadable, another format or run shape)."""
 
 
+def pinned_split(config: ControllerConfig, n_replicas: int, batch_size: int) -> tuple[int, int, bool] | None:
+    """(q0, m, inner loop) of a controller that pins its split (``fixed_tail_replicas``), else None."""
+    if config.fixed_tail_replicas is None:
+        return None
+    return (*initial_split(config, n_replicas, batch_size), bool(config.inner_loop))
+
+
 @dataclass(frozen=True)
 class RunShape:
-    """What the saved state depends on; a resume under another shape needs a decision."""
+    """What the saved state depends on; a resume under another shape needs a decision. The plugin
+    version (which release wrote the file) and the pinned split never stop a resume."""
 
     batch_size: int
     n_replicas: int
     candidate_factor: float
     plugin_version: str = __version__
+    split: tuple[int, int, bool] | None = None  # the pinned split (:func:`pinned_split`); None: the controller's own
 
     _SETTING = {"batch_size": "data.train_batch_size", "n_replicas": "rollout replicas",
-                "candidate_factor": "tailsieve.controller.candidate_factor", "plugin_version": "tailsieve-verl"}
+                "candidate_factor": "tailsieve.controller.candidate_factor"}
 
     @classmethod
     def of(cls, config: Any, settings: Any) -> "RunShape":
         from tailsieve_verl.integration.config import rollout_replica_count
 
-        return cls(int(config.data.train_batch_size), rollout_replica_count(config),
-                   float(settings.controller_config().candidate_factor))
+        batch_size, n_replicas = int(config.data.train_batch_size), rollout_replica_count(config)
+        controller = settings.controller_config()
+        return cls(batch_size, n_replicas, float(controller.candidate_factor),
+                   split=pinned_split(controller, n_replicas, batch_size))
 
     def differences(self, saved: "RunShape") -> list[str]:
-        return [f"{self._SETTING[f.name]} {getattr(saved, f.name)} (this run {getattr(self, f.name)})"
-                for f in fields(self) if getattr(saved, f.name) != getattr(self, f.name)]
+        return [f"{setting} {getattr(saved, name)} (this run {getattr(self, name)})"
+                for name, setting in self._SETTING.items() if getattr(saved, name) != getattr(self, name)]
 
     def same_controller(self, saved: "RunShape") -> bool:
-        """The controller's learned state fits: same batch, replicas and candidate factor."""
+        """The controller's learned state fits: same batch, replicas and candidate factor, and, where
+        this run pins its split, the same pinned split (else it starts at its own)."""
         return (saved.batch_size, saved.n_replicas, saved.candidate_factor) == (
-            self.batch_size, self.n_replicas, self.candidate_factor)
+            self.batch_size, self.n_replicas, self.candidate_factor) and self.split in (None, saved.split)
 
     def how_to_resume_as_saved(self, saved: "RunShape") -> str:
         steps = []
@@ -82,8 +102,6 @@ class RunShape:
                          f" / rollout tp x dp x pp)")
         if saved.candidate_factor != self.candidate_factor:
             steps.append(f"+tailsieve.controller.candidate_factor={saved.candidate_factor:g}")
-        if saved.plugin_version != self.plugin_version:
-            steps.append(f"tailsieve-verl=={saved.plugin_version}")
         return " and ".join(steps)
 
 
@@ -160,15 +178,29 @@ def read_state_file(path: str) -> dict:
     return state
 
 
+def _saved_split(controller: Mapping | None) -> tuple[int, int, bool] | None:
+    """The split a saved controller pinned, from its own config (for files whose header does not name it)."""
+    if not controller:
+        return None
+    known = {f.name for f in fields(ControllerConfig)}
+    config = ControllerConfig(**{k: v for k, v in controller["config"].items() if k in known})
+    return pinned_split(config, int(controller["n_replicas"]), int(controller["batch_size"]))
+
+
 def _saved_shape(state: Mapping, path: str) -> tuple[int, RunShape]:
-    """Format version and run shape of a file's content (format 0 carried no header: read from its parts)."""
+    """Format version and run shape of a file's content (format 0 carried no header: read from its parts;
+    a format-1 header written before it named the pinned split: read from the controller's config)."""
     version = state.get("format_version", 0 if "selector" in state else None)
     if version == FORMAT_VERSION:
-        return version, RunShape(**state["run"])
+        run = dict(state["run"])
+        if "split" not in run:
+            run["split"] = _saved_split(state.get("controller"))
+        return version, RunShape(**run)
     if version == 0:
         controller = state.get("controller") or {}
         return 0, RunShape(int(state["selector"]["batch_size"]), int(controller.get("n_replicas", 0)),
-                           float((controller.get("config") or {}).get("candidate_factor", 0.0)))
+                           float((controller.get("config") or {}).get("candidate_factor", 0.0)),
+                           split=_saved_split(controller))
     writer = (state.get("run") or {}).get("plugin_version") if isinstance(state.get("run"), Mapping) else None
     raise CheckpointMismatchError(f"{path} has checkpoint format version {version!r}"
                                   + (f" (written by tailsieve-verl {writer}: resume with that version)" if writer else "")
@@ -198,9 +230,17 @@ def plan_restore(state: Mapping, path: str, shape: RunShape, policy: str) -> Res
         return _unusable(problem, path, shape, policy)
     differences = shape.differences(saved) + ([f"format version {version} (this run {FORMAT_VERSION})"]
                                               if version != FORMAT_VERSION else [])
-    if not differences:
-        return Restore({k: state.get(k) for k in ("selector", "controller", "prompt_record")}, rows)
+    controller = state.get("controller") if shape.same_controller(saved) else None
     carried = list(selector["carried"])
+    if not differences:
+        if controller is None and state.get("controller") is not None:
+            logger.warning("TailSieve: resuming from %s at the split this run pins, (q0, tail_replicas) = (%d, %d) "
+                           "with the inner loop %s; the checkpoint's controller ran %s, whose learned (q, m) is not "
+                           "restored; its %d carried prompts are regenerated in the next step", path, shape.split[0],
+                           shape.split[1], "on" if shape.split[2] else "off",
+                           f"the pinned split {saved.split[:2]}" if saved.split else "adaptive", len(carried))
+        return Restore({"selector": selector, "controller": controller,
+                        "prompt_record": state.get("prompt_record")}, rows)
     if policy == "stop":
         as_saved = shape.how_to_resume_as_saved(saved)
         raise CheckpointMismatchError(
@@ -213,7 +253,6 @@ def plan_restore(state: Mapping, path: str, shape: RunShape, policy: str) -> Res
             f"{_POLICY_KEY}=keep_carried: {path} carries {len(carried)} prompts, more than one step of "
             f"data.train_batch_size={shape.batch_size} can regenerate; resume with data.train_batch_size>"
             f"{len(carried)} or set {_POLICY_KEY}=drop_carried")
-    controller = state.get("controller") if shape.same_controller(saved) else None
     fate = "are regenerated in the next step"
     if policy == "drop_carried":
         fate = f"are not regenerated (prompt keys {', '.join(_prompt_keys(rows, carried))})"

@@ -118,7 +118,6 @@ def test_a_truncated_file_stops_with_one_line_and_drop_carried_goes_on(tmp_path,
     ("n_replicas", 2, "rollout replicas 4 (this run 2)", "a layout of 4 rollout replicas"),
     ("candidate_factor", 1.5, "tailsieve.controller.candidate_factor 2.0 (this run 1.5)",
      "+tailsieve.controller.candidate_factor=2"),
-    ("plugin_version", "9.9.9", "tailsieve-verl 0.1.0 (this run 9.9.9)", "tailsieve-verl==0.1.0"),
 ])
 def test_another_run_shape_stops_naming_the_difference_and_the_way_on(tmp_path, field, value, named, fix):
     state, _ = _state_after_one_step()
@@ -130,6 +129,36 @@ def test_another_run_shape_stops_naming_the_difference_and_the_way_on(tmp_path, 
     assert "\n" not in line and named in line and f"Resume with {fix}" in line
     assert "=keep_carried (its 2 carried prompts are trained once in the next step)" in line
     assert "controller fresh" not in line
+
+
+def test_a_plugin_upgrade_alone_resumes_everything(tmp_path):
+    """The plugin version is a note of who wrote the file; the format version decides readability."""
+    state, carried = _state_after_one_step()
+    folder = _write_folder(tmp_path, dict(state, run=dict(state["run"], plugin_version="0.0.1")))
+    restore = restore_for_resume(str(folder), SHAPE, "stop")
+    assert restore.cycle_state["controller"] == state["controller"] and set(restore.carried_rows) == set(carried)
+
+
+def test_a_changed_pinned_split_starts_there_and_keeps_the_carried_prompts(tmp_path, caplog):
+    """CONFIG pins (q0, m) = (1, 1), inner loop off; a resume pinning another split (or the same split
+    with the inner loop on) starts at its own split; the same pin, or an adaptive resume, keeps the
+    learned state. A header without the split (written before it named it) reads it from the controller."""
+    state, carried = _state_after_one_step()
+    saved_split = checkpoint.pinned_split(CONFIG, R, B)
+    assert saved_split == (1, 1, False)
+    old_header = dict(state, run={k: v for k, v in state["run"].items() if k != "split"})
+    folder = _write_folder(tmp_path, old_header)
+    for split, kept in [((1, 1, False), True), (None, True), ((2, 2, False), False), ((1, 1, True), False)]:
+        restore = restore_for_resume(str(folder), RunShape(B, R, 2.0, split=split), "stop")
+        assert (restore.cycle_state["controller"] is not None) == kept, split
+        assert set(restore.carried_rows) == set(carried)
+    assert "at the split this run pins, (q0, tail_replicas) = (2, 2) with the inner loop off; the checkpoint's " \
+           "controller ran the pinned split (1, 1)" in caplog.text
+    cycle = TailSieveCycle(B, R, ControllerConfig(fixed_tail_replicas=2, q_init=2, inner_loop=False), LinearPerf(0.01, 0.0001))
+    cycle.load_state_dict(restore_for_resume(str(folder), RunShape(B, R, 2.0, split=(2, 2, False)), "stop").cycle_state)
+    assert (cycle.decision.q, cycle.decision.m) == (2, 2)
+    plan, m = cycle.plan([f"f{i}" for i in range(cycle.n_fresh())], R)
+    assert m == 2 and sorted(plan.tail_ids + plan.requeued_ids) == sorted(carried)  # each regenerated once
 
 
 def test_keep_carried_regenerates_the_carried_prompts_under_a_new_batch_size(tmp_path, caplog):

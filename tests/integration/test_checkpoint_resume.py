@@ -71,3 +71,43 @@ def test_a_resume_under_another_shape_or_from_a_broken_file_stops_before_launch_
     assert "up to 7 prompts of this epoch are not regenerated" in caplog.text
     trained = dropped.step()["prompt_ids"]
     assert len(set(trained)) == 8 and not set(trained) & (set(consumed) | set(carried.values()))
+
+
+def test_a_resume_starts_at_the_split_it_pins_and_a_plugin_upgrade_alone_resumes(harness_factory, tmp_path, caplog):
+    """An adaptive run at m = 3 resumed with mode=fixed (q0, tail_replicas) = (2, 1) runs (2, 1), its
+    carried prompts trained once; that run's checkpoint, its header rewritten as an older plugin
+    version's, resumes adaptive from the learned (2, 1) (tail_replicas seeds only a fresh start)."""
+    import torch
+
+    adaptive = ["+tailsieve.q0=3", "+tailsieve.tail_replicas=3", "tailsieve.sim.time_scale=30",
+                f"trainer.default_local_dir={tmp_path}"]
+    h = harness_factory(adaptive)
+    consumed = list(h.step()["prompt_ids"])
+    assert (h.trainer.cycle.decision.m, h.trainer.settings.mode) == (3, "adaptive")
+    carried = {identity: _prompt_id(row) for identity, row in h.trainer.carried_rows.items()}
+    assert len(carried) == 6  # candidate_factor 2 x q 3
+    h.trainer._save_checkpoint()
+    h.close()
+
+    fixed = harness_factory(OVERRIDES + [f"trainer.default_local_dir={tmp_path}"])  # q0=2, tail_replicas=1
+    assert fixed.trainer.global_steps == 1 and set(fixed.trainer.carried_rows) == set(carried)
+    assert (fixed.trainer.cycle.decision.q, fixed.trainer.cycle.decision.m) == (2, 1)
+    assert "at the split this run pins, (q0, tail_replicas) = (2, 1) with the inner loop off" in caplog.text
+    result = fixed.step()
+    m, outcome = result["metrics"], result["outcome"]
+    assert (m["tailsieve/q"], m["tailsieve/m"]) == (2, 1)
+    regenerated = list(outcome.consumed_ids) + list(outcome.carried_ids)
+    assert all(regenerated.count(identity) == 1 for identity in carried)  # each carried prompt ran once
+    assert not set(result["prompt_ids"]) & set(consumed)
+    learned = fixed.trainer.cycle.controller.state_dict()["state"]
+    fixed.trainer._save_checkpoint()
+    fixed.close()
+
+    path = tmp_path / "global_step_2" / STATE_FILE
+    state = torch.load(path, weights_only=False)
+    state["run"]["plugin_version"] = "0.0.1"  # written by an older release, same format
+    torch.save(state, path)
+    resumed = harness_factory(adaptive)
+    assert resumed.trainer.global_steps == 2 and resumed.trainer.cycle.controller.config.fixed_tail_replicas is None
+    assert (resumed.trainer.cycle.decision.q, resumed.trainer.cycle.decision.m) == (2, 1)
+    assert resumed.trainer.cycle.controller.state_dict()["state"] == learned  # the learned state, not a fresh start
