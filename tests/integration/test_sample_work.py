@@ -73,10 +73,19 @@ def test_a_tool_loops_work_leaves_out_tool_output_and_every_generated_token_is_c
 
 def test_an_agent_loop_returning_several_outputs_is_measured_and_trained_whole(harness_factory, tmp_path):
     """verl's TransferQueue worker stores every output of a loop that returns a list; TailSieve reports
-    the sample once, its work over all outputs, and the step consumes B whole groups."""
+    the sample once, its work over all outputs, and the step consumes B whole groups. A consumed group
+    whose report is lost is measured from TransferQueue the same way (every output's response_mask)."""
     h = harness_factory(TOOL_LOOP + ["actor_rollout_ref.rollout.agent.default_agent_loop=two_outputs",
                                      f"trainer.default_local_dir={tmp_path}"])
     steps = _watch(h.trainer)
+    collect = h.trainer._collect_reports
+
+    def lose_one_report(*args, **kwargs):  # a finished group's (almost every sample takes two turns)
+        reports = collect(*args, **kwargs)
+        lost = next(uid for uid, r in reports.items() if not r["aborted"])
+        return {uid: r for uid, r in reports.items() if uid != lost}
+
+    h.trainer._collect_reports = lose_one_report
     for _ in range(2):
         result = h.step()
         assert len(set(result["prompt_ids"])) == B and result["metrics"]["tailsieve/aborted_groups"] == 4
