@@ -16,6 +16,10 @@
 #                       (verl's own variable; exported absolute so the TaskRunner actor finds it)
 #                                                                         (default: $PWD/logs)
 #   TOTAL_STEPS, TRAIN_BATCH_SIZE  training steps and prompt groups per step (default: 30, 64)
+#   MAX_PROMPT_LENGTH, MAX_RESPONSE_LENGTH, ROLLOUT_N  sizes of the workload's matched sampling
+#                       (default: 1024, 8192 for math / 4096 for code, 8), the same in every variant
+#   TEST_FREQ           validate on VAL_FILES every TEST_FREQ steps and before training, with the
+#                       workload's stop strings in every arm (default: 10; -1 turns validation off)
 #   ROLLOUT_DATA_DIR    if set, verl dumps every step's rollouts there (input of `tailsieve trace`)
 #   TAILSIEVE_Q0, TAILSIEVE_M0  initial (q, m) of the adaptive variants   (default: B/8, 1)
 #   PERF_MODEL          controller's concurrency-throughput model        (default: table:h200-dense / -moe)
@@ -57,11 +61,12 @@ require_code_isolation() {
 # One sampling configuration per workload, shared by every recipe, baseline and variant alike
 # (matched sampling). n = 8 responses per prompt group.
 case "${WORKLOAD}" in
-  math) MAX_PROMPT_LENGTH=1024; MAX_RESPONSE_LENGTH=8192; STOP="['<END>']" ;;
-  code) MAX_PROMPT_LENGTH=1024; MAX_RESPONSE_LENGTH=4096; STOP="[]"; require_code_isolation ;;
+  math) MAX_PROMPT_LENGTH=${MAX_PROMPT_LENGTH:-1024}; MAX_RESPONSE_LENGTH=${MAX_RESPONSE_LENGTH:-8192}; STOP="['<END>']" ;;
+  code) MAX_PROMPT_LENGTH=${MAX_PROMPT_LENGTH:-1024}; MAX_RESPONSE_LENGTH=${MAX_RESPONSE_LENGTH:-4096}; STOP="[]"; require_code_isolation ;;
   *) echo "${RECIPE_NAME}: WORKLOAD must be math or code, got '${WORKLOAD}'" >&2; exit 2 ;;
 esac
-ROLLOUT_N=8
+ROLLOUT_N=${ROLLOUT_N:-8}
+TEST_FREQ=${TEST_FREQ:-10}
 TEMPERATURE=1.0
 TOP_P=1.0
 TRAIN_FILES=${TRAIN_FILES:-${DATA_DIR}/${WORKLOAD}/train.parquet}
@@ -108,7 +113,8 @@ ARGS=(
 
   # trainer: verl's V1 trainer; each variant below picks its mode (stock `sync`, or `tailsieve`)
   trainer.use_v1=True
-  # the workload's stop strings on every request, baselines included (verl has no rollout option)
+  # the workload's stop strings on every request, baselines and validation included (verl has no
+  # rollout option for them: the plugin's agent-loop wrapper adds them in every trainer mode)
   "+tailsieve.stop=${STOP}"
   "trainer.logger=${LOGGER}"
   "trainer.project_name=${PROJECT_NAME}"
@@ -116,8 +122,9 @@ ARGS=(
   "trainer.n_gpus_per_node=${N_GPUS}"
   "trainer.nnodes=${NNODES}"
   "trainer.total_training_steps=${TOTAL_STEPS}"
-  trainer.val_before_train=False
-  trainer.test_freq=-1
+  # held-out score of every arm: before training and every TEST_FREQ steps
+  "trainer.val_before_train=$([[ "${TEST_FREQ}" == "-1" ]] && echo False || echo True)"
+  "trainer.test_freq=${TEST_FREQ}"
   trainer.save_freq=-1
 )
 if [[ -n "${ROLLOUT_DATA_DIR:-}" ]]; then
@@ -156,13 +163,11 @@ offload_actor() {
 # --- variants -----------------------------------------------------------------------------------
 
 # Stock verl (the baseline that matters): verl's own sync trainer and router, every sample to the
-# least-loaded replica. Only the workload's stop strings come from the plugin's agent-loop wrapper
-# (verl 0.9.1 has no rollout option for them), so sampling matches every TailSieve variant.
+# least-loaded replica. Only the workload's stop strings come from the plugin (its agent-loop wrapper,
+# which it puts around verl's default agent loop at launch: verl 0.9.1 has no rollout option for
+# them), so sampling, validation included, matches every TailSieve variant.
 stock_verl() {
   ARGS+=(trainer.v1.trainer_mode=sync)
-  if [[ "${STOP}" != "[]" ]]; then
-    ARGS+=(actor_rollout_ref.rollout.agent.default_agent_loop=tailsieve_agent)
-  fi
 }
 
 # All-MTP stock verl: MTP at the bulk depth on every replica, stock routing.

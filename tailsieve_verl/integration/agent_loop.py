@@ -3,16 +3,21 @@ TransferQueue, per-sample measurements for the controller — on verl's unchange
 ``AgentLoopManagerTQ`` / ``AgentLoopWorkerTQ``.
 
 * :class:`TailSieveAgentLoop` (registered as ``tailsieve_agent``) wraps the agent loop the row would
-  have run (its ``agent_name``, else ``rollout.agent.default_agent_loop``; the trainer moves that
-  name into ``tailsieve_inner_agent``). It runs the inner loop inside a :class:`GroupContext`
-  (a context variable), so single-turn, tool and user-registered loops all work unchanged.
+  have run: the TailSieve trainer's dispatch moves a row's own ``agent_name`` into
+  ``tailsieve_inner_agent``; a row that names none runs the user's ``default_agent_loop``, which the
+  launch wiring (``integration.config.wire_agent_loop``) recorded before making the wrapper verl's
+  default — in every trainer mode, for training and validation alike. It runs the inner loop inside
+  a :class:`GroupContext` (a context variable), so single-turn, tool and user-registered loops all
+  work unchanged.
 * :class:`GroupTaggedClient` (the trainer's ``get_llm_client``) tags each request id with the group
   uid — for the pool router, and for the server, which aborts a group's requests by that tag
   (``abort_groups``) — and counts in the context every token the model generates for the sample.
 * A sample whose generation came back aborted raises :class:`SampleAborted` out of the agent loop:
   verl then writes no trajectory for it and marks its group ``failure``, so an aborted trajectory
   never enters TransferQueue; the trainer never selects such a group either.
-* ``tailsieve.stop`` strings are added to every request's sampling params.
+* ``tailsieve.stop`` strings are added to the sampling params of every row that names no agent loop
+  of its own (the rows verl's stock trainer would also send through the wrapper), so a stock-verl
+  baseline and a TailSieve run sample alike.
 * Each sample's duration and work (its generated tokens, all turns, aborted ones included) are reported
   to the router's ledger (worker clock only), whatever the inner loop returns (one output or a list).
 """
@@ -31,12 +36,13 @@ from omegaconf import OmegaConf
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopOutput, _agent_loop_registry, register
 from verl.workers.rollout.llm_server import LLMServerClient
 
+from tailsieve_verl.integration.config import AGENT_LOOP as AGENT_NAME
+from tailsieve_verl.integration.config import INNER_AGENT_LOOP_KEY
 from tailsieve_verl.integration.router import group_of_request, tag_request_id
 
 logger = logging.getLogger(__name__)
 
-AGENT_NAME = "tailsieve_agent"
-INNER_AGENT_KEY = "tailsieve_inner_agent"
+INNER_AGENT_KEY = "tailsieve_inner_agent"  # per row: the row's own agent_name (the trainer's dispatch)
 ABORT_REASONS = ("aborted", "abort")
 
 
@@ -110,17 +116,21 @@ class TailSieveAgentLoop(AgentLoopBase):
         self._init_kwargs = kwargs
         self.server_manager = kwargs["server_manager"]
         config = kwargs["trainer_config"].config
-        self.default_agent = config.actor_rollout_ref.rollout.agent.default_agent_loop
+        rollout = config.actor_rollout_ref.rollout
+        default = rollout.agent.default_agent_loop
+        # Recorded by the launch wiring (integration.config.wire_agent_loop) when it made this wrapper verl's default.
+        self.default_agent = OmegaConf.select(rollout, f"custom.{INNER_AGENT_LOOP_KEY}", default=None) or default
         # Validated at start-up (integration.config): the stop strings every request carries.
         self.stop = list(OmegaConf.select(config, "tailsieve.stop", default=None) or ())
 
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput | list[AgentLoopOutput]:
-        inner_name = kwargs.pop(INNER_AGENT_KEY, None) or self.default_agent
+        own_agent = kwargs.pop(INNER_AGENT_KEY, None)
+        inner_name = own_agent or self.default_agent
         if inner_name == AGENT_NAME or inner_name not in _agent_loop_registry:
             raise ValueError(f"tailsieve_agent cannot wrap agent loop {inner_name!r}; registered: "
                              f"{sorted(_agent_loop_registry)}")
         inner = hydra.utils.instantiate(config=_agent_loop_registry[inner_name], **self._init_kwargs)
-        if self.stop:
+        if self.stop and own_agent is None:
             sampling_params = {**sampling_params, "stop": self.stop}
         sample = GroupContext(uid=str(kwargs["uid"]))
         token = _SAMPLE.set(sample)

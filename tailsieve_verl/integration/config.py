@@ -32,6 +32,12 @@ ABORT_CAPABLE_ROLLOUTS = ("vllm", SIM_ROLLOUT_NAME)
 MODES = ("adaptive", "fixed", "uniform")
 MISMATCH_POLICIES = ("stop", "keep_carried", "drop_carried")  # tailsieve.on_checkpoint_mismatch
 REFUSAL_POLICIES = ("stop", "skip")  # tailsieve.on_refused_request
+STOCK_MODE_SETTINGS = {"stop"}  # the only tailsieve.* setting that acts in verl's own trainer modes
+AGENT_LOOP = "tailsieve_agent"  # integration.agent_loop registers it under this name
+# Where wire_agent_loop records the agent loop the wrapper runs for rows that name none of their own
+# (the user's actor_rollout_ref.rollout.agent.default_agent_loop): a key of RolloutConfig's free-form
+# ``custom`` field, so every agent-loop worker receives it with the rollout config.
+INNER_AGENT_LOOP_KEY = "tailsieve_inner_agent_loop"
 
 
 class TailSieveConfigError(TailSieveError):
@@ -100,7 +106,7 @@ class TailSieveConfig:
     tail: PoolEngineConfig = field(default_factory=PoolEngineConfig)
     bulk: PoolEngineConfig = field(default_factory=PoolEngineConfig)
     sim: SimBackendConfig = field(default_factory=SimBackendConfig)
-    drain_timeout_s: float = 600.0  # the cutoff's abort → every aborted group settled; longer is an error
+    drain_timeout_s: float = 600.0  # an aborted group still running this long after its step closed is named (a warning)
     # A replica with requests in flight that generates no token for this long is stuck: the step stops,
     # naming it (a healthy step may run as long as it needs; only a lack of progress ends it).
     stall_timeout_s: float = 300.0
@@ -114,6 +120,9 @@ class TailSieveConfig:
     # Pools route whole groups (all n samples on one replica, the paper's setting; for prefix-cache-heavy
     # prompts) instead of each sample to the pool's least-loaded replica, as stock verl routes.
     group_atomic: bool = False
+    # Keep the tail pool on one Ray node (the one holding the most single-node replicas; m capped there);
+    # by default it takes single-node replicas first and may cross nodes (core.placement).
+    tail_on_one_node: bool = False
     # Stop strings added to every rollout request (verl 0.9.1 has no rollout option for them and
     # vLLM ignores engine defaults when a request brings its own sampling params), e.g. ['<END>'].
     stop: tuple[str, ...] = ()
@@ -232,8 +241,9 @@ def _check_positive(value: Any, where: str) -> None:
 
 
 def _check_types(cfg: TailSieveConfig) -> None:
-    if not isinstance(cfg.enable, bool):
-        raise TailSieveConfigError(f"tailsieve.enable must be true or false, got {cfg.enable!r}")
+    for name in ("enable", "tail_on_one_node"):
+        if not isinstance(getattr(cfg, name), bool):
+            raise TailSieveConfigError(f"tailsieve.{name} must be true or false, got {getattr(cfg, name)!r}")
     if cfg.mode not in MODES:
         raise TailSieveConfigError(f"tailsieve.mode must be one of {', '.join(MODES)}, got {cfg.mode!r}")
     for name, allowed in (("on_checkpoint_mismatch", MISMATCH_POLICIES), ("on_refused_request", REFUSAL_POLICIES)):
@@ -304,6 +314,24 @@ def rollout_replica_count(config: Any) -> int:
     return world // per_replica
 
 
+def _check_tail_fits_one_node(config: Any, cfg: TailSieveConfig) -> None:
+    """``tail_on_one_node``: a replica must fit on a node, and a pinned tail on one node's replicas."""
+    gpus = int(_select(config, "trainer.n_gpus_per_node", 1))
+    per_replica = 1
+    for key in ("tensor_model_parallel_size", "data_parallel_size", "pipeline_model_parallel_size"):
+        per_replica *= int(_select(config, f"actor_rollout_ref.rollout.{key}", 1))
+    per_node = gpus // per_replica
+    if per_node < 1:
+        raise TailSieveConfigError(
+            f"tailsieve.tail_on_one_node=true, but each rollout replica needs {per_replica} GPUs (tp x dp x pp) and "
+            f"spans nodes of trainer.n_gpus_per_node={gpus}; lower the rollout parallel sizes or set "
+            f"tailsieve.tail_on_one_node=false")
+    if cfg.pins_split and cfg.tail_replicas > per_node:
+        raise TailSieveConfigError(
+            f"tailsieve.tail_replicas={cfg.tail_replicas} with tailsieve.tail_on_one_node=true, but a node holds "
+            f"{per_node} rollout replicas; set tailsieve.tail_replicas<={per_node} or tailsieve.tail_on_one_node=false")
+
+
 def validate_verl_config(config: Any) -> TailSieveConfig:
     """Check a composed verl config (DictConfig) for TailSieve and return its settings.
 
@@ -317,20 +345,15 @@ def validate_verl_config(config: Any) -> TailSieveConfig:
             "TailSieve runs on verl's V1 trainer only; the legacy RayPPOTrainer (trainer.use_v1=false) "
             "is unsupported: set trainer.use_v1=true"
         )
-    if mode != TRAINER_MODE and set(section or {}) <= {"stop"}:
-        # Stock verl with only stop strings: the tailsieve_agent wrapper adds them (nothing else runs).
-        cfg = dataclasses.replace(parse_tailsieve_section(section), enable=False)
-        agent = _select(config, "actor_rollout_ref.rollout.agent.default_agent_loop")
-        if cfg.stop and agent != "tailsieve_agent":
-            raise TailSieveConfigError(
-                f"tailsieve.stop needs the tailsieve_agent wrapper outside the TailSieve trainer: set "
-                f"actor_rollout_ref.rollout.agent.default_agent_loop=tailsieve_agent (it wraps {agent!r})")
-        return cfg
     if mode != TRAINER_MODE:
-        raise TailSieveConfigError(
-            f"trainer.v1.trainer_mode is {mode!r}, but the tailsieve settings only take effect in the "
-            f"TailSieve trainer: set trainer.v1.trainer_mode={TRAINER_MODE}"
-        )
+        ignored = sorted(set(section or {}) - STOCK_MODE_SETTINGS)
+        if ignored:
+            raise TailSieveConfigError(
+                f"{', '.join(f'tailsieve.{k}' for k in ignored)} would be ignored: trainer.v1.trainer_mode is "
+                f"{mode!r}, and only tailsieve.stop acts outside the TailSieve trainer; set "
+                f"trainer.v1.trainer_mode={TRAINER_MODE} to use TailSieve, or remove the setting(s)")
+        # Stock verl with stop strings: the tailsieve_agent wrapper adds them (wire_agent_loop), nothing else runs.
+        return dataclasses.replace(parse_tailsieve_section(section), enable=False)
     cfg = parse_tailsieve_section(section)
 
     batch = int(_select(config, "data.train_batch_size", 0))
@@ -362,6 +385,7 @@ def validate_verl_config(config: Any) -> TailSieveConfig:
         )
     if int(_select(config, "trainer.v1.tailsieve.parameter_sync_step", 1)) != 1:
         raise TailSieveConfigError("trainer.v1.tailsieve.parameter_sync_step must be 1: TailSieve is synchronous")
+    _refuse_ignored_settings(cfg, rollout_name)
     if cfg.active:
         if cfg.q0 >= batch:
             raise TailSieveConfigError(
@@ -398,6 +422,8 @@ def validate_verl_config(config: Any) -> TailSieveConfig:
                 f"at least one carried group per step (q >= m), or it idles; set tailsieve.q0>={cfg.tail_replicas} "
                 f"or tailsieve.tail_replicas<={max(cfg.q0, 1)}"
             )
+        if cfg.tail_on_one_node:
+            _check_tail_fits_one_node(config, cfg)
         try:
             cfg.controller_config().validate(replicas, batch)
         except (TypeError, TailSieveError) as exc:
@@ -418,6 +444,26 @@ def validate_verl_config(config: Any) -> TailSieveConfig:
     return cfg
 
 
+def _refuse_ignored_settings(cfg: TailSieveConfig, rollout_name: str) -> None:
+    """A setting the TailSieve trainer would not act on in this configuration stops the launch."""
+    if not cfg.active:
+        defaults = TailSieveConfig()
+        ignored = [f"tailsieve.{name}" for name in ("q0", "tail_replicas", "controller", "tail", "bulk")
+                   if getattr(cfg, name) != getattr(defaults, name)]
+        if not cfg.enable and cfg.mode == "fixed":
+            ignored.append("tailsieve.mode=fixed")
+        if ignored:
+            raise TailSieveConfigError(
+                f"{', '.join(ignored)} would be ignored: with tailsieve.enable=false or tailsieve.mode=uniform the "
+                f"trainer runs (q, m) = (0, 0) on one pool of every replica; remove them, or turn TailSieve on "
+                f"(tailsieve.enable=true with mode adaptive or fixed)")
+    if rollout_name != SIM_ROLLOUT_NAME and cfg.sim != SimBackendConfig():
+        raise TailSieveConfigError(
+            f"tailsieve.sim.* would be ignored: it configures the simulated replicas "
+            f"(actor_rollout_ref.rollout.name={SIM_ROLLOUT_NAME}), and this run's rollout is {rollout_name!r}; "
+            f"remove the tailsieve.sim settings")
+
+
 def router_config_path() -> str:
     """Absolute path of the shipped router yaml (verl resolves it in the trainer process only)."""
     from importlib.resources import files
@@ -426,12 +472,17 @@ def router_config_path() -> str:
 
 
 def wire_verl_config(config: Any) -> TailSieveConfig:
-    """Validate, then point verl at TailSieve's router and hand the settings to the rollout replicas
-    (``actor_rollout_ref.rollout.custom.tailsieve``). Called by the trainer in ``__init__``, before
-    verl launches any worker; refuses to replace a user's own router."""
+    """Validate, then wire what the launch needs, in place, before verl launches any worker: the
+    agent-loop wrapper (:func:`wire_agent_loop`, every trainer mode) and, in the TailSieve trainer,
+    TailSieve's router and the settings for the rollout replicas (``actor_rollout_ref.rollout.custom.
+    tailsieve``). Called by the plugin's launch check in the driver, by the dry run and by the trainer
+    in ``__init__``; idempotent. Refuses to replace a user's own router."""
     from omegaconf import OmegaConf, open_dict
 
     cfg = validate_verl_config(config)
+    wire_agent_loop(config, cfg)
+    if _select(config, "trainer.v1.trainer_mode") != TRAINER_MODE:
+        return cfg
     router_yaml = router_config_path()
     rollout = config.actor_rollout_ref.rollout
     router = OmegaConf.select(rollout, "router_config_path")
@@ -447,3 +498,31 @@ def wire_verl_config(config: Any) -> TailSieveConfig:
             rollout.custom = {}
         rollout.custom.tailsieve = section
     return cfg
+
+
+def wire_agent_loop(config: Any, cfg: TailSieveConfig) -> None:
+    """Put the ``tailsieve_agent`` wrapper around the agent loop of every row that names none of its
+    own, in training and validation alike, whenever it has work: the TailSieve trainer (group tags,
+    abort bookkeeping), or stop strings in any trainer mode (verl 0.9.1 has no rollout option for
+    them). The user's ``default_agent_loop`` moves to ``rollout.custom.tailsieve_inner_agent_loop``,
+    which the wrapper runs, and ``default_agent_loop`` becomes the wrapper. So a stock-verl baseline
+    and a TailSieve run with the same overrides sample with the same stop strings, validation included."""
+    from omegaconf import OmegaConf, open_dict
+
+    if not cfg.stop and _select(config, "trainer.v1.trainer_mode") != TRAINER_MODE:
+        return
+    rollout = config.actor_rollout_ref.rollout
+    current = OmegaConf.select(rollout, "agent.default_agent_loop")
+    inner = OmegaConf.select(rollout, f"custom.{INNER_AGENT_LOOP_KEY}")
+    if current == AGENT_LOOP:
+        if inner is None:
+            raise TailSieveConfigError(
+                f"actor_rollout_ref.rollout.agent.default_agent_loop={AGENT_LOOP}: the plugin puts its wrapper in "
+                f"place itself; set default_agent_loop to the agent loop it should wrap (verl's default: "
+                f"single_turn_agent) or drop the override")
+        return  # wired already
+    with open_dict(config):
+        if OmegaConf.select(rollout, "custom") is None:
+            rollout.custom = {}
+        rollout.custom[INNER_AGENT_LOOP_KEY] = current
+        rollout.agent.default_agent_loop = AGENT_LOOP

@@ -11,8 +11,11 @@ Registers: the ``tailsieve`` V1 trainer mode, the ``tailsieve_sim`` rollout repl
   ``tailsieve.perf_model=linear:a=0.1,c=0.2``) stops with one line naming it and its quoting,
   instead of Hydra's parse error that names neither;
 * ``verl.utils.config.validate_config`` (which ``verl.trainer.main_ppo`` calls in the driver
-  before Ray starts) checks the TailSieve settings first, so a bad one stops with its one line
-  before verl prints "All configuration checks passed successfully!".
+  before Ray starts, in every trainer mode) checks the TailSieve settings first, so a bad one — or
+  one that would be ignored, e.g. ``+tailsieve.q0`` on a stock ``sync`` run — stops with its one line
+  before verl prints "All configuration checks passed successfully!"; it then wires the launch
+  (``integration.config.wire_verl_config``: the agent-loop wrapper for stop strings, the router),
+  the same function the dry run calls, so the dry run and the launch agree.
 """
 
 from __future__ import annotations
@@ -60,11 +63,12 @@ def _validate_tailsieve_first() -> None:
         from omegaconf import OmegaConf
 
         from tailsieve_verl.core.errors import TailSieveError
-        from tailsieve_verl.integration.config import TRAINER_MODE, validate_verl_config
+        from tailsieve_verl.integration.config import TRAINER_MODE, wire_verl_config
 
-        if OmegaConf.select(config, "trainer.v1.trainer_mode", default=None) == TRAINER_MODE:
+        mode = OmegaConf.select(config, "trainer.v1.trainer_mode", default=None)
+        if mode == TRAINER_MODE or OmegaConf.select(config, "tailsieve", default=None) is not None:
             try:
-                validate_verl_config(config)
+                wire_verl_config(config)  # in place: main_ppo hands this very config to its TaskRunner
             except TailSieveError as exc:
                 print(f"tailsieve: error: {exc}", file=sys.stderr, flush=True)
                 raise SystemExit(2) from None

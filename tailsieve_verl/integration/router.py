@@ -158,13 +158,22 @@ class PoolRouter:
         return {uid: sorted(self._group_servers[uid]) for uid in uids if uid in self._group_servers}
 
     def report_sample(self, sample: dict) -> None:
-        self._samples.setdefault(str(sample["uid"]), {})[int(sample["session_id"])] = dict(sample)
+        """Keep a sample's report for the trainer; reports of groups it did not dispatch (validation,
+        whose rows run through the wrapper too) are not the step's and are dropped."""
+        uid = str(sample["uid"])
+        if uid in self._group_pool:
+            self._samples.setdefault(uid, {})[int(sample["session_id"])] = dict(sample)
 
     def take_reports(self, expected: dict[str, int]) -> dict[str, dict]:
         """Reports of the groups in ``expected`` (group uid -> its number of samples, verl's per-row
         ``__rollout_n__`` or ``rollout.n``) whose every sample has reported; removed once taken."""
         ready = [uid for uid, n in expected.items() if len(self._samples.get(uid, {})) >= n]
         return {uid: asdict(GroupReport.from_samples(uid, self._samples.pop(uid))) for uid in ready}
+
+    def take_partial_reports(self, uids: list[str]) -> dict[str, dict]:
+        """Reports of these groups from the samples that have reported so far (an aborted group still
+        settling when its step closed: what it generated is then a lower bound); removed once taken."""
+        return {uid: asdict(GroupReport.from_samples(uid, self._samples.pop(uid))) for uid in uids if self._samples.get(uid)}
 
     def refusals(self, uids: list[str]) -> dict[str, dict]:
         """For each of ``uids`` with reports: how many samples reported, and the engine's reason if it
@@ -186,7 +195,7 @@ class PoolRouter:
         key = (uid if uid is not None and self.group_atomic
                else callers_request_id(request_id) if self.full_determinism else str(request_id))
         address, handle = balancer.acquire_server(key)
-        if uid is not None:
+        if uid in self._group_pool:
             self._group_servers.setdefault(uid, set()).add(address)
         return address, handle
 

@@ -36,3 +36,16 @@ def test_tailsieve_settings_are_checked_before_verl_says_all_checks_passed():
     lines = _tailsieve_lines(proc)
     assert len(lines) == 1 and "Traceback" not in proc.stderr
     assert "tailsieve.q0=1 is below tailsieve.tail_replicas=2" in lines[0] and "set tailsieve.q0>=2" in lines[0]
+
+
+def test_a_tailsieve_setting_on_a_stock_run_stops_the_launch_naming_it():
+    """Issue 31: a launch used to check TailSieve's settings only in trainer_mode=tailsieve, so a forgotten
+    trainer mode gave a plain stock run without a word (the dry run already refused it)."""
+    with tempfile.TemporaryDirectory() as cwd:
+        proc = subprocess.run([sys.executable, "-m", "verl.trainer.main_ppo", "trainer.v1.trainer_mode=sync",
+                               "+tailsieve.q0=8", "+tailsieve.stop=['<END>']"],
+                              capture_output=True, text=True, timeout=300, cwd=cwd)
+    assert proc.returncode == 2 and "All configuration checks passed" not in proc.stdout + proc.stderr
+    lines = _tailsieve_lines(proc)
+    assert len(lines) == 1 and "Traceback" not in proc.stderr
+    assert lines[0].startswith("tailsieve: error: tailsieve.q0 would be ignored: trainer.v1.trainer_mode is 'sync'")

@@ -53,7 +53,7 @@ def test_stop_strings_are_read_as_a_list():
 
 def test_uniform_mode_is_the_zero_boundary():
     for flag in ("+tailsieve.enable=false", "+tailsieve.mode=uniform"):
-        cfg = validate_verl_config(stock(["trainer.v1.trainer_mode=tailsieve", flag, "+tailsieve.q0=4"]))
+        cfg = validate_verl_config(stock(["trainer.v1.trainer_mode=tailsieve", flag]))
         assert not cfg.active and (cfg.initial_q, cfg.initial_m) == (0, 0)
     # the uniform baseline also runs where no tail pool fits
     cfg = validate_verl_config(stock(["trainer.v1.trainer_mode=tailsieve", "+tailsieve.enable=false",
@@ -97,6 +97,17 @@ def test_uniform_mode_is_the_zero_boundary():
     (["trainer.v1.sampler.custom_sampler.path=my.py", "trainer.v1.sampler.custom_sampler.name=Mine"],
      "trainer.v1.sampler.custom_sampler (my.py:Mine) would be replaced"),
     (["+tailsieve.stop=[1]"], "tailsieve.stop must be a list of non-empty strings"),
+    # settings that would be ignored stop the launch (issue 31)
+    (["tailsieve.enable=false", "tailsieve.q0=4"], "tailsieve.q0 would be ignored: with tailsieve.enable=false"),
+    (["tailsieve.mode=uniform", "+tailsieve.tail.max_num_seqs=16"], "tailsieve.tail would be ignored"),
+    (["tailsieve.enable=false", "tailsieve.mode=fixed"], "tailsieve.mode=fixed would be ignored"),
+    (["+tailsieve.sim.time_scale=2"], "tailsieve.sim.* would be ignored"),
+    (["+tailsieve.tail_on_one_node=yes"], "tailsieve.tail_on_one_node must be true or false"),
+    (["+tailsieve.tail_on_one_node=true", "trainer.nnodes=4", "actor_rollout_ref.rollout.tensor_model_parallel_size=8"],
+     "each rollout replica needs 8 GPUs (tp x dp x pp) and spans nodes of trainer.n_gpus_per_node=4"),
+    (["+tailsieve.tail_on_one_node=true", "trainer.nnodes=2", "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
+      "tailsieve.mode=fixed", "tailsieve.q0=3", "tailsieve.tail_replicas=3"],
+     "tailsieve.tail_replicas=3 with tailsieve.tail_on_one_node=true, but a node holds 2 rollout replicas"),
 ])
 def test_invalid_settings_fail_with_one_clear_message(overrides, message):
     with pytest.raises(TailSieveConfigError) as err:
@@ -140,3 +151,48 @@ def test_rollout_dry_run_switches_to_simulated_replicas_of_the_real_layout():
     rollout = config.actor_rollout_ref.rollout
     assert rollout.name == "tailsieve_sim" and config.trainer.v1.trainer_mode == "tailsieve"
     assert rollout.n_gpus_per_node * rollout.nnodes // rollout.tensor_model_parallel_size == 8
+
+
+@pytest.mark.parametrize("overrides, named", [
+    (["+tailsieve.q0=8"], "tailsieve.q0"),
+    (["+tailsieve.q0=8", "+tailsieve.mode=fixed", "+tailsieve.stop=['<END>']"], "tailsieve.mode, tailsieve.q0"),
+    (["+tailsieve.enable=true"], "tailsieve.enable"),
+])
+def test_a_setting_stock_verl_would_ignore_stops_the_launch(overrides, named):
+    """Issue 31: in verl's own trainer modes only tailsieve.stop acts; a forgotten trainer mode must not
+    silently give a plain stock run."""
+    with pytest.raises(TailSieveConfigError) as err:
+        wire_verl_config(stock(["trainer.v1.trainer_mode=sync", *overrides]))
+    assert str(err.value).startswith(f"{named} would be ignored: trainer.v1.trainer_mode is 'sync'")
+    assert "set trainer.v1.trainer_mode=tailsieve" in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("mode", ["sync", "tailsieve"])
+def test_stop_strings_wire_the_agent_wrapper_in_every_trainer_mode(mode):
+    """Issue 31: a stock baseline's stop strings and validation go through the same wrapper as the
+    TailSieve trainer's; the user's default agent loop is what the wrapper runs."""
+    from omegaconf import OmegaConf
+
+    config = stock([f"trainer.v1.trainer_mode={mode}", "+tailsieve.stop=['<END>']",
+                    "actor_rollout_ref.rollout.agent.default_agent_loop=tool_agent"])
+    settings = wire_verl_config(config)
+    rollout = config.actor_rollout_ref.rollout
+    assert settings.stop == ("<END>",) and settings.active == (mode == "tailsieve")
+    assert rollout.agent.default_agent_loop == "tailsieve_agent"
+    assert OmegaConf.select(rollout, "custom.tailsieve_inner_agent_loop") == "tool_agent"
+    wire_verl_config(config)  # idempotent: the driver wires it, the trainer again in its __init__
+    assert OmegaConf.select(rollout, "custom.tailsieve_inner_agent_loop") == "tool_agent"
+    assert (OmegaConf.select(rollout, "router_config_path") == router_config_path()) == (mode == "tailsieve")
+
+
+def test_stock_verl_without_stop_strings_is_left_alone():
+    config = stock(["trainer.v1.trainer_mode=sync"])
+    assert not wire_verl_config(config).active
+    assert config.actor_rollout_ref.rollout.agent.default_agent_loop == "single_turn_agent"
+
+
+def test_naming_the_wrapper_as_the_default_agent_loop_is_refused_with_the_fix():
+    config = stock(["trainer.v1.trainer_mode=sync", "+tailsieve.stop=['<END>']",
+                    "actor_rollout_ref.rollout.agent.default_agent_loop=tailsieve_agent"])
+    with pytest.raises(TailSieveConfigError, match="the plugin puts its wrapper in place itself; set default_agent_loop"):
+        wire_verl_config(config)

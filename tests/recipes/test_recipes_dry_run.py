@@ -25,7 +25,8 @@ DRAFT = "/models/qwen3-dflash-drafter"
 
 def recipe_env(**extra: str) -> dict[str, str]:
     env = dict(os.environ, PYTHON=sys.executable, DFLASH_DRAFT_PATH=DRAFT)
-    for key in ("TAILSIEVE_DRY_RUN", "TAILSIEVE_PRINT_ARGS", "MODEL_PATH", "WORKLOAD", "N_GPUS", "NNODES",
+    for key in ("TAILSIEVE_DRY_RUN", "TAILSIEVE_PRINT_ARGS", "MODEL_PATH", "WORKLOAD", "N_GPUS", "NNODES", "TEST_FREQ",
+                "MAX_PROMPT_LENGTH", "MAX_RESPONSE_LENGTH", "ROLLOUT_N", "TRAIN_BATCH_SIZE", "TOTAL_STEPS",
                 "TAILSIEVE_Q0", "TAILSIEVE_M0", "PERF_MODEL", "MTP_BULK_TOKENS", "MTP_TAIL_TOKENS", "MTP_SCHEDULE"):
         env.pop(key, None)
     env.update(extra)
@@ -86,8 +87,14 @@ def test_every_recipe_dry_runs(recipe, dry_run):
     kind = recipe.stem.split("_", 1)[1] if not recipe.stem.startswith("qwen3_5") else recipe.stem.split("_", 2)[2]
     # stock verl: verl's own sync trainer and router; only the stop-string agent wrapper is the plugin's
     assert config.trainer.v1.trainer_mode == ("sync" if kind.startswith("verl") else "tailsieve")
+    # every arm samples through the same agent-loop wrapper (the stop strings) around verl's default agent
+    # loop, validation included, and validates before training and every 10 steps (issue 31)
+    assert rollout.agent.default_agent_loop == "tailsieve_agent"
+    assert rollout.custom.tailsieve_inner_agent_loop == "single_turn_agent"
+    assert config.trainer.val_before_train is True and config.trainer.test_freq == 10
+    assert config.data.val_files.endswith("/math/test.parquet")
     if kind.startswith("verl"):
-        assert rollout.agent.default_agent_loop == "tailsieve_agent" and not tailsieve.active
+        assert not tailsieve.active
     bulk_depth = 1
     if kind.startswith("uniform") or kind.startswith("verl"):
         assert not tailsieve.active
@@ -140,9 +147,16 @@ def test_sampling_is_shared_per_workload(dry_run):
 def test_environment_overrides_reach_the_config(dry_run):
     recipe = ROOT / "recipes" / "qwen3_5-2b_tailsieve_mtp.sh"
     args = recipe_args(recipe, MODEL_PATH="/ckpt/qwen", N_GPUS="4", TAILSIEVE_M0="2", MTP_TAIL_TOKENS="5",
-                       LOGGER='["console","file","tensorboard"]')
+                       LOGGER='["console","file","tensorboard"]', MAX_PROMPT_LENGTH="128", MAX_RESPONSE_LENGTH="64",
+                       ROLLOUT_N="4", TEST_FREQ="2")
     config, tailsieve, plans = dry_run(args)
     assert config.actor_rollout_ref.model.path == "/ckpt/qwen"
+    # the sizes the E2E tier swaps in (tests/e2e/test_e2e_recipes.py), with every value derived from them
+    assert (config.data.max_prompt_length, config.data.max_response_length, config.actor_rollout_ref.rollout.n) == (128, 64, 4)
+    assert config.actor_rollout_ref.actor.loss_scale_factor == 64
+    assert (config.trainer.val_before_train, config.trainer.test_freq) == (True, 2)
+    off, _, _ = dry_run(recipe_args(recipe, TEST_FREQ="-1"))
+    assert (off.trainer.val_before_train, off.trainer.test_freq) == (False, -1)
     assert list(config.trainer.logger) == ["console", "file", "tensorboard"]
     doc = {"num_speculative_tokens_per_batch_size": [[1, 64, 3], [65, 128, 1], [129, 256, 0]]}
     assert plan_summary(plans) == [("tail", True, 5, None)] * 2 + [("bulk", True, 3, doc)] * 2
