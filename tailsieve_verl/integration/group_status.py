@@ -16,7 +16,7 @@ class GroupStatus(StrEnum):
     PENDING = "pending"  # submitted, not yet picked up by an agent-loop worker
     RUNNING = "running"  # its samples are being generated
     FINISHED = "finished"  # every sample completed (possibly cut short by an abort)
-    FAILURE = "failure"  # a sample raised (e.g. its replica died); nothing of it is usable
+    FAILURE = "failure"  # a sample raised (its replica died, its tool failed, it was aborted); the others' trajectories are kept
 
     @staticmethod
     def is_settled(status: str | None) -> bool:

@@ -4,6 +4,7 @@ is never stranded, per-prompt sample counts and late reports never break the con
 
 from __future__ import annotations
 
+import importlib.util
 from collections import Counter
 from pathlib import Path
 
@@ -88,3 +89,86 @@ def test_a_report_that_never_comes_is_measured_from_the_trainers_own_view(harnes
         assert set(h.trainer.carried_rows) == set(selector.carried)
         assert len(selector.carried) == result["metrics"]["tailsieve/aborted_groups"]
     assert len(lost) == 2
+
+
+def _test_agents():
+    """The agent-loop module the workers load (agents/ is on their path, not on the test's)."""
+    spec = importlib.util.spec_from_file_location("tailsieve_test_agents", AGENTS_YAML.parent / "tailsieve_test_agents.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _agent(name: str) -> list[str]:
+    return [f"actor_rollout_ref.rollout.agent.agent_loop_config_path={AGENTS_YAML}",
+            f"actor_rollout_ref.rollout.agent.default_agent_loop={name}", "data.shuffle=false"]
+
+
+def _number(prompt_id: str) -> int:
+    return int(prompt_id[1:])  # conftest's prompt_id p<i>
+
+
+def test_a_group_whose_tool_fails_is_trained_with_what_succeeded_as_stock_verl_does(harness_factory, tmp_path):
+    """A group whose agent loop raises (a tool error: no engine refusal, no dead replica) is neither
+    retried nor the end of the run: as in verl 0.9.1's sync replay buffer it counts as one of the B
+    groups, trained with the samples that succeeded (none when every sample failed); under verl's
+    trainer.v1.sampler.sync_refill_failed_groups a group left with no trajectory gives its slot to a
+    fresh prompt, as verl's refill does."""
+    agents = _test_agents()
+    h = harness_factory(FIXED_TAIL + _agent("tool_error") + [f"trainer.default_local_dir={tmp_path}/keep"])
+    trained: list[str] = []
+    partial = empty = 0
+    for _ in range(3):
+        result = h.step()
+        assert len(result["outcome"].consumed) == B and result["metrics"]["tailsieve/redispatched_groups"] == 0
+        samples = Counter(result["prompt_ids"])  # trajectories of each trained prompt
+        for prompt, count in samples.items():
+            number = _number(prompt)
+            assert not agents.every_sample_fails(number)
+            assert count == (N - 1 if agents.one_sample_fails(number) else N), prompt
+        partial += sum(agents.one_sample_fails(_number(p)) for p in samples)
+        empty += B - len(samples)  # consumed, every sample failed: nothing to train
+        trained += list(samples)
+    assert partial > 0 and empty > 0
+    assert len(trained) == len(set(trained))  # exactly once
+    h.close()
+
+    refill = harness_factory(FIXED_TAIL + _agent("tool_error") + ["trainer.v1.sampler.sync_refill_failed_groups=true",
+                                                                    f"trainer.default_local_dir={tmp_path}/refill"])
+    trained = []
+    for _ in range(3):
+        result = refill.step()
+        samples = Counter(result["prompt_ids"])
+        assert len(samples) == B and not any(agents.every_sample_fails(_number(p)) for p in samples)
+        trained += list(samples)
+    assert len(trained) == len(set(trained))
+
+
+def test_an_aborted_group_in_a_long_tool_call_does_not_hold_the_step(harness_factory, tmp_path):
+    """The abort cannot interrupt a tool call: the step closes without waiting for the aborted groups
+    still in one (their prompts are carried: trained once in a later step); their late trajectories are
+    never consumed and are cleared from TransferQueue once they settle. drain_timeout_s (3 s here, the
+    tool takes 12 s) only names them in a warning."""
+    import transfer_queue as tq
+
+    agents = _test_agents()
+    h = harness_factory(FIXED_TAIL + _agent("slow_tool") + ["tailsieve.drain_timeout_s=3",
+                                                            f"trainer.default_local_dir={tmp_path}"])
+    result = h.step()  # the old code waited here for the tool calls, then stopped past the drain timeout
+    settling = set(h.trainer.settling_aborts)  # aborted groups still in their tool call when the step closed
+    assert settling and result["metrics"]["tailsieve/aborted_groups"] == 4
+    first = set(result["prompt_ids"])
+    assert len(first) == B and len(result["batch"].keys) == B * N
+    assert not {_number(p) for p in first} & agents.SLOW_TOOL_PROMPTS
+    carried = set(result["outcome"].carried_ids)
+
+    result = h.step()  # the carried slow prompts run their tool in full here (12 s): the first ones settle meanwhile
+    second = Counter(result["prompt_ids"])
+    assert len(second) == B and set(second.values()) == {N}
+    assert agents.SLOW_TOOL_PROMPTS <= {_number(p) for p in second}  # carried, trained once, whole
+    regenerated = list(result["outcome"].consumed_ids) + list(result["outcome"].carried_ids)
+    assert all(regenerated.count(identity) == 1 for identity in carried)
+    assert not first & set(second)
+    assert not set(h.trainer.settling_aborts) & settling  # settled and cleared
+    left = (tq.kv_list("train") or {}).get("train", {})
+    assert not {key for key in left if key.split("_")[0] in settling}  # prompt keys and late trajectories gone
