@@ -79,8 +79,8 @@ T = TypeVar("T")
 
 
 class RolloutStepError(RuntimeError):
-    """A step cannot complete (a group failed on every attempt, the aborted groups did not settle, a
-    replica is down, stuck or does not answer)."""
+    """A step cannot complete (a group failed on every replica it was re-run on, every sample of the
+    step failed, a replica is down, stuck or does not answer)."""
 
 
 @dataclass

@@ -22,7 +22,7 @@ def _consumed_groups(result: dict) -> Counter:
 
 
 def test_a_step_longer_than_the_drain_timeout_completes(harness_factory, tmp_path):
-    """drain_timeout_s bounds the abort → settled drain only: a tail that runs well past it is healthy."""
+    """drain_timeout_s never ends a step: a tail that runs well past it is healthy."""
     h = harness_factory(FIXED_TAIL + ["tailsieve.sim.time_scale=60", "tailsieve.drain_timeout_s=1",
                                       f"trainer.default_local_dir={tmp_path}"])
     for _ in range(2):  # the second step regenerates the first step's carried tails
