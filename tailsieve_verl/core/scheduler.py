@@ -73,7 +73,7 @@ class ReplicaScheduler:
     def __init__(self, lengths: np.ndarray, prompts: np.ndarray, groups: np.ndarray | None, cfg: EngineConfig):
         self.cfg = cfg
         n = self.n = len(lengths)
-        self.L = np.asarray(lengths, dtype=np.int64)
+        self.L = np.array(lengths, dtype=np.int64)  # a copy: a cached run keeps it read-only
         self.P = np.asarray(prompts, dtype=np.int64)
         self.bs = cfg.block_size
         self.cap = n + 1 if cfg.max_num_seqs is None else cfg.max_num_seqs

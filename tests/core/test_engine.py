@@ -201,3 +201,15 @@ def test_requests_the_engine_can_never_hold_are_refused():
         run([8], [4], EngineConfig(num_gpu_blocks=2, block_size=4))
     with pytest.raises(EngineConfigError, match="chunked prefill off, a prefill of up to 11 tokens"):
         run([2], [10], EngineConfig(max_num_batched_tokens=8, enable_chunked_prefill=False))
+
+
+def test_a_replica_run_again_is_the_cached_run():
+    # the same requests on the same engine and model (group ids as labels only) give the one cached run
+    engine = EngineConfig(num_gpu_blocks=40, block_size=4)
+    first = run([9, 3, 7, 7], [5, 5, 6, 6], engine, groups=[0, 0, 1, 1])
+    assert run([9, 3, 7, 7], [5, 5, 6, 6], engine, groups=[8, 8, 2, 2]) is first
+    assert run([9, 3, 7, 7], [5, 5, 6, 6], EngineConfig(num_gpu_blocks=41, block_size=4), groups=[0, 0, 1, 1]) is not first
+    assert run([9, 3, 7, 7], [5, 5, 6, 6], engine, groups=[0, 1, 1, 1]) is not first
+    assert run([9, 3, 7, 7], [5, 5, 6, 6], engine, groups=[0, 0, 1, 1], perf=LinearPerf(2.0, 0.0)) is not first
+    with pytest.raises(ValueError):  # shared by every caller: read-only
+        first.finish_s[0] = 0.0
