@@ -892,9 +892,12 @@ def build_runners(cfg: SimConfig, pool: PromptPool, perf: PerfModel,
 
 
 def simulate(cfg: SimConfig, pool: PromptPool, perf: PerfModel, workload_name: str = "",
-             progress: Callable[[int, int], None] | None = None, execute: Execute | None = None) -> SimResult:
-    """Run every policy of ``cfg`` for ``cfg.steps`` steps; ``progress(done, total)`` after each step.
-    ``execute`` runs each step's samples (default: the performance model; see :data:`Execute`)."""
+             progress: Callable[[int, int], None] | None = None, execute: Execute | None = None,
+             jobs: int = 1) -> SimResult:
+    """Run every policy of ``cfg`` for ``cfg.steps`` steps; ``progress(done, total)`` after each step
+    (with ``jobs`` > 1, after each policy's last). ``execute`` runs each step's samples (default: the
+    performance model; see :data:`Execute`). ``jobs``: processes that run the policies side by side
+    (the same results: a policy's run depends on nothing another does)."""
     cfg.validate()
     if len(pool) < 2 * cfg.batch_size:
         raise SimError(f"the prompt pool has {len(pool)} prompts; the simulation needs at least 2 × batch = "
@@ -902,10 +905,44 @@ def simulate(cfg: SimConfig, pool: PromptPool, perf: PerfModel, workload_name: s
     runners = build_runners(cfg, pool, perf, execute)
     keep = cfg.steps - 1 if cfg.gantt_step is None else cfg.gantt_step
     total = cfg.steps * len(runners)
-    for t in range(cfg.steps):
-        for j, runner in enumerate(runners):
-            runner.step(t, keep=t == keep)
-            if progress is not None:
-                progress(t * len(runners) + j + 1, total)
+    if jobs > 1 and execute is None and len(runners) > 1:
+        results = _run_side_by_side(runners, cfg.steps, keep, jobs, progress)
+    else:
+        for t in range(cfg.steps):
+            for j, runner in enumerate(runners):
+                runner.step(t, keep=t == keep)
+                if progress is not None:
+                    progress(t * len(runners) + j + 1, total)
+        results = [r.finish() for r in runners]
     return SimResult(cfg, workload_name or pool.spec.name, getattr(perf, "name", str(perf)),
-                     {r.name: r.finish() for r in runners})
+                     {r.name: result for r, result in zip(runners, results)})
+
+
+_FORKED_RUNNERS: list = []  # the runners a forked worker of :func:`_run_side_by_side` steps (inherited, not pickled)
+
+
+def _run_to_end(index: int, steps: int, keep: int) -> PolicyResult:
+    runner = _FORKED_RUNNERS[index]
+    for t in range(steps):
+        runner.step(t, keep=t == keep)
+    return runner.finish()
+
+
+def _run_side_by_side(runners: list, steps: int, keep: int, jobs: int,
+                      progress: Callable[[int, int], None] | None) -> list[PolicyResult]:
+    """Each runner's whole run in a forked worker process, ``jobs`` at a time; the results in runner order."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    _FORKED_RUNNERS[:] = runners
+    try:
+        with ProcessPoolExecutor(min(jobs, len(runners)), mp_context=multiprocessing.get_context("fork")) as workers:
+            futures = {workers.submit(_run_to_end, i, steps, keep): i for i in range(len(runners))}
+            results: dict[int, PolicyResult] = {}
+            for done, future in enumerate(as_completed(futures), start=1):
+                results[futures[future]] = future.result()
+                if progress is not None:
+                    progress(done * steps, len(runners) * steps)
+    finally:
+        _FORKED_RUNNERS.clear()
+    return [results[i] for i in range(len(runners))]

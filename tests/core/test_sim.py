@@ -189,3 +189,20 @@ def test_a_prompt_carried_for_steps_shows_in_the_deferral_and_the_warnings():
                       PromptPool("real", 64, seed=0), perf)
     result.policies["tailsieve"].max_deferral_steps = 3
     assert any("waited 3 steps" in w for w in result.warnings())
+
+
+def test_policies_side_by_side_in_processes_give_the_same_run():
+    # each policy's whole run in a forked worker (jobs=2) against one process, under KV pressure
+    from tailsieve_verl.core.engine import EngineConfig
+
+    perf = parse_perf_model("table:h200-dense")
+    cfg = SimConfig(steps=4, n_replicas=4, batch_size=32, n=8, policies=("verl", "uniform", "tailsieve", "best-static"),
+                    engine=EngineConfig.verl_defaults("qwen3-1.7b", perf, num_gpu_blocks=3000))
+    one = simulate(cfg, PromptPool("real", 256, seed=0), perf)
+    done = []
+    two = simulate(cfg, PromptPool("real", 256, seed=0), perf, jobs=2, progress=lambda d, t: done.append((d, t)))
+    assert list(two.policies) == list(one.policies)
+    for name, r in one.policies.items():
+        assert two.policies[name].makespans.tolist() == r.makespans.tolist()
+        assert (two.policies[name].choice, two.policies[name].lost) == (r.choice, r.lost)
+    assert done[-1] == (16, 16)
