@@ -242,11 +242,12 @@ def pool_assignment(groups: Sequence[Group], replicas: int, offset: int = 0, gro
 
 
 def longest_to_tail(groups: Sequence[Group], q: int, m: int, n_replicas: int, group_atomic: bool = False,
-                    rng: np.random.Generator | None = None) -> np.ndarray:
+                    rng: np.random.Generator | None = None, rank: Sequence[float] | None = None) -> np.ndarray:
     """Replica of every sample (in ``groups``' order) of a split whose lengths are known: the ``q``
     groups with the most tokens on the tail pool (replicas 0..m−1), the rest on the bulk pool, each
-    pool routed by :func:`pool_assignment` (the tail first; a group keeps its order within its pool)."""
-    work = np.array([sum(g.lengths) for g in groups])
+    pool routed by :func:`pool_assignment` (the tail first; a group keeps its order within its pool).
+    ``rank``: what the groups are ranked by instead of their true tokens (e.g. what a predictor knows)."""
+    work = np.asarray(rank, dtype=float) if rank is not None else np.array([sum(g.lengths) for g in groups])
     in_tail = np.zeros(len(groups), dtype=bool)
     in_tail[np.argsort(-work, kind="stable")[:q]] = True
     by_pool = {True: iter(pool_assignment([g for g, t in zip(groups, in_tail) if t], m, 0, group_atomic, rng)),

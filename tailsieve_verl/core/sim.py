@@ -42,6 +42,11 @@ Policies:
   groups on a tail pool at the deepest speculation (or on ``engine``), the rest by stock verl's
   routing on ``engine``, one shared pool included (:class:`ClairvoyantSplitRunner`; opt-in). On the
   best stock configuration's engine, the ceiling of route-specialised speculation over it.
+* ``prompt-oracle-split`` — the same grid, routing-only (the tail pool on ``engine``), with the groups
+  ranked by each prompt's true typical length (:meth:`PromptPool.typical_length`: its median under this
+  step's policy, nothing of this step's samples) instead of their true tokens: the best any per-prompt
+  predictor of lengths can do (:class:`PromptOracleSplitRunner`; opt-in). The gap to
+  ``clairvoyant-split`` is what per-sample chance costs; the gap from TailSieve to it, what its signal misses.
 * ``clairvoyant-group`` / ``clairvoyant-sample`` — know this step's lengths: the B fresh groups
   (or their single samples) routed ``topk-balanced`` (:mod:`core.policies`) with the best (k, m),
   searched coarse-to-fine within ``oracle_time_limit_s`` per step, on ``SimConfig.engine`` (no per-pool
@@ -101,7 +106,8 @@ POOL_ENGINE_POLICIES = ("tailsieve", "tailsieve-fixed", "best-static", "tailsiev
 STOCK_POLICIES = ("verl",) + STOCK_SPEC_POLICIES  # what a verl 0.9.1 user can run without TailSieve
 # opt-in (``--policies ...,best-static``): one TailSieve run per grid point, ~50 runs at R = 8;
 # ``verl-redraw``: the noise floor, stock verl again with an independent set of length draws
-ALL_POLICIES = POLICIES + ("best-static", "verl-redraw") + SPEC_POLICIES
+REFERENCE_SPLITS = ("clairvoyant-split", "prompt-oracle-split")  # a grid of splits, best per step (engine model only)
+ALL_POLICIES = POLICIES + ("best-static", "verl-redraw") + SPEC_POLICIES + ("prompt-oracle-split",)
 BASELINE = "verl"  # every speedup is measured against stock verl first
 SPEC_DEPTHS = (1, 2, 3, 4, 5, 6)  # verl-spec's depths, the best in hindsight reported
 
@@ -566,7 +572,7 @@ class ClairvoyantSplitRunner(StaticRunner):
         best = evaluate_samples(groups, samples, R, self.perf, engine=self.cfg.engine).makespan_s
         pick, self.tail_engine = ("shared", 0), self.cfg.engine
         for q, m, tail in self.candidates():
-            split = longest_to_tail(groups, q, m, R, self.cfg.group_atomic, self.split_rng)
+            split = longest_to_tail(groups, q, m, R, self.cfg.group_atomic, self.split_rng, self.rank(groups))
             makespan = evaluate_samples(groups, split, R, self.perf,
                                         engine=replica_engines(tail, self.cfg.engine, m, R)).makespan_s
             if makespan < best:
@@ -575,12 +581,37 @@ class ClairvoyantSplitRunner(StaticRunner):
         self.picks[pick[0]] += 1
         return samples, pick[1]
 
+    def rank(self, groups: list[Group]) -> Sequence[float] | None:
+        """What the grid's splits rank the groups by (None: their true tokens this step)."""
+        return None
+
     def finish(self) -> PolicyResult:
         result = super().finish()
         label, count = self.picks.most_common(1)[0]
         result.choice = (f"split on {sum(self.picks.values()) - self.picks['shared']} of {sum(self.picks.values())} "
                          f"steps; most often {label} ({count})")
         return result
+
+
+class PromptOracleSplitRunner(ClairvoyantSplitRunner):
+    """``prompt-oracle-split``: :class:`ClairvoyantSplitRunner`'s grid, routing-only, the groups ranked by
+    each prompt's true typical length under this step's policy (times its samples): what an ideal
+    per-prompt predictor knows, nothing per sample. The grid point is still the step's best in hindsight,
+    so it bounds what a per-prompt signal can reach with any (q, m) rule. Not deployable."""
+
+    def __init__(self, cfg: SimConfig, pool: PromptPool, perf: PerfModel, name: str = "prompt-oracle-split"):
+        super().__init__(cfg, pool, perf, name)
+        self.step_index = 0
+
+    def candidates(self) -> list[tuple[int, int, EngineConfig]]:
+        return sorted({(q, m, self.cfg.engine) for q, m, _ in super().candidates()}, key=lambda c: c[:2])
+
+    def step(self, t: int, keep: bool) -> None:
+        self.step_index = t
+        super().step(t, keep)
+
+    def rank(self, groups: list[Group]) -> Sequence[float]:
+        return [self.pool.typical_length(g.prompt_id, self.step_index) * g.n for g in groups]
 
 
 class TailSieveRunner(_Runner):
@@ -865,7 +896,7 @@ def build_runners(cfg: SimConfig, pool: PromptPool, perf: PerfModel,
                   execute: Execute | None = None) -> list[_Runner | HindsightRunner]:
     runners: list[_Runner | HindsightRunner] = []
     for name in cfg.policies:
-        if name in SPEC_POLICIES and execute is not None:
+        if (name in SPEC_POLICIES or name in REFERENCE_SPLITS) and execute is not None:
             raise SimError(f"{name} runs on the engine model; a real engine (execute) is configured per launch")
         if name in StaticRunner.NAMES:
             runners.append(StaticRunner(cfg, pool, perf, name, execute))
@@ -875,6 +906,8 @@ def build_runners(cfg: SimConfig, pool: PromptPool, perf: PerfModel,
             runners.append(FallbackRunner(cfg, pool, perf, name))
         elif name == "clairvoyant-split":
             runners.append(ClairvoyantSplitRunner(cfg, pool, perf, name))
+        elif name == "prompt-oracle-split":
+            runners.append(PromptOracleSplitRunner(cfg, pool, perf, name))
         elif name == "best-static":
             runners.append(BestStaticRunner(cfg, pool, perf, name, execute))
         elif name in ("tailsieve", "tailsieve-dynsd"):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
 import pytest
 
 from tailsieve_verl.core import sim
@@ -150,4 +151,28 @@ def test_clairvoyant_split_is_never_slower_than_stock_verl_on_its_engine_and_bea
 def test_clairvoyant_split_runs_on_the_engine_model_only():
     cfg = SimConfig(steps=1, n_replicas=4, batch_size=16, n=4, seed=3, policies=("clairvoyant-split",))
     with pytest.raises(SimError, match="clairvoyant-split runs on the engine model"):
+        sim.build_runners(cfg, POOL, PERF, execute=lambda name, groups, samples: None)
+
+
+def test_prompt_oracle_split_ranks_by_what_a_per_prompt_predictor_can_know():
+    """Issue 33: the per-prompt reference ranks groups by each prompt's typical length (its median under
+    this step's policy), never by this step's samples; with no sampling noise that is their true work.
+    Its shared-pool candidate is stock verl's own assignment, so no step is slower than stock verl."""
+    result = _run(("verl", "prompt-oracle-split", "clairvoyant-split"), speculation=sim.DEFAULT_SPECULATION)
+    oracle, stock = result.policies["prompt-oracle-split"], result.policies["verl"]
+    assert (oracle.makespans <= stock.makespans + 1e-12).all()
+    assert (oracle.lost, oracle.duplicated, oracle.max_deferral_steps) == (0, 0, 0)
+    assert "tail k=" not in oracle.choice  # routing-only: the tail pool runs the run's own engine
+
+    cfg = SimConfig(steps=1, n_replicas=4, batch_size=16, n=4, seed=3, policies=("prompt-oracle-split",))
+    runner = sim.PromptOracleSplitRunner(cfg, POOL, PERF)
+    runner.step_index = 2
+    ids = list(POOL.prompt_ids[:8])
+    a, b = (POOL.sample_groups(ids, 4, 2, np.random.default_rng(seed)) for seed in (0, 1))
+    assert [g.lengths for g in a] != [g.lengths for g in b] and runner.rank(a) == runner.rank(b)
+    quiet = PromptPool(get_preset("real", max_response_length=2048, prompt_share=0.909, sampling_share=0.0), 128, seed=3)
+    runner = sim.PromptOracleSplitRunner(cfg, quiet, PERF)
+    groups = quiet.sample_groups(ids, 4, 0, np.random.default_rng(0))
+    assert runner.rank(groups) == [sum(g.lengths) for g in groups]
+    with pytest.raises(SimError, match="prompt-oracle-split runs on the engine model"):
         sim.build_runners(cfg, POOL, PERF, execute=lambda name, groups, samples: None)
