@@ -11,7 +11,7 @@ import argparse
 from dataclasses import replace
 from ..core.engine import (H200_MODELS, EngineConfig, EngineConfigError, SpeculativeConfig, measured_engine_fields,
                            parse_spec_schedule, prefill_cost_from_perf)
-from ..core.perf import Calibration, PerfModel
+from ..core.perf import BUNDLED_TABLES, Calibration, PerfModel
 from ..core.sim import DEFAULT_SPECULATION
 from ..core.verify_cost import VerifyTable
 from .checks import MAX_COUNT, CLIError, FloatRule, IntRule
@@ -21,15 +21,21 @@ FIELD_FLAGS = ("max_num_seqs", "num_gpu_blocks", "block_size", "max_num_batched_
 """Engine flags named after the :class:`core.engine.EngineConfig` field they set."""
 
 
-def add_engine_args(parser: argparse.ArgumentParser) -> None:
+ENGINE_SHAPES = (*sorted(H200_MODELS), "auto", "none")
+
+
+def add_engine_args(parser: argparse.ArgumentParser, defaults: str | None = None) -> None:
+    """The engine flags; ``defaults``: the ``--engine-defaults`` a subcommand starts from (None: none)."""
     g = parser.add_argument_group(
-        "engine (vLLM v1 scheduler; unset: no limit binds)",
+        "engine (vLLM v1 scheduler; unset: no limit binds)" if defaults is None else
+        f"engine (vLLM v1 scheduler; --engine-defaults {defaults} unless given)",
         "per-replica engine settings in vLLM's words; --engine-defaults gives verl 0.9.1's rollout defaults "
         "on one H200 and the flags below override them")
-    g.add_argument("--engine-defaults", choices=sorted(H200_MODELS), metavar="MODEL",
+    g.add_argument("--engine-defaults", choices=ENGINE_SHAPES, metavar="MODEL", default=defaults,
                    help="verl 0.9.1's rollout defaults for this model shape on one H200 (max_num_seqs 256, "
                         "8192-token chunked prefill, prefix caching, KV cache at gpu_memory_utilization 0.5): "
-                        + ", ".join(sorted(H200_MODELS)))
+                        + ", ".join(sorted(H200_MODELS)) + "; auto: the --perf-model's model where it is a bundled "
+                        "H200 table (qwen3-1.7b for table:h200-dense), else none; none: no limit binds")
     g.add_argument("--max-num-seqs", type=IntRule(1, MAX_COUNT), help="requests running at once per replica; "
                    "the rest wait FIFO (verl: 256)")
     g.add_argument("--num-gpu-blocks", type=IntRule(1, MAX_BLOCKS),
@@ -80,10 +86,10 @@ def engine_config_from_args(args: argparse.Namespace, perf: PerfModel | None, sp
     speculation policies run, so ``--spec-*`` flags without a depth describe only their speculation."""
     spec_flags = (args.spec_acceptance, args.spec_schedule, args.spec_draft_cost, args.spec_acceptance_half_life,
                   args.spec_verify_table)
-    base = (EngineConfig.verl_defaults(args.engine_defaults, perf, block_size=args.block_size or 16)
-            if args.engine_defaults else EngineConfig())
+    shape = engine_shape(args.engine_defaults, perf)
+    base = EngineConfig.verl_defaults(shape, perf, block_size=args.block_size or 16) if shape else EngineConfig()
     fields = {name: getattr(args, name) for name in FIELD_FLAGS if getattr(args, name) is not None}
-    if args.max_num_batched_tokens is not None and not args.engine_defaults and perf is not None:
+    if args.max_num_batched_tokens is not None and not shape and perf is not None:
         fields["prefill_s_per_token"] = prefill_cost_from_perf(perf)
     k = args.num_speculative_tokens
     if k is None and args.spec_schedule:
@@ -102,6 +108,16 @@ def engine_config_from_args(args: argparse.Namespace, perf: PerfModel | None, sp
             k, args.spec_acceptance, args.spec_schedule or (), args.spec_acceptance_half_life,
             args.spec_draft_cost or 0.0, _verify_table(args))
     return replace(base, **fields)
+
+
+def engine_shape(choice: str | None, perf: PerfModel | None) -> str | None:
+    """The model shape ``--engine-defaults`` names (None: no limit): ``auto`` reads it from a bundled
+    H200 table's rows (``table:h200-dense:qwen3-1.7b``), none from any other performance model."""
+    if choice == "auto":
+        kind, _, rest = str(getattr(perf, "name", "")).partition(":")
+        table, _, model = rest.rpartition(":")
+        return model if kind == "table" and table in BUNDLED_TABLES and model in H200_MODELS else None
+    return None if choice == "none" else choice
 
 
 def prediction_engine(args: argparse.Namespace, calibration: Calibration, perf: PerfModel

@@ -17,6 +17,7 @@ from ..core.trace import read_trace
 from ..core.workload import PRESETS, generate_trace
 from .checks import MAX_COUNT, IntRule
 from .engine_args import add_engine_args, engine_config_from_args, speculation_from_args
+from .lengths import add_length_cap_args, capped, preset
 from .recommend import from_plan, pin_overrides, plan_overrides
 
 PRESET_GROUP_SIZE = 8  # a preset's groups when --n is not given (the recipes' n)
@@ -38,13 +39,15 @@ def register(subparsers) -> None:
     p.add_argument("--steps", type=int, default=30, help="simulated steps per seed")
     p.add_argument("--seeds", type=int, default=5, help="independent simulations behind the band")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    add_length_cap_args(p)
     add_engine_args(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    trace = (read_trace(args.trace) if args.trace else
-             generate_trace(args.workload, args.pool_size, args.n or PRESET_GROUP_SIZE, name=f"preset:{args.workload}"))
+    trace = (capped(read_trace(args.trace), args) if args.trace else
+             generate_trace(preset(args.workload, args), args.pool_size, args.n or PRESET_GROUP_SIZE,
+                            name=f"preset:{args.workload}"))
     perf = parse_perf_model(args.perf_model)
     speculating = args.spec_acceptance is not None  # the engine speculates: the plan chooses how
     engine = engine_config_from_args(args, perf, spec_policies=speculating)
@@ -59,6 +62,9 @@ def run(args: argparse.Namespace) -> int:
     lo, hi = plan.band
     print(f"trace {trace.name}: {plan.prompts} prompt groups; simulated {len(plan.per_seed)} "
           f"× {plan.steps} steps of B={plan.batch_size}×{plan.n} on {plan.n_replicas} replicas")
+    if plan.prompt_copies > 1:
+        print(f"fewer groups than 2 × batch (a prompt is in flight at most once): the steps draw their fresh prompts "
+              f"from {plan.prompt_copies} copies of each logged group, lengths resampled from its observed ones")
     print(f"predicted TailSieve speedup over stock verl: {plan.speedup:.3f}× (10–90 % band {lo:.3f}–{hi:.3f}×)")
     print(f"start the controller at q={plan.initial_q}, m={plan.initial_m} "
           f"(tailsieve.q0 / tailsieve.tail_replicas in the verl config)")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 
 from ..core.perf import DEFAULT_PERF_MODEL, parse_perf_model
@@ -17,9 +18,12 @@ from .checks import output_dir, perf_model_file
 from .checks import CLIError
 from .engine_args import (add_engine_args, add_pool_speculation_args, engine_config_from_args,
                           pool_engines_from_args, speculation_from_args)
+from .lengths import add_length_cap_args, capped, preset
 from .recommend import from_simulation
 
 DEFAULTS = SimConfig()
+MAIN_JOB_BATCH, MAIN_JOB_N = 512, 16  # the main job: a DAPO-sized step (512 prompts × 16 samples) under verl's
+#   rollout defaults (--engine-defaults auto)
 
 
 def register(subparsers) -> None:
@@ -34,8 +38,8 @@ def register(subparsers) -> None:
     p.add_argument("--pool-size", type=int, default=2048, help="prompts in a generated workload's dataset")
     p.add_argument("--steps", type=int, default=DEFAULTS.steps)
     p.add_argument("--replicas", "-R", type=int, default=DEFAULTS.n_replicas)
-    p.add_argument("--batch", "-B", type=int, default=DEFAULTS.batch_size, help="prompt groups per step")
-    p.add_argument("--n", type=int, default=DEFAULTS.n, help="responses per prompt group")
+    p.add_argument("--batch", "-B", type=int, default=MAIN_JOB_BATCH, help="prompt groups per step")
+    p.add_argument("--n", type=int, default=MAIN_JOB_N, help="responses per prompt group")
     p.add_argument("--perf-model", default=DEFAULT_PERF_MODEL, help="performance model spec, e.g. table:h200-moe")
     p.add_argument("--seed", type=int, default=DEFAULTS.seed)
     p.add_argument("--policies", default=",".join(POLICIES),
@@ -56,7 +60,10 @@ def register(subparsers) -> None:
     p.add_argument("--out", default="tailsieve_out", help="directory for plots and simulate.json")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
-    add_engine_args(p)
+    p.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
+                   help="processes running the policies side by side (the same results; default: 2, or 1 on one CPU)")
+    add_length_cap_args(p)
+    add_engine_args(p, defaults="auto")
     add_pool_speculation_args(p)
     p.set_defaults(func=run)
 
@@ -80,11 +87,11 @@ def run(args: argparse.Namespace) -> int:
                                    "gantt_step.png"),
                inputs=[("--prompts file", args.prompts), ("--perf-model file", perf_model_file(args.perf_model))])
     if args.prompts:
-        trace = read_trace(args.prompts)
+        trace = capped(read_trace(args.prompts), args)
         pool, workload = PromptPool.from_trace(trace, seed=args.seed), f"prompts:{args.prompts}"
     else:
-        pool, workload = PromptPool(args.workload, args.pool_size, seed=args.seed), args.workload
-    result = _run_with_progress(config, pool, perf, workload, show=not args.json)
+        pool, workload = PromptPool(preset(args.workload, args), args.pool_size, seed=args.seed), args.workload
+    result = _run_with_progress(config, pool, perf, workload, show=not args.json, jobs=args.jobs)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     report = result.to_json()
@@ -103,16 +110,17 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_with_progress(config: SimConfig, pool: PromptPool, perf, workload: str, show: bool) -> SimResult:
+def _run_with_progress(config: SimConfig, pool: PromptPool, perf, workload: str, show: bool, jobs: int) -> SimResult:
     if not show:
-        return simulate(config, pool, perf, workload)
+        return simulate(config, pool, perf, workload, jobs=jobs)
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     with Progress(TextColumn("simulating"), BarColumn(), TextColumn("{task.completed}/{task.total} policy-steps"),
                   TimeElapsedColumn(), console=Console(stderr=True), transient=True) as progress:
         task = progress.add_task("sim", total=config.steps * len(config.policies))
-        return simulate(config, pool, perf, workload, progress=lambda done, total: progress.update(task, completed=done))
+        return simulate(config, pool, perf, workload, progress=lambda done, total: progress.update(task, completed=done),
+                        jobs=jobs)
 
 
 def _print_summary(result: SimResult, out: Path, plots: list) -> None:

@@ -16,6 +16,7 @@ from ..core.study import PAPER_RESULT, STUDY_POLICIES, StudyConfig, StudyResult,
 from ..core.workload import PRESETS
 from .checks import default_perf_model_label, output_dir, perf_model_file
 from .engine_args import add_engine_args, engine_config_from_args
+from .lengths import add_length_cap_args
 
 REPORT, PLOT = "study.json", "study_cdf.png"
 
@@ -40,6 +41,7 @@ def register(subparsers) -> None:
     p.add_argument("--out", default="tailsieve_out", help=f"directory for {REPORT} and the CDF plot {PLOT}")
     p.add_argument("--no-plots", action="store_true", help="skip the CDF plot")
     p.add_argument("--json", action="store_true", help="print the summary as JSON instead of a table")
+    add_length_cap_args(p)
     add_engine_args(p)
     p.set_defaults(func=run)
 
@@ -47,7 +49,8 @@ def register(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     config = StudyConfig(instances=args.instances, trajectories=args.trajectories, group_size=args.group_size,
                          replicas=args.replicas, perf_model=args.perf_model, workload=args.workload,
-                         seed=args.seed, time_limit_s=args.time_limit,
+                         seed=args.seed, time_limit_s=args.time_limit, max_response_length=args.max_response_length,
+                         max_prompt_length=args.max_prompt_length,
                          engine=engine_config_from_args(args, parse_perf_model(args.perf_model)))
     config.validate()
     workload_file = args.workload if args.workload not in PRESETS and os.path.exists(args.workload) else None

@@ -5,7 +5,9 @@ lengths with replacement, so prompt difficulty persists as it did in the log). T
 simulator runs ``verl`` (stock per-sample routing) and ``tailsieve`` side by side for several seeds;
 the predicted speedup is the mean over seeds of the steady-state speedup (steps after the first
 third), the band its 10th–90th percentile across seeds, and the initial (q, m) the controller's
-median final choice.
+median final choice. One logged step planned at its own batch size has fewer prompts than a step
+draws from (2 × batch): its groups are copied (:func:`prompt_pool`), so the next steps' fresh prompts
+are that step's groups again, lengths resampled.
 
 TailSieve runs there without the per-prompt length record, as in a first epoch. A logged run is a
 sample of the dataset: in a pool of its prompts each one recurs every few steps (every 4 steps from
@@ -38,7 +40,7 @@ from .errors import TailSieveError
 from .perf import PerfModel
 from .sim import (LAUNCH_SPEC_POLICIES, STOCK_POLICIES, SimConfig, SimResult, engine_label, simulate,
                   static_split_runner, tailsieve_spec_config)
-from .trace import Trace
+from .trace import Group, Trace
 from .workload import PromptPool
 
 
@@ -108,12 +110,14 @@ class Plan:
     steps: int
     prompts: int
     engines: EnginePlan | None = None  # with speculation: the engines chosen (see :func:`plan_engines`)
+    prompt_copies: int = 1  # copies of each logged group the steps draw their prompts from (:func:`prompt_pool`)
 
     def to_json(self) -> dict:
         return {"predicted_speedup": self.speedup, "band": list(self.band), "per_seed": list(self.per_seed),
                 "initial_q": self.initial_q, "initial_m": self.initial_m, "fixed_q": self.fixed_q,
                 "fixed_m": self.fixed_m, "fixed_speedup": self.fixed_speedup, "batch": self.batch_size, "n": self.n,
-                "replicas": self.n_replicas, "steps": self.steps, "prompts": self.prompts} | (
+                "replicas": self.n_replicas, "steps": self.steps, "prompts": self.prompts,
+                "prompt_copies": self.prompt_copies} | (
                     self.engines.to_json() if self.engines else {})
 
 
@@ -128,9 +132,9 @@ def plan_from_trace(trace: Trace, n_replicas: int, perf: PerfModel, *, batch_siz
         raise PlanError(f"need --seeds >= 1 and --steps >= 3, got {seeds}, {steps}")
     prompts = len(trace)
     batch = batch_size if batch_size is not None else min(64, prompts // 2)
-    if batch < 2 or 2 * batch > prompts:
-        raise PlanError(f"the trace has {prompts} prompt groups; a batch of {batch} needs at least {2 * batch} "
-                        "(a prompt is in flight at most once); lower --batch or log more steps")
+    if batch < 2 or batch > prompts:
+        raise PlanError(f"the trace has {prompts} prompt groups; a batch of {batch} needs at least {max(batch, 2)} "
+                        "groups and a batch at least 2; lower --batch or log more steps")
     group_size = n if n is not None else int(np.median([g.n for g in trace]))
     steady = slice(steps // 3, None)
     if engine.speculative is not None and speculation is not None:
@@ -138,7 +142,7 @@ def plan_from_trace(trace: Trace, n_replicas: int, perf: PerfModel, *, batch_siz
     policies = PLAN_POLICIES + (LAUNCH_SPEC_POLICIES if speculation else ())
     speedups, finals, runs, results = [], [], [], []
     for seed in range(seeds):
-        pool = PromptPool.from_trace(trace, seed=seed)
+        pool = prompt_pool(trace, batch, seed)
         cfg = SimConfig(steps=steps, n_replicas=n_replicas, batch_size=batch, n=group_size, seed=seed,
                         policies=policies, controller=controller or ControllerConfig(),
                         prompt_record=False, engine=engine, **({"speculation": speculation} if speculation else {}))
@@ -156,7 +160,26 @@ def plan_from_trace(trace: Trace, n_replicas: int, perf: PerfModel, *, batch_siz
     q0 = int(np.median([q for q, m in finals if m == m0]))
     return Plan(float(speedups_arr.mean()), _band(speedups_arr), tuple(float(x) for x in speedups), q0, m0, fixed_q,
                 fixed_m, fixed_speedup, batch, group_size, n_replicas, steps, prompts,
-                plan_engines(results, steady, (q0, m0)) if speculation else None)
+                plan_engines(results, steady, (q0, m0)) if speculation else None, prompt_copies(prompts, batch))
+
+
+def prompt_copies(prompts: int, batch: int) -> int:
+    """Copies of each logged group the simulated steps draw from: a prompt is in flight at most once
+    and TailSieve carries up to a batch of them into the next step, so a step needs 2 × batch
+    prompts to draw fresh ones from."""
+    return max(1, -(-2 * batch // prompts))
+
+
+def prompt_pool(trace: Trace, batch: int, seed: int) -> PromptPool:
+    """The trace's prompts as the pool of a plan with steps of ``batch`` groups, each regeneration
+    resampling the prompt's observed lengths. A trace of fewer than 2 × batch groups — one logged step
+    planned at its own batch size — gives each group :func:`prompt_copies` copies (``PROMPT~c``): the
+    next steps' fresh prompts are that step's groups again, their lengths drawn afresh."""
+    copies = prompt_copies(len(trace), batch)
+    if copies > 1:
+        trace = Trace(tuple(Group(f"{g.prompt_id}~{c}", g.lengths, g.prompt_len) for c in range(copies) for g in trace),
+                      name=trace.name)
+    return PromptPool.from_trace(trace, seed=seed)
 
 
 def _band(samples) -> tuple[float, float]:

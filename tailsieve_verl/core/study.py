@@ -36,7 +36,7 @@ from .policies import route
 from .engine import EngineConfig
 from .replica import evaluate_assignment
 from .trace import Group, read_trace
-from .workload import PRESETS, PromptPool
+from .workload import PRESETS, PromptPool, cap_trace, get_preset
 
 STUDY_POLICIES = ("best-k", "fixed-10%", "verl", "random-uniform", "uniform-oracle")
 PAPER_RESULT = {"best-k worst gap": 0.04, "best-k share within 1%": 0.72}  # the paper's §2.2 figures
@@ -58,6 +58,8 @@ class StudyConfig:
     time_limit_s: float = 0.8
     isolation_fraction: float = 0.1
     engine: EngineConfig = field(default_factory=EngineConfig)  # every replica's engine (default: no limit)
+    max_response_length: int | None = None  # verl's caps (core.workload.cap_trace; a preset's prompts are
+    max_prompt_length: int | None = None  # max_prompt_length long); None: the preset's or the trace's own
 
     def validate(self) -> None:
         if self.instances < 1:
@@ -141,12 +143,14 @@ def _instance_source(config: StudyConfig) -> Callable[[int, np.random.Generator]
     """Groups of instance i: fresh prompts at checkpoint step i (preset) or resampled trace prompts."""
     g = config.groups_per_instance
     if config.workload in PRESETS:
-        pool = PromptPool(config.workload, config.instances * g, seed=config.seed)
+        spec = get_preset(config.workload, max_response_length=config.max_response_length,
+                          prompt_len=config.max_prompt_length)
+        pool = PromptPool(spec, config.instances * g, seed=config.seed)
         return lambda i, rng: pool.sample_groups(pool.prompt_ids[i * g:(i + 1) * g], config.group_size, i, rng)
     if not os.path.exists(config.workload):
         raise StudyError(f"--workload {config.workload!r} is neither a preset ({', '.join(PRESETS)}) "
                          "nor an existing trace file")
-    trace = read_trace(config.workload)
+    trace = cap_trace(read_trace(config.workload), config.max_response_length, config.max_prompt_length)
     if len(trace) < g:
         raise StudyError(f"trace {config.workload} has {len(trace)} prompts; an instance needs {g} "
                          f"(--trajectories / --group-size); lower --trajectories or raise --group-size")

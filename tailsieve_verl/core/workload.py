@@ -63,7 +63,7 @@ class WorkloadSpec:
             raise WorkloadError(f"workload {self.name!r}: need median_len >= 1 and log_sigma >= 0")
         if self.max_response_length < 1 or self.max_response_length < self.median_len:
             raise WorkloadError(f"workload {self.name!r}: max_response_length ({self.max_response_length}) must be "
-                                f">= the median length ({self.median_len:g})")
+                                f">= the median length ({self.median_len:g}); raise the cap (--max-response-length)")
         if self.tail_ratio is not None and self.tail_ratio <= 1:
             raise WorkloadError(f"workload {self.name!r}: tail ratio P90/P50 must be > 1, got {self.tail_ratio}")
         if not 0 <= self.drift_corr <= 1:
@@ -250,6 +250,17 @@ class PromptPool:
             return self._index[prompt_id]
         except KeyError:
             raise WorkloadError(f"unknown prompt {prompt_id!r}; the pool has {len(self)} prompts") from None
+
+
+def cap_trace(trace: Trace, max_response_length: int | None = None, max_prompt_length: int | None = None) -> Trace:
+    """A logged trace under verl's caps (``data.max_response_length``, ``data.max_prompt_length``):
+    generation stops at the response cap and a longer prompt is cut to the prompt cap. None: no cap."""
+    if max_response_length is None and max_prompt_length is None:
+        return trace
+    cap_r = max_response_length if max_response_length is not None else max(trace.lengths, default=0)
+    cap_p = max_prompt_length if max_prompt_length is not None else max((g.prompt_len for g in trace), default=0)
+    return Trace(tuple(Group(g.prompt_id, tuple(min(x, cap_r) for x in g.lengths), min(g.prompt_len, cap_p))
+                       for g in trace), name=trace.name)
 
 
 def rare_extreme_pool(seed: int = 0, n_prompts: int = 192, median_len: float = 155.0, cap: int = 16000,

@@ -37,8 +37,8 @@ def test_simulate_recommends_tailsieve_where_it_wins_by_more_than_the_noise(tmp_
 
 
 def test_simulate_default_workload_stays_with_stock_verl(tmp_path, capsys):
-    """The main job's workload (real tails, 64 × 8 on 8 dense replicas, 30 steps): TailSieve's few per
-    cent either way are inside the run's noise, so the line says to keep stock verl."""
+    """The main job's workload (a DAPO-sized step: real tails, 512 × 16 on 8 dense replicas under verl's
+    rollout defaults, 30 steps): TailSieve stays at one shared pool, so the line says to keep stock verl."""
     lines = _run(simulate_cli, ["simulate", "--policies", "verl,uniform,tailsieve-fixed,tailsieve", "--out",
                                 str(tmp_path), "--no-plots"], capsys)
     assert lines[-1].startswith(STAY + " (best: tailsieve")

@@ -145,6 +145,15 @@ def test_random_small_replicas_give_the_recorded_runs(recorded, seed):
     assert_same_replica_run(run_fuzz(seed), recorded["fuzz"][str(seed)])
 
 
+@pytest.mark.parametrize("seed", [0, 3, 4, 10, 12])
+def test_the_walk_without_numba_gives_the_same_runs(recorded, seed, monkeypatch):
+    # a --no-deps install (no numba): the same functions, interpreted
+    from tailsieve_verl.core import scheduler
+
+    monkeypatch.setattr(scheduler, "_KERNEL", scheduler._walk)
+    assert_same_replica_run(run_fuzz(seed), recorded["fuzz"][str(seed)])
+
+
 def assert_same_replica_run(got: dict, want: dict) -> None:
     for key in ("steps", "preemptions", "tokens_recomputed", "prefill_tokens", "tokens_at"):
         assert got[key] == want[key], key

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import pytest
 
+from tailsieve_verl.core import planner
 from tailsieve_verl.core.perf import parse_perf_model
 from tailsieve_verl.core.planner import PlanError, plan_from_trace
 from tailsieve_verl.core.workload import generate_trace
@@ -47,10 +48,21 @@ def test_the_planned_runs_do_not_use_the_per_prompt_record(monkeypatch):
     assert len(configs) == 2 and not any(cfg.prompt_record for cfg in configs)
 
 
-def test_plan_refuses_a_trace_too_small_for_the_batch():
+def test_plan_refuses_a_batch_larger_than_the_trace():
     trace = generate_trace("real", 20, 4, seed=0)
-    with pytest.raises(PlanError, match="at least 32"):
-        plan_from_trace(trace, 4, parse_perf_model("table:h200-dense"), batch_size=16)
+    with pytest.raises(PlanError, match="needs at least 21 groups"):
+        plan_from_trace(trace, 4, parse_perf_model("table:h200-dense"), batch_size=21)
+
+
+def test_a_trace_smaller_than_two_batches_is_planned_from_copies_of_its_groups():
+    # 20 groups at a batch of 16: a step draws from 32 prompts, so each group is there twice, its copies
+    # resampling the group's observed lengths
+    trace = generate_trace("real", 20, 4, seed=0)
+    pool = planner.prompt_pool(trace, 16, seed=0)
+    assert len(pool) == 40 and {pid.rpartition("~")[0] for pid in pool.prompt_ids} == {g.prompt_id for g in trace}
+    plan = plan_from_trace(trace, 4, parse_perf_model("table:h200-dense"), batch_size=16, steps=3, seeds=1)
+    assert (plan.batch_size, plan.prompts, plan.prompt_copies) == (16, 20, 2)
+    assert planner.prompt_copies(64, 16) == 1
 
 
 def _planned(monkeypatch, preset: str, speculation, **kwargs):
