@@ -106,7 +106,7 @@ class TailSieveConfig:
     tail: PoolEngineConfig = field(default_factory=PoolEngineConfig)
     bulk: PoolEngineConfig = field(default_factory=PoolEngineConfig)
     sim: SimBackendConfig = field(default_factory=SimBackendConfig)
-    drain_timeout_s: float = 600.0  # an aborted group still running this long after its step closed is named (a warning)
+    drain_timeout_s: float = 30.0  # the step waits this long after the abort for aborted groups to settle, no longer
     # A replica with requests in flight that generates no token for this long is stuck: the step stops,
     # naming it (a healthy step may run as long as it needs; only a lack of progress ends it).
     stall_timeout_s: float = 300.0

@@ -68,7 +68,6 @@ from tailsieve_verl.integration.group_status import GroupStatus
 from tailsieve_verl.integration.metrics import StepMeasurement, step_metrics
 from tailsieve_verl.integration.prompts import plain, prompt_key
 from tailsieve_verl.integration.verl_compat import check_verl_internals
-from tailsieve_verl.integration.placement import choose_tail
 
 logger = logging.getLogger(__name__)
 
@@ -243,7 +242,7 @@ class TailSieveTrainer(PPOTrainerSync):
         self.carried_rows: dict[str, TensorDict] = {}
         self.prompt_keys: dict[str, str] = {}  # identity -> prompt_key of its row, for the carried and this step
         self.step_state: ActiveStep | None = None
-        self.settling_aborts: dict[str, float] = {}  # aborted attempt uids still settling after their step closed -> when last named
+        self.settling_aborts: set[str] = set()  # aborted attempt uids still running when their step closed
         self.tailsieve_metrics: dict[str, float] = {}
         self.last_outcome: StepOutcome | None = None  # the last step's consumed/carried identities
         self.skipped_prompts: list[str] = []  # prompt keys the engine refused, skipped (on_refused_request=skip)
@@ -362,10 +361,7 @@ class TailSieveTrainer(PPOTrainerSync):
         self.prompt_keys.update({identity: prompt_key(row) for identity, row in fresh_rows.items()})
         addresses = list(self._replicas_by_address())
         plan, m = self.cycle.plan(list(fresh_rows), len(addresses))
-        tail_addresses = choose_tail(self.llm_server_manager.get_replicas(), m, self.settings.tail_on_one_node,
-                                     PROBE_TIMEOUT_S)  # integration.placement: whole replicas, by node
-        m = len(tail_addresses)  # tail_on_one_node caps m at the fullest node's replicas
-        ray.get(self.router.set_pools.remote(tail_addresses, self.settings.group_atomic,
+        ray.get(self.router.set_pools.remote(addresses[:m], self.settings.group_atomic,
                                              bool(self.config.actor_rollout_ref.rollout.full_determinism)))
 
         state = ActiveStep(plan, m)
@@ -402,11 +398,11 @@ class TailSieveTrainer(PPOTrainerSync):
 
     def finish_rollout_step(self, buffer: TailSieveReplayBuffer, batch_size: int) -> tuple[KVBatchMeta, dict]:
         """Wait for the cutoff, abort the groups it carries, wait until every committed group has
-        finished (a group that failed in its agent loop counts as finished: :meth:`_redispatch_failed`).
-        The aborted groups are not waited for: their prompts are carried, and one still settling (a tool
-        call the abort cannot interrupt) is cleared from TransferQueue once it has
-        (:meth:`_clear_settled_aborts`). No overall time limit: a healthy step takes as long as it needs;
-        a stuck replica (:meth:`_check_progress`) and a dead agent-loop worker stop it."""
+        finished (a group that failed in its agent loop counts as finished: :meth:`_redispatch_failed`)
+        and every aborted group settled, or ``tailsieve.drain_timeout_s`` passed since the abort: one still
+        running then (a tool call the abort cannot interrupt) is carried without waiting and cleared from
+        TransferQueue once it settles (:meth:`_let_settle`). No overall time limit: a healthy step takes as
+        long as it needs; a stuck replica (:meth:`_check_progress`) and a dead agent-loop worker stop it."""
         state = self.step_state
         if state is None:
             raise RolloutStepError("replay_buffer.sample called before prepare_step")
@@ -445,26 +441,32 @@ class TailSieveTrainer(PPOTrainerSync):
             self._engine_call("at the bulk cutoff's abort", lambda: ray.get(
                 [r.server_handle.abort_groups.remote(state.aborted) for r in replicas]), replicas)
 
-    @staticmethod
-    def _step_complete(state: ActiveStep, statuses: dict[str, str]) -> bool:
-        """After the cutoff: every committed group finished. The other groups were selected finished or
-        aborted (carried: not waited for), or had settled by the cutoff."""
-        return all(statuses.get(uid) == GroupStatus.FINISHED for uid, g in state.groups.items() if g.committed)
+    def _step_complete(self, state: ActiveStep, statuses: dict[str, str]) -> bool:
+        """After the cutoff: every committed group finished, and every aborted group settled (its abort
+        score then counts all it generated) or ``tailsieve.drain_timeout_s`` passed since the abort."""
+        if not all(statuses.get(uid) == GroupStatus.FINISHED for uid, g in state.groups.items() if g.committed):
+            return False
+        waited_s = time.monotonic() - state.started - state.cutoff_s
+        return waited_s > self.settings.drain_timeout_s or all(
+            GroupStatus.is_settled(statuses.get(uid)) for uid in state.aborted if uid in state.groups)
 
     def _let_settle(self, state: ActiveStep, uids: list[str]) -> None:
-        """Aborted groups still settling when their step closes leave the step; TransferQueue and the
-        router keep them until :meth:`_clear_settled_aborts` sees them settled (cleared any earlier,
-        verl's worker would write their status and late trajectories again)."""
-        now = time.monotonic()
+        """Aborted groups still running when their step closes leave the step (their prompts are carried);
+        TransferQueue and the router keep them until :meth:`_clear_settled_aborts` sees them settled
+        (cleared any earlier, verl's worker would write their status and late trajectories again)."""
+        if not uids:
+            return
+        logger.warning("TailSieve: step %d: %d aborted groups (e.g. %s) still run their agent loops "
+                       "tailsieve.drain_timeout_s=%ss after the abort (a tool call it cannot interrupt); their prompts "
+                       "are carried without waiting, their late output is never trained and is cleared once they settle",
+                       self.global_steps, len(uids), state.groups[uids[0]].identity, self.settings.drain_timeout_s)
         for uid in uids:
             state.groups.pop(uid)
-            self.settling_aborts[uid] = now
+        self.settling_aborts.update(uids)
 
     def _clear_settled_aborts(self) -> None:
         """Clear the aborted groups of this or an earlier step that have settled since (prompt key, late
-        trajectories, router ledger); never consumed meanwhile (a step selects its own uids). One still
-        settling ``tailsieve.drain_timeout_s`` after its step closed (or it was last named) is named in a
-        warning: its agent loop keeps working after the abort, a tool call that may not end."""
+        trajectories, router ledger); never consumed meanwhile (a step selects its own uids)."""
         if not self.settling_aborts:
             return
         listing = (tq.kv_list(PARTITION) or {}).get(PARTITION, {})
@@ -475,16 +477,7 @@ class TailSieveTrainer(PPOTrainerSync):
             if keys:
                 tq.kv_clear(keys=keys, partition_id=PARTITION)
             ray.get(self.router.forget_groups.remote(list(settled)))
-            for uid in settled:
-                del self.settling_aborts[uid]
-        now = time.monotonic()
-        overdue = [uid for uid, since in self.settling_aborts.items() if now - since > self.settings.drain_timeout_s]
-        if overdue:
-            logger.warning("TailSieve: step %d: %d aborted groups (e.g. %s) still run their agent loops more than "
-                           "tailsieve.drain_timeout_s=%ss after their step closed (a tool call the abort cannot "
-                           "interrupt); they hold no step and are cleared from TransferQueue once they settle",
-                           self.global_steps, len(overdue), overdue[0], self.settings.drain_timeout_s)
-            self.settling_aborts.update({uid: now for uid in overdue})
+            self.settling_aborts -= settled
 
     def _check_progress(self, state: ActiveStep) -> None:
         """Stall detection: a replica with requests in flight whose generated-token count has not moved

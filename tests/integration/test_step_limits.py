@@ -147,8 +147,8 @@ def test_a_group_whose_tool_fails_is_trained_with_what_succeeded_as_stock_verl_d
 def test_an_aborted_group_in_a_long_tool_call_does_not_hold_the_step(harness_factory, tmp_path):
     """The abort cannot interrupt a tool call: the step closes without waiting for the aborted groups
     still in one (their prompts are carried: trained once in a later step); their late trajectories are
-    never consumed and are cleared from TransferQueue once they settle. drain_timeout_s (3 s here, the
-    tool takes 12 s) only names them in a warning."""
+    never consumed and are cleared from TransferQueue once they settle. The step waits drain_timeout_s
+    (3 s here; the tool takes 12 s) for them, no longer."""
     import transfer_queue as tq
 
     agents = _test_agents()
