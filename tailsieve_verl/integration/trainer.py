@@ -68,6 +68,7 @@ from tailsieve_verl.integration.group_status import GroupStatus
 from tailsieve_verl.integration.metrics import StepMeasurement, step_metrics
 from tailsieve_verl.integration.prompts import plain, prompt_key
 from tailsieve_verl.integration.verl_compat import check_verl_internals
+from tailsieve_verl.integration.placement import choose_tail
 
 logger = logging.getLogger(__name__)
 
@@ -361,7 +362,10 @@ class TailSieveTrainer(PPOTrainerSync):
         self.prompt_keys.update({identity: prompt_key(row) for identity, row in fresh_rows.items()})
         addresses = list(self._replicas_by_address())
         plan, m = self.cycle.plan(list(fresh_rows), len(addresses))
-        ray.get(self.router.set_pools.remote(addresses[:m], self.settings.group_atomic,
+        tail_addresses = choose_tail(self.llm_server_manager.get_replicas(), m, self.settings.tail_on_one_node,
+                                     PROBE_TIMEOUT_S)  # integration.placement: whole replicas, by node
+        m = len(tail_addresses)  # tail_on_one_node caps m at the fullest node's replicas
+        ray.get(self.router.set_pools.remote(tail_addresses, self.settings.group_atomic,
                                              bool(self.config.actor_rollout_ref.rollout.full_determinism)))
 
         state = ActiveStep(plan, m)
