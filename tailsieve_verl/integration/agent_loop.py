@@ -55,6 +55,7 @@ class GroupContext:
     """State of one sample (session) of a prompt group, shared with the LLM client via a contextvar."""
 
     uid: str
+    session_id: int = 0
     aborted: bool = False
     failed: bool = False
     # the sample's work (core.selector.group_work): every token the model generated for it, over all its
@@ -99,6 +100,8 @@ class GroupTaggedClient(LLMServerClient):
         if sample is not None:
             sample.generated_tokens += len(output.token_ids)
             sample.aborted = sample.aborted or output.stop_reason in ABORT_REASONS
+            if not sample.aborted and hasattr(self._load_balancer, "report_progress"):  # it may go on to a tool call
+                self._load_balancer.report_progress.remote(sample.uid, sample.session_id, sample.generated_tokens)
         return output
 
     def _vllm_request_id(self, request_id: str) -> str:
@@ -132,7 +135,7 @@ class TailSieveAgentLoop(AgentLoopBase):
         inner = hydra.utils.instantiate(config=_agent_loop_registry[inner_name], **self._init_kwargs)
         if self.stop and own_agent is None:
             sampling_params = {**sampling_params, "stop": self.stop}
-        sample = GroupContext(uid=str(kwargs["uid"]))
+        sample = GroupContext(uid=str(kwargs["uid"]), session_id=int(kwargs.get("session_id") or 0))
         token = _SAMPLE.set(sample)
         start = time.monotonic()
         output = None

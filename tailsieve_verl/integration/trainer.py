@@ -187,14 +187,17 @@ def _generated_lengths(batch: KVBatchMeta, uids: set[str]) -> dict[str, tuple[in
     return {uid: tuple(s[k] for k in sorted(s)) for uid, s in by_session.items()}
 
 
-def _pulled_work(plan: StepPlan, consumed: list[tuple[str, GroupRecord]], aborted: dict[str, dict]
+def _pulled_work(plan: StepPlan, consumed: list[tuple[str, GroupRecord]], aborted: list[tuple[dict, int]]
                  ) -> tuple[list[tuple[int, ...]], list[tuple[bool, ...]]]:
     """Every group the step pulled fresh from the data set, for the length-bias monitor's reference:
-    the consumed ones whole, the aborted ones (all fresh) as each sample's work and whether the abort
-    cut it (then its work is a lower bound on its length)."""
+    the consumed ones whole, the aborted ones (all fresh: their report, their number of samples) as
+    each sample's work and whether the abort cut it (then its work is a lower bound on its length; a
+    sample that reported nothing counts as cut at 0)."""
     fresh = set(plan.bulk_fresh_ids) | set(plan.fresh_tail_ids)
     groups = [(g.lengths, (False,) * len(g.lengths)) for identity, g in consumed if identity in fresh]
-    groups += [(tuple(r["tokens"]), tuple(r["sample_aborted"])) for r in aborted.values()]
+    for report, n in aborted:
+        tokens, cut = tuple(report.get("tokens", ())), tuple(report.get("sample_aborted", ()))
+        groups.append((tokens + (0,) * (n - len(tokens)), cut + (True,) * (n - len(cut))))
     return [lengths for lengths, _ in groups], [cut for _, cut in groups]
 
 
@@ -697,7 +700,7 @@ class TailSieveTrainer(PPOTrainerSync):
         identity = {uid: g.identity for uid, g in state.groups.items()}
         rows = {g.identity: g.row for g in state.groups.values()}
         scores = {identity[u]: group_work(reports.get(u, {}).get("tokens", ())) for u in dropped}
-        fresh_aborted = {identity[u]: reports[u] for u in dropped if u in reports}  # the bias monitor's reference
+        fresh_aborted = [(reports.get(u, {}), state.groups[u].samples) for u in dropped]  # the bias reference
         self._forget(state, [uid for uid in dropped if uid not in settling])
         self._let_settle(state, settling)
         self._clear_settled_aborts()

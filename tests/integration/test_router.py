@@ -88,6 +88,7 @@ def test_a_removed_replica_hands_its_groups_to_the_rest_of_its_pool():
 
 def test_sample_ledger_aggregates_a_group():
     router = PoolRouter(dict(SERVERS))
+    router.assign_groups({"g": Pool.BULK})  # the ledger keeps reports of dispatched groups only
     router.report_sample({"uid": "g", "session_id": 1, "duration_s": 2.0, "tokens": 7, "aborted": False,
                           "failed": False})
     assert router.take_reports({"g": 2}) == {}
@@ -101,6 +102,7 @@ def test_sample_ledger_aggregates_a_group():
 def test_reports_wait_for_each_groups_own_sample_count():
     """verl's per-row ``__rollout_n__``: a group of 1 sample is reported next to a group of 3."""
     router = PoolRouter(dict(SERVERS))
+    router.assign_groups({"one": Pool.BULK, "three": Pool.BULK})
     sample = {"duration_s": 1.0, "tokens": 4, "aborted": False, "failed": False}
     router.report_sample({**sample, "uid": "one", "session_id": 0})
     for session in range(2):
@@ -119,6 +121,20 @@ def test_an_aborted_groups_report_keeps_every_samples_work_and_which_the_abort_c
                               "aborted": aborted, "failed": False})
     report = router.take_reports({"g": 3})["g"]
     assert report["tokens"] == (9, 4, 0) and report["sample_aborted"] == (False, True, True) and report["aborted"]
+
+
+def test_a_partial_report_counts_the_finished_turns_of_a_sample_still_in_its_agent_loop():
+    """An aborted group leaves its step while a sample waits on a tool call: that sample's work so far
+    (its last progress report) is in the group's report, cut by the abort (issue 31)."""
+    router = PoolRouter(dict(SERVERS))
+    router.assign_groups({"g": Pool.BULK})
+    router.report_progress("g", 0, 5)
+    router.report_progress("g", 1, 3)
+    router.report_progress("g", 1, 11)  # its second turn
+    router.report_sample({"uid": "g", "session_id": 0, "duration_s": 2.0, "tokens": 6, "aborted": True, "failed": False})
+    report = router.take_partial_reports(["g"])["g"]
+    assert report["tokens"] == (6, 11) and report["sample_aborted"] == (True, True)
+    assert router.take_partial_reports(["g"]) == {}
 
 
 def test_full_determinism_routes_each_pool_as_stock_verls_balancer_does():

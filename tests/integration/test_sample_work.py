@@ -6,6 +6,7 @@ replicas and a two-turn tool loop: one count for the length record, the abort sc
 
 from __future__ import annotations
 
+import importlib.util
 from collections import Counter
 from pathlib import Path
 
@@ -46,6 +47,14 @@ def _watch(trainer) -> list[dict]:
     return steps
 
 
+def _slow_tool_prompts() -> frozenset[int]:
+    """The prompts whose tool call is slow (the agent-loop module the workers load; not on the test's path)."""
+    spec = importlib.util.spec_from_file_location("tailsieve_test_agents", AGENTS_YAML.parent / "tailsieve_test_agents.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.SLOW_TOOL_PROMPTS
+
+
 def _engine_tokens(h) -> int:
     return sum(s["tokens"] for s in h.server_stats())
 
@@ -69,6 +78,23 @@ def test_a_tool_loops_work_leaves_out_tool_output_and_every_generated_token_is_c
     assert metrics["tailsieve/aborted_groups"] == 4
     assert metrics["tailsieve/bias/censored_share"] > 0  # the reference holds the aborted samples, as lower bounds
     assert ray.get(h.trainer.router.get_status.remote())["full_determinism"]  # rollout.full_determinism reached the pools
+
+
+def test_an_aborted_sample_in_a_long_tool_call_still_counts_its_finished_turns(harness_factory, tmp_path):
+    """The slow prompts' groups are aborted while their samples wait on a 12 s tool call, and the step
+    closes without them (they settle later): their abort score is still the work of the turns they had
+    finished, so the step's engine tokens are again exactly the consumed work plus aborted_tokens."""
+    h = harness_factory(TOOL_LOOP + ["actor_rollout_ref.rollout.agent.default_agent_loop=slow_tool",
+                                     "data.shuffle=false", f"trainer.default_local_dir={tmp_path}"])
+    steps = _watch(h.trainer)
+    before = _engine_tokens(h)
+    metrics = h.step()["metrics"]
+    seen = steps[-1]
+    assert h.trainer.settling_aborts  # the slow groups were still in their tool call when the step closed
+    assert _engine_tokens(h) - before == sum(map(sum, seen["consumed"])) + metrics["tailsieve/aborted_tokens"]
+    slow = {identity for identity, row in h.trainer.carried_rows.items()
+            if int(row["extra_info"][0]["prompt_id"][1:]) in _slow_tool_prompts()}
+    assert slow and all(seen["scores"][identity] > 0 for identity in slow)
 
 
 def test_an_agent_loop_returning_several_outputs_is_measured_and_trained_whole(harness_factory, tmp_path):
