@@ -23,6 +23,37 @@ def _check_whole_batch(result: dict) -> Counter:
     return counts
 
 
+def _kill(replica) -> None:
+    """Kill a replica's server actor and wait until Ray reports it dead: ``ray.kill`` returns before
+    the actor is gone, and a call that reaches it in between still succeeds."""
+    ray.kill(replica.server_handle)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            ray.get(replica.server_handle.get_server_address.remote(), timeout=10)
+        except ray.exceptions.RayActorError:
+            return
+        except ray.exceptions.GetTimeoutError:
+            continue  # busy or dying: ask again
+        time.sleep(0.05)
+    raise AssertionError(f"replica {replica.replica_rank} still answers 60 s after ray.kill")
+
+
+def _kill_when_busy(replica, deadline_s: float = 30.0) -> threading.Thread:
+    """Kill ``replica`` as soon as it is generating, so the kill lands mid-step whatever the load."""
+    def run():
+        end = time.monotonic() + deadline_s
+        while time.monotonic() < end:
+            if ray.get(replica.server_handle.get_stats.remote())["active"] > 0:
+                _kill(replica)
+                return
+            time.sleep(0.01)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread
+
+
 def _heaviest_candidates(trainer, q: int) -> tuple[str, ...]:
     """The q carried candidates the tail pool must take: highest abort score, or the per-prompt
     record's larger lower bound for a candidate that was aborted on an earlier step as well."""
@@ -138,13 +169,7 @@ def test_replica_failure_mid_step_redispatches_its_groups(harness_factory, tmp_p
                          "+tailsieve.controller.inner_loop=false", "tailsieve.sim.time_scale=40", f"trainer.default_local_dir={tmp_path}"])
     h.step()  # fills the carried queue, so the next step has a tail pool
     victim = h.trainer.llm_server_manager.get_replicas()[-1]  # a bulk replica
-
-    def kill_soon():
-        time.sleep(0.5)
-        ray.kill(victim.server_handle)
-
-    killer = threading.Thread(target=kill_soon)
-    killer.start()
+    killer = _kill_when_busy(victim)
     result = h.step()
     killer.join()
     m = result["metrics"]
@@ -166,7 +191,7 @@ def test_a_replica_dead_after_its_last_request_stops_the_step_naming_it(harness_
     h = harness_factory([f"trainer.default_local_dir={tmp_path}"])
     h.step()
     victim = h.trainer.llm_server_manager.get_replicas()[-1]
-    ray.kill(victim.server_handle)
+    _kill(victim)
     with pytest.raises(RolloutStepError, match=f"rank {victim.replica_rank} at .* is down when verl put the replicas"):
         h.trainer.on_sample_end()  # verl's hook after the rollout: it sleeps every replica
     with pytest.raises(RolloutStepError, match=f"rank {victim.replica_rank} at .* is down before the weight update"):
