@@ -35,6 +35,7 @@ Carried prompt rows and the selector/controller/record state are saved next to v
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -278,7 +279,8 @@ class TailSieveTrainer(PPOTrainerSync):
             logger.info("TailSieve: cleared %d TransferQueue keys restored from the checkpoint", len(leftovers))
 
     def prepare_step(self) -> dict:
-        self.begin_rollout_step()
+        with self._naming_a_lost_actor():
+            self.begin_rollout_step()
         return {}
 
     def on_sample_end(self):
@@ -290,10 +292,32 @@ class TailSieveTrainer(PPOTrainerSync):
         self._engine_call("in the weight update", super().on_step_end)
 
     def _step_once(self, metrics: dict, timing_raw: dict, sample_batch_size: int):
-        batch = super()._step_once(metrics, timing_raw, sample_batch_size)
+        with self._naming_a_lost_actor():
+            batch = super()._step_once(metrics, timing_raw, sample_batch_size)
         metrics.update(self.tailsieve_metrics)
         self.tailsieve_metrics = {}
         return batch
+
+    @contextlib.contextmanager
+    def _naming_a_lost_actor(self):
+        """A Ray actor the step needs that is gone (its node left the cluster, taking every actor Ray put
+        there: the pool router, an agent-loop worker, a replica) stops the run with one line naming it."""
+        try:
+            yield
+        except ray.exceptions.RayActorError as exc:
+            raise RolloutStepError(
+                f"step {self.global_steps}: {self._actor_role(exc.actor_id)} is gone ({type(exc).__name__}; its "
+                f"node may have left the Ray cluster); restart the run once the node is back (trainer.resume_mode="
+                f"auto resumes from the last checkpoint, carried groups included)") from None
+
+    def _actor_role(self, actor_id: str | None) -> str:
+        """What a Ray actor of the step is: the pool router, an agent-loop worker, a replica's server."""
+        workers = getattr(self.agent_loop_manager, "agent_loop_workers", None) or []
+        roles = {self.router._actor_id.hex(): "the pool router"}
+        roles.update({w._actor_id.hex(): f"agent-loop worker {i} of {len(workers)}" for i, w in enumerate(workers)})
+        roles.update({server._actor_id.hex(): f"rollout replica rank {r.replica_rank} at {r.server_address}"
+                      for r in self.llm_server_manager.get_replicas() for server in r.servers})
+        return roles.get(actor_id, f"Ray actor {actor_id}")
 
     # ---- engine calls ---------------------------------------------------------------------------
     def _engine_call(self, when: str, call: Callable[[], T], replicas: list | None = None) -> T:

@@ -12,12 +12,16 @@ with the simulated replicas, which verl's layout spreads over the two nodes (2 p
 from __future__ import annotations
 
 import os
+import tempfile
 
 if os.environ.get("TAILSIEVE_MULTINODE_TIER") == "1":
     # Before Ray is imported (tier_gate imports verl): on Linux, Ray rewrites a loopback address given to
     # ray.init into the machine's outward IP (services.resolve_ip_for_localhost), where the loopback-bound
     # head does not listen; this switch keeps the driver, like every node, on 127.0.0.1.
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    # The cluster's own Ray directory: Cluster() records its address in <temp dir>/ray/ray_current_cluster,
+    # and a plain ray.init() elsewhere on this machine (another test run) would join it instead of starting.
+    os.environ.setdefault("RAY_TMPDIR", tempfile.mkdtemp(prefix="tsmn_"))
 
 import pytest  # noqa: E402
 
