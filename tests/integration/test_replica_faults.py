@@ -97,3 +97,16 @@ def test_a_weight_update_that_never_returns_stops_within_the_engine_call_limit(h
         h.trainer.on_step_end()
     assert time.monotonic() - started < 20
     never.set()
+
+
+def test_a_lost_router_mid_step_stops_the_run_naming_it(harness_factory, tmp_path):
+    """A node that leaves the Ray cluster takes every actor Ray placed there, the pool router included
+    (verl places it anywhere); the step stops with the one error naming it, not a bare Ray error."""
+    h = harness_factory(FIXED_TAIL + ["tailsieve.sim.time_scale=40", f"trainer.default_local_dir={tmp_path}"])
+    h.step()
+    router = h.trainer.router
+    killer = threading.Thread(target=lambda: (time.sleep(0.5), ray.kill(router)))
+    killer.start()
+    with pytest.raises(RolloutStepError, match=r"step 2: the pool router is gone \(\w+Error; its node may have left"):
+        h.step()
+    killer.join()
