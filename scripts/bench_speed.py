@@ -1,0 +1,117 @@
+"""The engine model's speed before and after issue 32, measured side by side in one run.
+
+Each scenario runs twice, in a fresh process each: with the package as of ``--before`` (that commit's
+``tailsieve_verl/``, unpacked with ``git archive`` into a temporary directory) and with this tree's.
+Scenarios (the issue's "must show"): a DAPO-sized step, 512 prompts × 16 samples on R = 8 replicas of
+Qwen3-8B dense (``table:h200-dense:qwen3-8b``) under verl 0.9.1's rollout defaults
+(``EngineConfig.verl_defaults``), real tails at a 32k response cap:
+
+* ``default``: ``simulate``'s default policies (the clairvoyant references search for at most
+  ``--oracle-time-limit`` wall seconds a step, so their share depends on the machine's load);
+* ``hindsight``: ``best-static`` and ``clairvoyant-split``;
+* ``plan``: ``plan`` of one logged 512 × 16 step at its own batch size (refused before).
+
+CPU seconds (``time.process_time`` of the run, the figure that survives a shared machine) and wall
+seconds, one core each (``jobs`` 1), numba's load of its compiled walk included::
+
+    PYTHONPATH=. python scripts/bench_speed.py --steps 3 [--scenarios default,hindsight,plan] [--before 2b7a8b1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tarfile
+import tempfile
+from io import BytesIO
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+BEFORE = "2b7a8b1"  # main before issue 32: the span-based scheduler
+
+DRIVER = r"""
+import json, sys, time
+from tailsieve_verl.core import sim
+from tailsieve_verl.core.engine import EngineConfig
+from tailsieve_verl.core.perf import parse_perf_model
+from tailsieve_verl.core.workload import PromptPool, generate_trace, get_preset
+scenario, steps, seeds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+perf = parse_perf_model("table:h200-dense:qwen3-8b")
+engine = EngineConfig.verl_defaults("qwen3-8b", perf)
+workload = get_preset("real", max_response_length=32768)
+import tailsieve_verl
+out = {"package": tailsieve_verl.__path__[0]}
+wall, cpu = time.perf_counter(), time.process_time()
+if scenario == "plan":
+    from tailsieve_verl.core.planner import plan_from_trace
+    from tailsieve_verl.core.errors import TailSieveError
+    trace = generate_trace(workload, 512, 16, name="one-step")
+    try:
+        plan = plan_from_trace(trace, 8, perf, batch_size=512, n=16, steps=steps, seeds=seeds, engine=engine)
+        out["result"] = f"speedup {plan.speedup:.3f}, start q={plan.initial_q}, m={plan.initial_m}"
+    except TailSieveError as e:
+        out["result"] = f"refused: {e}"
+else:
+    policies = sim.POLICIES if scenario == "default" else ("best-static", "clairvoyant-split")
+    cfg = sim.SimConfig(steps=steps, n_replicas=8, batch_size=512, n=16, seed=0, policies=policies, engine=engine)
+    result = sim.simulate(cfg, PromptPool(workload, 2048, seed=0), perf)
+    out["result"] = ", ".join(f"{name} {r.mean_makespan_s:.1f} s" for name, r in result.policies.items())
+out["cpu_s"], out["wall_s"] = time.process_time() - cpu, time.perf_counter() - wall
+print(json.dumps(out))
+"""
+
+
+def package_at(commit: str, into: Path) -> Path:
+    """``tailsieve_verl/`` as of ``commit``, unpacked under ``into`` (a directory to put on PYTHONPATH)."""
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", commit, "tailsieve_verl"], check=True,
+                             capture_output=True).stdout
+    with tarfile.open(fileobj=BytesIO(archive)) as tar:
+        tar.extractall(into, filter="data")
+    return into
+
+
+def measure(tree: Path, scenario: str, steps: int, seeds: int) -> dict:
+    # run in the tree: ``python -c`` puts the working directory before PYTHONPATH
+    run = subprocess.run([sys.executable, "-c", DRIVER, scenario, str(steps), str(seeds)], capture_output=True,
+                         text=True, cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)})
+    if run.returncode:
+        return {"result": "failed: " + (run.stderr.strip().splitlines() or ["?"])[-1], "cpu_s": float("nan"),
+                "wall_s": float("nan")}
+    out = json.loads(run.stdout.strip().splitlines()[-1])
+    if Path(out["package"]).parent != tree.resolve():
+        raise SystemExit(f"the {tree} run imported the package from {out['package']}")
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--before", default=BEFORE, help="the commit to measure against")
+    ap.add_argument("--steps", type=int, default=30, help="simulated steps per run (both sides)")
+    ap.add_argument("--seeds", type=int, default=5, help="plan: seeds")
+    ap.add_argument("--scenarios", default="default,hindsight,plan")
+    ap.add_argument("--after-only", action="store_true", help="skip the before side (e.g. a long --steps run)")
+    args = ap.parse_args()
+    print(f"512 x 16 on 8 replicas, Qwen3-8B dense under verl's rollout defaults, real tails, 32k cap; "
+          f"{args.steps} steps{f', plan {args.seeds} seeds' if 'plan' in args.scenarios else ''}; one core each")
+    print(f"{'scenario':>10} {'side':>7} {'CPU s':>8} {'wall s':>8}  result")
+    with tempfile.TemporaryDirectory() as tmp:
+        sides = {"after": ROOT}
+        if not args.after_only:
+            sides = {"before": package_at(args.before, Path(tmp)), **sides}
+        for scenario in args.scenarios.split(","):
+            cpu = {}
+            for side, tree in sides.items():
+                m = measure(tree, scenario, args.steps, args.seeds)
+                if not m["result"].startswith(("refused", "failed")):
+                    cpu[side] = m["cpu_s"]
+                print(f"{scenario:>10} {side:>7} {m['cpu_s']:8.1f} {m['wall_s']:8.1f}  {m['result']}", flush=True)
+            if len(cpu) == 2 and cpu["after"] > 0:
+                print(f"{scenario:>10} {'':>7} {cpu['before'] / cpu['after']:7.1f}x CPU")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
