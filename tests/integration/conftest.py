@@ -67,8 +67,9 @@ def ray_session():
     if not ray.is_initialized():
         # AGENTS_DIR: the test agent loops (agents/agents.yaml), imported by the agent-loop workers
         pythonpath = os.pathsep.join(p for p in (str(AGENTS_DIR), os.environ.get("PYTHONPATH", "")) if p)
-        ray.init(num_cpus=16, object_store_memory=256 * 1024**2, include_dashboard=False, log_to_driver=False,
-                 runtime_env={"env_vars": {"VERL_LOGGING_LEVEL": "WARN", "TOKENIZERS_PARALLELISM": "false",
+        # address="local": a cluster of its own, never another test run's or a developer's already running here
+        ray.init(address="local", num_cpus=16, object_store_memory=256 * 1024**2, include_dashboard=False,
+                 log_to_driver=False, runtime_env={"env_vars": {"VERL_LOGGING_LEVEL": "WARN", "TOKENIZERS_PARALLELISM": "false",
                                            "PYTHONPATH": pythonpath}})
     yield ray
     ray.shutdown()

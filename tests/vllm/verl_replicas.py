@@ -51,7 +51,7 @@ def init_ray(n_replicas: int) -> None:
         # Each replica's bundle asks for 2 CPUs + 1 (logical) GPU and its server actor one more CPU.
         # Loopback node address: verl's HTTP servers bind the node IP, and every request of the tier
         # must stay on this machine's loopback.
-        ray.init(num_cpus=4 * n_replicas + 4, num_gpus=n_replicas, include_dashboard=False,
+        ray.init(address="local", num_cpus=4 * n_replicas + 4, num_gpus=n_replicas, include_dashboard=False,
                  log_to_driver=False, _node_ip_address="127.0.0.1")
 
 
