@@ -16,8 +16,8 @@ import transfer_queue as tq
 AGENTS_YAML = Path(__file__).parent / "agents" / "agents.yaml"  # the test agent loops (see conftest.ray_session)
 B, N = 8, 2
 TOOL_LOOP = ["+tailsieve.mode=fixed", "+tailsieve.q0=2", "+tailsieve.tail_replicas=1",
-             "+tailsieve.controller.inner_loop=false", "tailsieve.drain_timeout_s=20",
-             f"actor_rollout_ref.rollout.agent.agent_loop_config_path={AGENTS_YAML}"]
+             "+tailsieve.controller.inner_loop=false", f"actor_rollout_ref.rollout.agent.agent_loop_config_path={AGENTS_YAML}"]
+SETTLED = ["tailsieve.drain_timeout_s=20"]  # the step waits for its aborted groups (a 2 s tool call) to settle
 
 
 def _watch(trainer) -> list[dict]:
@@ -64,7 +64,7 @@ def test_a_tool_loops_work_leaves_out_tool_output_and_every_generated_token_is_c
     """Consumed groups count their model tokens only (tool output is masked out); an aborted group
     counts all its samples' tokens — finished samples whole, the first turn of one cut while its tool
     ran — so each step's engine tokens are exactly the consumed work plus tailsieve/aborted_tokens."""
-    h = harness_factory(TOOL_LOOP + ["actor_rollout_ref.rollout.agent.default_agent_loop=two_turn_tool",
+    h = harness_factory(TOOL_LOOP + SETTLED + ["actor_rollout_ref.rollout.agent.default_agent_loop=two_turn_tool",
                                      "actor_rollout_ref.rollout.full_determinism=true",
                                      f"trainer.default_local_dir={tmp_path}"])
     steps = _watch(h.trainer)
@@ -82,10 +82,11 @@ def test_a_tool_loops_work_leaves_out_tool_output_and_every_generated_token_is_c
 
 def test_an_aborted_sample_in_a_long_tool_call_still_counts_its_finished_turns(harness_factory, tmp_path):
     """The slow prompts' groups are aborted while their samples wait on a 12 s tool call, and the step
-    closes without them (they settle later): their abort score is still the work of the turns they had
+    closes without them after drain_timeout_s (they settle later): their abort score is still the work of the turns they had
     finished, so the step's engine tokens are again exactly the consumed work plus aborted_tokens."""
-    h = harness_factory(TOOL_LOOP + ["actor_rollout_ref.rollout.agent.default_agent_loop=slow_tool",
-                                     "data.shuffle=false", f"trainer.default_local_dir={tmp_path}"])
+    h = harness_factory(TOOL_LOOP + ["actor_rollout_ref.rollout.agent.default_agent_loop=slow_tool", "data.shuffle=false",
+                                     "tailsieve.drain_timeout_s=3",  # the step stops waiting for the 12 s tool calls
+                                     f"trainer.default_local_dir={tmp_path}"])
     steps = _watch(h.trainer)
     before = _engine_tokens(h)
     metrics = h.step()["metrics"]
@@ -101,7 +102,7 @@ def test_an_agent_loop_returning_several_outputs_is_measured_and_trained_whole(h
     """verl's TransferQueue worker stores every output of a loop that returns a list; TailSieve reports
     the sample once, its work over all outputs, and the step consumes B whole groups. A consumed group
     whose report is lost is measured from TransferQueue the same way (every output's response_mask)."""
-    h = harness_factory(TOOL_LOOP + ["actor_rollout_ref.rollout.agent.default_agent_loop=two_outputs",
+    h = harness_factory(TOOL_LOOP + SETTLED + ["actor_rollout_ref.rollout.agent.default_agent_loop=two_outputs",
                                      f"trainer.default_local_dir={tmp_path}"])
     steps = _watch(h.trainer)
     collect = h.trainer._collect_reports
