@@ -69,8 +69,8 @@ from tailsieve_verl.integration.engine_config import install_tailsieve_vllm, poo
 from tailsieve_verl.integration.group_status import GroupStatus
 from tailsieve_verl.integration.metrics import StepMeasurement, step_metrics
 from tailsieve_verl.integration.prompts import plain, prompt_key
-from tailsieve_verl.integration.verl_compat import check_verl_internals
 from tailsieve_verl.integration.placement import choose_tail
+from tailsieve_verl.integration.verl_compat import check_verl_internals
 
 logger = logging.getLogger(__name__)
 
