@@ -143,13 +143,13 @@ class TailSieveAgentLoop(AgentLoopBase):
             output = await inner.run(sampling_params, **kwargs)
         finally:
             _SAMPLE.reset(token)
-            self._report(sample, kwargs.get("session_id"), time.monotonic() - start, output)
+            self._report(sample, time.monotonic() - start, output)
         if sample.aborted:
             raise SampleAborted(f"group {sample.uid} sample {kwargs.get('session_id')} aborted at the bulk cutoff "
                                 f"(expected: the group is carried to the next step)")
         return output
 
-    def _report(self, sample: GroupContext, session_id: Any, duration_s: float,
+    def _report(self, sample: GroupContext, duration_s: float,
                 output: AgentLoopOutput | list[AgentLoopOutput] | None) -> None:
         """The sample's measurements, for the router's ledger; the work is the client's count, so a loop
         that returns several outputs (verl's TransferQueue worker stores each) is measured like one."""
@@ -157,6 +157,6 @@ class TailSieveAgentLoop(AgentLoopBase):
         if balancer is None or not hasattr(balancer, "report_sample"):
             return
         balancer.report_sample.remote({
-            "uid": sample.uid, "session_id": int(session_id or 0), "duration_s": duration_s,
+            "uid": sample.uid, "session_id": sample.session_id, "duration_s": duration_s,
             "tokens": sample.generated_tokens, "aborted": sample.aborted, "refused": sample.refused,
             "failed": sample.failed or (output is None and not sample.aborted)})

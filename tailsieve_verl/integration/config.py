@@ -304,22 +304,25 @@ def _select(config: Any, path: str, default: Any = None) -> Any:
     return default if value is None else value
 
 
+def gpus_per_replica(config: Any) -> int:
+    """GPUs one rollout replica takes: ``tp · dp · pp``."""
+    per_replica = 1
+    for key in ("tensor_model_parallel_size", "data_parallel_size", "pipeline_model_parallel_size"):
+        per_replica *= int(_select(config, f"actor_rollout_ref.rollout.{key}", 1))
+    return per_replica
+
+
 def rollout_replica_count(config: Any) -> int:
     """Replicas verl's LLMServerManager will launch in the hybrid (sync) layout:
     ``n_gpus_per_node · nnodes // (tp · dp · pp)``, as in ``LLMServerManager._initialize_llm_servers``."""
     world = int(_select(config, "trainer.n_gpus_per_node", 1)) * int(_select(config, "trainer.nnodes", 1))
-    per_replica = 1
-    for key in ("tensor_model_parallel_size", "data_parallel_size", "pipeline_model_parallel_size"):
-        per_replica *= int(_select(config, f"actor_rollout_ref.rollout.{key}", 1))
-    return world // per_replica
+    return world // gpus_per_replica(config)
 
 
 def _check_tail_fits_one_node(config: Any, cfg: TailSieveConfig) -> None:
     """``tail_on_one_node``: a replica must fit on a node, and a pinned tail on one node's replicas."""
     gpus = int(_select(config, "trainer.n_gpus_per_node", 1))
-    per_replica = 1
-    for key in ("tensor_model_parallel_size", "data_parallel_size", "pipeline_model_parallel_size"):
-        per_replica *= int(_select(config, f"actor_rollout_ref.rollout.{key}", 1))
+    per_replica = gpus_per_replica(config)
     per_node = gpus // per_replica
     if per_node < 1:
         raise TailSieveConfigError(
