@@ -19,12 +19,12 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from tailsieve_verl.core.engine import EngineConfig, SpeculativeConfig  # noqa: E402
-from tailsieve_verl.core.perf import parse_perf_model  # noqa: E402
-from tailsieve_verl.core.policies import least_inflight_assignment  # noqa: E402
-from tailsieve_verl.core.replica import evaluate_samples  # noqa: E402
-from tailsieve_verl.core.sim import ALL_POLICIES, SimConfig, simulate  # noqa: E402
-from tailsieve_verl.core.workload import PromptPool  # noqa: E402
+from tailsieve_verl.core.engine.engine import EngineConfig, SpeculativeConfig  # noqa: E402
+from tailsieve_verl.core.engine.perf import parse_perf_model  # noqa: E402
+from tailsieve_verl.core.routing.policies import least_inflight_assignment  # noqa: E402
+from tailsieve_verl.core.engine.replica import evaluate_samples  # noqa: E402
+from tailsieve_verl.core.simulation.sim import ALL_POLICIES, SimConfig, simulate  # noqa: E402
+from tailsieve_verl.core.data.workload import PromptPool  # noqa: E402
 
 
 def main() -> None:
@@ -79,7 +79,7 @@ NON_CLAIRVOYANT = tuple(name for name in ALL_POLICIES if not name.startswith("cl
 
 def bench_simulate(args, perf, engine: EngineConfig) -> None:
     """``tailsieve simulate --engine-defaults MODEL`` with every policy given (the speculation policies
-    speculate as :data:`core.sim.DEFAULT_SPECULATION` says), one policy at a time: wall and CPU seconds."""
+    speculate as :data:`core.simulation.sim.DEFAULT_SPECULATION` says), one policy at a time: wall and CPU seconds."""
     pool = PromptPool(args.workload, 2048, seed=0)  # the CLI's --pool-size default
     policies = [name.strip() for name in args.sim_policies.split(",") if name.strip()]
     print(f"\ntailsieve simulate --engine-defaults {args.model}: {args.batch} x {args.n} on {args.replicas} replicas, "

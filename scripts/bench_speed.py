@@ -34,10 +34,10 @@ BEFORE = "2b7a8b1"  # main before issue 32: the span-based scheduler
 
 DRIVER = r"""
 import json, sys, time
-from tailsieve_verl.core import sim
-from tailsieve_verl.core.engine import EngineConfig
-from tailsieve_verl.core.perf import parse_perf_model
-from tailsieve_verl.core.workload import PromptPool, generate_trace, get_preset
+from tailsieve_verl.core.simulation import sim
+from tailsieve_verl.core.engine.engine import EngineConfig
+from tailsieve_verl.core.engine.perf import parse_perf_model
+from tailsieve_verl.core.data.workload import PromptPool, generate_trace, get_preset
 scenario, steps, seeds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 perf = parse_perf_model("table:h200-dense:qwen3-8b")
 engine = EngineConfig.verl_defaults("qwen3-8b", perf)
@@ -46,7 +46,7 @@ import tailsieve_verl
 out = {"package": tailsieve_verl.__path__[0]}
 wall, cpu = time.perf_counter(), time.process_time()
 if scenario == "plan":
-    from tailsieve_verl.core.planner import plan_from_trace
+    from tailsieve_verl.core.simulation.planner import plan_from_trace
     from tailsieve_verl.core.errors import TailSieveError
     trace = generate_trace(workload, 512, 16, name="one-step")
     try:

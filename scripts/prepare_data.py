@@ -37,7 +37,7 @@ from typing import Iterator
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tailsieve_verl.core.errors import TailSieveError  # noqa: E402
-from tailsieve_verl.core.trace import iter_records  # noqa: E402
+from tailsieve_verl.core.data.trace import iter_records  # noqa: E402
 from tailsieve_verl.rewards import (  # noqa: E402
     CODE_DATA_SOURCE,
     MATH_DATA_SOURCE,

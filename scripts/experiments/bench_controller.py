@@ -20,11 +20,11 @@ import time
 
 import numpy as np
 
-from tailsieve_verl.core.controller import (ControllerConfig, GroupRecord, HierarchicalController, StepObservation,
+from tailsieve_verl.core.tailsieve.controller import (ControllerConfig, GroupRecord, HierarchicalController, StepObservation,
                                             _work_arrays)
-from tailsieve_verl.core.engine import EngineConfig
-from tailsieve_verl.core.perf import parse_perf_model
-from tailsieve_verl.core.workload import PromptPool
+from tailsieve_verl.core.engine.engine import EngineConfig
+from tailsieve_verl.core.engine.perf import parse_perf_model
+from tailsieve_verl.core.data.workload import PromptPool
 
 
 def observations(pool: PromptPool, batch: int, n: int, count: int, q: int, m: int, seed: int) -> list[StepObservation]:

@@ -17,13 +17,13 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the repository root
 
-from tailsieve_verl.core.engine import EngineConfig  # noqa: E402
-from tailsieve_verl.core.oracle import StepCostTable, brute_force, solve_exact  # noqa: E402
-from tailsieve_verl.core.perf import parse_perf_model  # noqa: E402
-from tailsieve_verl.core.policies import route  # noqa: E402
-from tailsieve_verl.core.replica import evaluate_assignment, simulate_replica  # noqa: E402
-from tailsieve_verl.core.study import StudyConfig, run_study  # noqa: E402
-from tailsieve_verl.core.workload import generate_trace  # noqa: E402
+from tailsieve_verl.core.engine.engine import EngineConfig  # noqa: E402
+from tailsieve_verl.core.routing.oracle import StepCostTable, brute_force, solve_exact  # noqa: E402
+from tailsieve_verl.core.engine.perf import parse_perf_model  # noqa: E402
+from tailsieve_verl.core.routing.policies import route  # noqa: E402
+from tailsieve_verl.core.engine.replica import evaluate_assignment, simulate_replica  # noqa: E402
+from tailsieve_verl.core.routing.study import StudyConfig, run_study  # noqa: E402
+from tailsieve_verl.core.data.workload import generate_trace  # noqa: E402
 
 
 def timed(fn, repeat: int = 3) -> float:
@@ -37,7 +37,7 @@ def timed(fn, repeat: int = 3) -> float:
 
 
 def bench_evaluator(perf, quick: bool) -> None:
-    print("== evaluator (core.replica) ==")
+    print("== evaluator (core.engine.replica) ==")
     print(f"{'replica load':>28} {'steps':>7} {'simulate_replica':>17} {'tokens/s':>12} "
           f"{'StepCostTable':>14} {'ratio':>7}")
     rng = np.random.default_rng(0)

@@ -18,11 +18,11 @@ import argparse
 
 import numpy as np
 
-from tailsieve_verl.core.perf import parse_perf_model
-from tailsieve_verl.core.policies import route, singletons, time_balanced_assignment
-from tailsieve_verl.core.replica import evaluate_samples
-from tailsieve_verl.core.trace import Group
-from tailsieve_verl.core.workload import PromptPool
+from tailsieve_verl.core.engine.perf import parse_perf_model
+from tailsieve_verl.core.routing.policies import route, singletons, time_balanced_assignment
+from tailsieve_verl.core.engine.replica import evaluate_samples
+from tailsieve_verl.core.data.trace import Group
+from tailsieve_verl.core.data.workload import PromptPool
 
 SETUPS = {"dense-8": ("table:h200-dense", 8), "MoE-4": ("table:h200-moe", 4)}
 

@@ -16,7 +16,7 @@ import argparse
 import json
 from pathlib import Path
 
-from tailsieve_verl.core.perf import Calibration, TablePerf
+from tailsieve_verl.core.engine.perf import Calibration, TablePerf
 from tailsieve_verl.cli.engine_args import add_engine_args, engine_config_from_args
 from tailsieve_verl.tools.closed_loop import predict
 

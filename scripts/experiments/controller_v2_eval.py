@@ -1,6 +1,6 @@
 """Controller v2 against stock verl and the hindsight best static split (issue 11).
 
-For each cell (setup × tail preset × batch shape) and seed, one 30-step `core.sim` run of
+For each cell (setup × tail preset × batch shape) and seed, one 30-step `core.simulation.sim` run of
 verl, verl-redraw (the noise floor: stock verl with its own draws), tailsieve (adaptive),
 tailsieve-fixed and best-static; optionally the clairvoyant references, controller ablations as extra
 TailSieve runs on the same stream, and TailSieve under other draws for its regenerated groups.
@@ -30,11 +30,11 @@ from pathlib import Path
 
 import numpy as np
 
-from tailsieve_verl.core import sim
-from tailsieve_verl.core.bias import ks_distance, ks_noise
-from tailsieve_verl.core.engine import EngineConfig
-from tailsieve_verl.core.perf import PerfModel, parse_perf_model
-from tailsieve_verl.core.workload import PromptPool
+from tailsieve_verl.core.simulation import sim
+from tailsieve_verl.core.tailsieve.bias import ks_distance, ks_noise
+from tailsieve_verl.core.engine.engine import EngineConfig
+from tailsieve_verl.core.engine.perf import PerfModel, parse_perf_model
+from tailsieve_verl.core.data.workload import PromptPool
 
 SETUPS = {"dense": ("table:h200-dense", 8), "moe": ("table:h200-moe", 4)}
 ENGINE_MODELS = {"dense": "qwen3-1.7b", "moe": "qwen3-30b-a3b"}  # the bundled tables' default shapes

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import sys
 
-from tailsieve_verl.core import selector
-from tailsieve_verl.core.perf import parse_perf_model
-from tailsieve_verl.core.sim import SimConfig, simulate
-from tailsieve_verl.core.workload import PromptPool, rare_extreme_pool
+from tailsieve_verl.core.tailsieve import selector
+from tailsieve_verl.core.engine.perf import parse_perf_model
+from tailsieve_verl.core.simulation.sim import SimConfig, simulate
+from tailsieve_verl.core.data.workload import PromptPool, rare_extreme_pool
 
 streaks: dict[int, dict] = {}
 _finish_step = selector.TailSelector.finish_step

@@ -28,10 +28,10 @@ from pathlib import Path
 
 import numpy as np
 
-from tailsieve_verl.core.controller import ControllerConfig
-from tailsieve_verl.core.perf import parse_perf_model
-from tailsieve_verl.core.sim import PolicyResult, SimConfig, simulate
-from tailsieve_verl.core.workload import PromptPool, WorkloadSpec, get_preset
+from tailsieve_verl.core.tailsieve.controller import ControllerConfig
+from tailsieve_verl.core.engine.perf import parse_perf_model
+from tailsieve_verl.core.simulation.sim import PolicyResult, SimConfig, simulate
+from tailsieve_verl.core.data.workload import PromptPool, WorkloadSpec, get_preset
 
 SETUPS = {"dense": ("table:h200-dense", 8), "moe": ("table:h200-moe", 4)}
 Q_GRID = (1, 2, 4, 6, 8, 12, 16, 24, 32)

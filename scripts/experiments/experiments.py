@@ -1,4 +1,4 @@
-"""Closed-loop experiments reproducing the seed's shapes with the simulator (core.sim).
+"""Closed-loop experiments reproducing the seed's shapes with the simulator (core.simulation.sim).
 
 Sections (``--only`` picks some; all print Markdown tables and write ``OUT/experiments.json`` and
 plots under ``OUT``):
@@ -28,13 +28,13 @@ from pathlib import Path
 
 import numpy as np
 
-from tailsieve_verl.core.bias import LengthBiasMonitor
-from tailsieve_verl.core.controller import ControllerConfig, Decision
-from tailsieve_verl.core.perf import parse_perf_model
-from tailsieve_verl.core.planner import plan_from_trace
-from tailsieve_verl.core.sim import POLICIES, SimConfig, TailSieveRunner, simulate
-from tailsieve_verl.core.trace import Trace
-from tailsieve_verl.core.workload import PromptPool, get_preset
+from tailsieve_verl.core.tailsieve.bias import LengthBiasMonitor
+from tailsieve_verl.core.tailsieve.controller import ControllerConfig, Decision
+from tailsieve_verl.core.engine.perf import parse_perf_model
+from tailsieve_verl.core.simulation.planner import plan_from_trace
+from tailsieve_verl.core.simulation.sim import POLICIES, SimConfig, TailSieveRunner, simulate
+from tailsieve_verl.core.data.trace import Trace
+from tailsieve_verl.core.data.workload import PromptPool, get_preset
 
 SEED_ROUTING_ONLY = (1.214, 1.670)  # the seed's routing-only TailSieve speedups over uniform (range)
 SETUPS = {"dense": ("table:h200-dense", 8), "moe": ("table:h200-moe", 4)}

@@ -12,7 +12,7 @@ step's lengths and assignment; :func:`tools.closed_loop.predict` scores it again
   ``max_num_seqs`` 128 (preemption of the newest request and recompute on re-admission), prefill free
   as in the old model (the server's token budget was not recorded);
 * ``new_prefill_priced``: ``new`` with prefill priced by the first-order cost the engine model derives
-  from the calibration (:func:`core.engine.prefill_cost_from_perf`, behind a token budget too large to
+  from the calibration (:func:`core.engine.engine.prefill_cost_from_perf`, behind a token budget too large to
   bind).
 
 Recorded results: scripts/results/engine_model/; every table and its command: docs/results.md.
@@ -32,10 +32,10 @@ from pathlib import Path
 
 import numpy as np
 
-from tailsieve_verl.core.engine import EngineConfig, prefill_cost_from_perf
-from tailsieve_verl.core.perf import Calibration, TablePerf
-from tailsieve_verl.core.replica import evaluate_samples
-from tailsieve_verl.core.trace import Group
+from tailsieve_verl.core.engine.engine import EngineConfig, prefill_cost_from_perf
+from tailsieve_verl.core.engine.perf import Calibration, TablePerf
+from tailsieve_verl.core.engine.replica import evaluate_samples
+from tailsieve_verl.core.data.trace import Group
 from tailsieve_verl.tools.closed_loop import predict
 
 RUN_DIR = Path("scripts/results/real_engine_vllm_cpu/closed_loop_kv")

@@ -32,8 +32,9 @@ from pathlib import Path
 import numpy as np
 
 from controller_v2_eval import cell_setup  # scripts/experiments/ is this script's import path
-from tailsieve_verl.core import sim
-from tailsieve_verl.core.controller import HierarchicalController, _ConsumedBatch
+from tailsieve_verl.core.simulation import sim
+from tailsieve_verl.core.tailsieve.controller import HierarchicalController
+from tailsieve_verl.core.tailsieve.fluid import ConsumedBatch
 
 
 class _Variant(HierarchicalController):
@@ -97,7 +98,7 @@ def run(job: dict) -> dict:
     out = {"cell": job["cell"], "seed": job["seed"], "speedup": {k: base / v.mean_makespan_s for k, v in results.items()}}
     if job["pinned"]:
         def yardstick(lengths: tuple[int, ...]) -> float:
-            batch = _ConsumedBatch(np.asarray(lengths, dtype=np.int64), np.full(len(lengths) // job["n"], job["n"]))
+            batch = ConsumedBatch(np.asarray(lengths, dtype=np.int64), np.full(len(lengths) // job["n"], job["n"]))
             return pinned.cycle.controller.yardstick_s(batch, pool.spec.prompt_len)
 
         out["pinned"] = {name: [[round(float(v), 3) for v in (x.makespan_s, yardstick(x.consumed_lengths), stock_s[t])]

@@ -28,9 +28,9 @@ from pathlib import Path
 import numpy as np
 
 from controller_v2_eval import cell_parts, cell_setup  # scripts/experiments/ is this script's import path
-from tailsieve_verl.core import sim
-from tailsieve_verl.core.planner import plan_from_trace
-from tailsieve_verl.core.workload import generate_trace
+from tailsieve_verl.core.simulation import sim
+from tailsieve_verl.core.simulation.planner import plan_from_trace
+from tailsieve_verl.core.data.workload import generate_trace
 
 
 def run(job: dict) -> dict:

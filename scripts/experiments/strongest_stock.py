@@ -1,15 +1,15 @@
 """TailSieve against the strongest stock configuration: stock verl with speculation on every replica (issue 22).
 
-For each cell (setup × tail preset × batch shape × engine) and seed, one 30-step `core.sim` run of the
+For each cell (setup × tail preset × batch shape × engine) and seed, one 30-step `core.simulation.sim` run of the
 stock configurations — verl (no speculation), verl-spec (one depth on every replica, the best of k = 1..6
 in hindsight), verl-dynsd (vLLM's documented batch-size schedule), verl-dynsd-best (the best schedule of
 a small grid in hindsight) — and TailSieve routing-only (adaptive), tailsieve-spec (tail pool at k = 6,
 pinned at m = 1 and at m = R/2, bulk pool on vLLM's schedule; q adapts), tailsieve-dynsd (vLLM's
 schedule on every replica, m free), tailsieve-auto (the split of tailsieve-spec or a fallback to stock
-verl with speculation, chosen online: `core.fallback`), and on the best stock configuration's engine
+verl with speculation, chosen online: `core.tailsieve.fallback`), and on the best stock configuration's engine
 (picked in hindsight per seed, as `tailsieve plan` picks from a logged trace) "tailsieve on best stock"
 (adaptive TailSieve, that engine on every replica: what routing adds on top of it) and clairvoyant-split
-(lengths known: the ceiling of a tail split over it, `core.sim.ClairvoyantSplitRunner`). Speculation: `core.sim.DEFAULT_SPECULATION` (MTP-like assumptions:
+(lengths known: the ceiling of a tail split over it, `core.simulation.sim.ClairvoyantSplitRunner`). Speculation: `core.simulation.sim.DEFAULT_SPECULATION` (MTP-like assumptions:
 conditional acceptance 0.85, 0.8, 0.75, draft cost 1/28 of a step per draft token), with
 `--half-life` an acceptance decay with context. Prints, per cell, every policy's speedup vs stock verl
 and vs the best stock configuration of the same seed (mean, worst seed), which stock configuration was
@@ -37,10 +37,10 @@ from pathlib import Path
 
 import numpy as np
 
-from tailsieve_verl.core import sim
-from tailsieve_verl.core.engine import EngineConfig
-from tailsieve_verl.core.perf import parse_perf_model
-from tailsieve_verl.core.workload import PromptPool, get_preset
+from tailsieve_verl.core.simulation import sim
+from tailsieve_verl.core.engine.engine import EngineConfig
+from tailsieve_verl.core.engine.perf import parse_perf_model
+from tailsieve_verl.core.data.workload import PromptPool, get_preset
 
 SETUPS = {"dense": ("table:h200-dense", 8, "qwen3-1.7b"), "dense8b": ("table:h200-dense:qwen3-8b", 8, "qwen3-8b"),
           "moe": ("table:h200-moe", 4, "qwen3-30b-a3b")}

@@ -8,9 +8,9 @@ import argparse
 import sys
 
 from ..core.errors import TailSieveError
-from ..core.perf import Calibration, TablePerf
-from ..core.trace import MAX_TOKENS, read_trace
-from ..core.workload import generate_trace
+from ..core.engine.perf import Calibration, TablePerf
+from ..core.data.trace import MAX_TOKENS, read_trace
+from ..core.data.workload import generate_trace
 from .calibrate import int_list, progress_bar
 from .checks import output_file, write_report
 from .engine_args import add_engine_args, engine_config_from_args, prediction_engine

@@ -1,7 +1,7 @@
 """`tailsieve calibrate`: measure a live vLLM OpenAI server's decode step time over concurrency ×
 context and write the calibration JSON that ``table:PATH`` / ``fitted:PATH`` read, with the engine's
 facts (KV cache from /metrics, prefill rate, speculation's k and accepted tokens per step by batch)
-that :func:`tailsieve_verl.core.engine.engine_from_calibration` turns into the engine model."""
+that :func:`tailsieve_verl.core.engine.engine.engine_from_calibration` turns into the engine model."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import json
 import sys
 from typing import Callable, Iterator
 
-from ..core.perf import TablePerf
-from ..core.trace import MAX_TOKENS
+from ..core.engine.perf import TablePerf
+from ..core.data.trace import MAX_TOKENS
 from .checks import output_file
 
 
@@ -74,7 +74,7 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..core.engine import engine_from_calibration
+    from ..core.engine.engine import engine_from_calibration
     from ..tools.calibrate import SweepPlan, calibrate, write_calibration
     from ..tools.openai_client import OpenAIServer
 

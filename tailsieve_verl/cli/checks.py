@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Iterable
 
 from ..core.errors import TailSieveError
-from ..core.perf import BUNDLED_TABLES, DEFAULT_PERF_MODEL, KNOWN_SPECS
-from ..core.trace import MAX_TOKENS
+from ..core.engine.perf import BUNDLED_TABLES, DEFAULT_PERF_MODEL, KNOWN_SPECS
+from ..core.data.trace import MAX_TOKENS
 
 MAX_REPLICAS = 4096  # rollout replicas (R, m): far above any cluster verl runs on
 MAX_GROUPS = 100_000  # prompt groups of one step (B, k, q)

@@ -7,9 +7,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..core.perf import Calibration, TablePerf
-from ..core.sim import SimConfig
-from ..core.workload import PRESETS, PromptPool, get_preset
+from ..core.engine.perf import Calibration, TablePerf
+from ..core.simulation.sim import SimConfig
+from ..core.data.workload import PRESETS, PromptPool, get_preset
 from .calibrate import progress_bar
 from .checks import CLIError, output_file, write_report
 from .engine_args import add_engine_args, prediction_engine

@@ -1,24 +1,24 @@
 """Engine flags in vLLM's words (``--max-num-seqs``, ``--num-gpu-blocks``, ``--block-size``,
 ``--max-num-batched-tokens``, ``--num-speculative-tokens``, ``--spec-acceptance``,
 ``--spec-schedule``), shared by every subcommand that evaluates replicas: one
-:class:`core.engine.EngineConfig` for all of them. Without any flag the engine binds nothing
+:class:`core.engine.engine.EngineConfig` for all of them. Without any flag the engine binds nothing
 (today's model). The ``--spec-*`` flags also describe the speculation of ``simulate``'s speculation
-policies (:data:`core.sim.SPEC_POLICIES`), MTP-like assumptions where a flag is not given."""
+policies (:data:`core.simulation.sim.SPEC_POLICIES`), MTP-like assumptions where a flag is not given."""
 
 from __future__ import annotations
 
 import argparse
 from dataclasses import replace
-from ..core.engine import (H200_MODELS, EngineConfig, EngineConfigError, SpeculativeConfig, measured_engine_fields,
+from ..core.engine.engine import (H200_MODELS, EngineConfig, EngineConfigError, SpeculativeConfig, measured_engine_fields,
                            parse_spec_schedule, prefill_cost_from_perf)
-from ..core.perf import BUNDLED_TABLES, Calibration, PerfModel
-from ..core.sim import DEFAULT_SPECULATION
-from ..core.verify_cost import VerifyTable
+from ..core.engine.perf import BUNDLED_TABLES, Calibration, PerfModel
+from ..core.simulation.sim import DEFAULT_SPECULATION
+from ..core.engine.verify_cost import VerifyTable
 from .checks import MAX_COUNT, CLIError, FloatRule, IntRule
 
 MAX_BLOCKS = 10 ** 9
 FIELD_FLAGS = ("max_num_seqs", "num_gpu_blocks", "block_size", "max_num_batched_tokens")
-"""Engine flags named after the :class:`core.engine.EngineConfig` field they set."""
+"""Engine flags named after the :class:`core.engine.engine.EngineConfig` field they set."""
 
 
 ENGINE_SHAPES = (*sorted(H200_MODELS), "auto", "none")
@@ -171,7 +171,7 @@ def add_pool_speculation_args(parser: argparse.ArgumentParser) -> None:
 
 def pool_engines_from_args(args: argparse.Namespace, engine: EngineConfig,
                            speculation: SpeculativeConfig) -> dict[str, EngineConfig | None]:
-    """``tail_engine`` and ``bulk_engine`` of :class:`core.sim.SimConfig`: ``engine`` with the pool's
+    """``tail_engine`` and ``bulk_engine`` of :class:`core.simulation.sim.SimConfig`: ``engine`` with the pool's
     depth or schedule and ``speculation``'s acceptance, draft cost and decay (None: no pool flag)."""
     out: dict[str, EngineConfig | None] = {}
     for pool in POOLS:
@@ -200,7 +200,7 @@ def _verify_table(args: argparse.Namespace) -> VerifyTable | None:
 
 def speculation_from_args(args: argparse.Namespace) -> SpeculativeConfig:
     """The speculation of ``simulate``'s speculation policies: the ``--spec-*`` flags, and where one is
-    not given the MTP-like assumption :data:`core.sim.DEFAULT_SPECULATION` (acceptance 0.85,0.8,0.75,
+    not given the MTP-like assumption :data:`core.simulation.sim.DEFAULT_SPECULATION` (acceptance 0.85,0.8,0.75,
     draft cost 1/28, k = 3, no decay)."""
     base = DEFAULT_SPECULATION
     k = args.num_speculative_tokens

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import argparse
 
-from ..core.trace import Trace
-from ..core.workload import WorkloadSpec, cap_trace, get_preset
+from ..core.data.trace import Trace
+from ..core.data.workload import WorkloadSpec, cap_trace, get_preset
 
 
 def add_length_cap_args(parser: argparse.ArgumentParser) -> None:

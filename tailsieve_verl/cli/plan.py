@@ -11,10 +11,10 @@ import argparse
 import json
 from dataclasses import replace
 
-from ..core.perf import DEFAULT_PERF_MODEL, parse_perf_model
-from ..core.planner import Configuration, EnginePlan, plan_from_trace
-from ..core.trace import read_trace
-from ..core.workload import PRESETS, generate_trace
+from ..core.engine.perf import DEFAULT_PERF_MODEL, parse_perf_model
+from ..core.simulation.planner import Configuration, EnginePlan, plan_from_trace
+from ..core.data.trace import read_trace
+from ..core.data.workload import PRESETS, generate_trace
 from .checks import MAX_COUNT, IntRule
 from .engine_args import add_engine_args, engine_config_from_args, speculation_from_args
 from .lengths import add_length_cap_args, capped, preset

@@ -10,9 +10,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..core.engine import parse_spec_schedule
-from ..core.perf import DEFAULT_PERF_MODEL
-from ..core.sim import LAUNCH_SPEC_POLICIES, engine_label
+from ..core.engine.engine import parse_spec_schedule
+from ..core.engine.perf import DEFAULT_PERF_MODEL
+from ..core.simulation.sim import LAUNCH_SPEC_POLICIES, engine_label
 
 TRAINER_MODE = "trainer.v1.trainer_mode=tailsieve"
 MTP_ON = "actor_rollout_ref.model.mtp.enable=true actor_rollout_ref.model.mtp.enable_rollout=true"
@@ -77,7 +77,7 @@ def adaptive_start(q: int, m: int) -> str:
 
 def speculation_policy_overrides(name: str, choice: str, q: int, m: int, common: str,
                                  start_shared: bool = False) -> str:
-    """The overrides that deploy a speculation policy of :mod:`core.sim` (``verl-spec``, ``verl-dynsd``,
+    """The overrides that deploy a speculation policy of :mod:`core.simulation.sim` (``verl-spec``, ``verl-dynsd``,
     ``verl-dynsd-best``, ``tailsieve-spec``, ``tailsieve-dynsd``) with its pick ``choice`` (``k=K``, a
     schedule, ``tail K / bulk SCHEDULE``); ``stock verl`` (``verl``) needs none. TailSieve's start at
     (q, m) after ``common`` (trainer mode, perf model); ``start_shared``: tailsieve-dynsd starts at one shared pool."""
@@ -161,7 +161,7 @@ def from_simulation(result, perf_spec: str) -> str:
 
 
 def plan_overrides(choice, perf_spec: str) -> str:
-    """The overrides that deploy a configuration a plan chose (:class:`core.planner.Configuration`): TailSieve
+    """The overrides that deploy a configuration a plan chose (:class:`core.simulation.planner.Configuration`): TailSieve
     routing-only from its start (q, m), a TailSieve speculation policy, or the stock configuration it
     falls back to ("" for stock verl without speculation)."""
     common = " ".join(x for x in (TRAINER_MODE, perf_model_override(perf_spec)) if x)

@@ -9,9 +9,9 @@ import sys
 import numpy as np
 
 from ..core.kinds import Pool
-from ..core.perf import DEFAULT_PERF_MODEL, parse_perf_model
-from ..core.policies import POLICIES, Routing, route
-from ..core.trace import read_trace
+from ..core.engine.perf import DEFAULT_PERF_MODEL, parse_perf_model
+from ..core.routing.policies import POLICIES, Routing, route
+from ..core.data.trace import read_trace
 from .engine_args import add_engine_args, engine_config_from_args
 
 

@@ -9,11 +9,11 @@ import json
 import os
 from pathlib import Path
 
-from ..core.perf import DEFAULT_PERF_MODEL, parse_perf_model
-from ..core.sim import (ALL_POLICIES, POLICIES, POOL_ENGINE_POLICIES, SPEC_POLICIES, STOCK_SPEC_POLICIES, SimConfig,
+from ..core.engine.perf import DEFAULT_PERF_MODEL, parse_perf_model
+from ..core.simulation.sim import (ALL_POLICIES, POLICIES, POOL_ENGINE_POLICIES, SPEC_POLICIES, STOCK_SPEC_POLICIES, SimConfig,
                         SimResult, simulate)
-from ..core.trace import read_trace
-from ..core.workload import PRESETS, PromptPool
+from ..core.data.trace import read_trace
+from ..core.data.workload import PRESETS, PromptPool
 from .checks import output_dir, perf_model_file
 from .checks import CLIError
 from .engine_args import (add_engine_args, add_pool_speculation_args, engine_config_from_args,

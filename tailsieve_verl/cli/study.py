@@ -11,9 +11,9 @@ import os
 import sys
 from pathlib import Path
 
-from ..core.perf import DEFAULT_PERF_MODEL, parse_perf_model
-from ..core.study import PAPER_RESULT, STUDY_POLICIES, StudyConfig, StudyResult, run_study
-from ..core.workload import PRESETS
+from ..core.engine.perf import DEFAULT_PERF_MODEL, parse_perf_model
+from ..core.routing.study import PAPER_RESULT, STUDY_POLICIES, StudyConfig, StudyResult, run_study
+from ..core.data.workload import PRESETS
 from .checks import default_perf_model_label, output_dir, perf_model_file
 from .engine_args import add_engine_args, engine_config_from_args
 from .lengths import add_length_cap_args

@@ -14,8 +14,8 @@ import os
 from pathlib import Path
 from typing import Sequence
 
-from ..core.rollout_dump import STEP_FILE, TokenCounter, build_trace, summarize
-from ..core.trace import TraceError, write_trace
+from ..core.data.rollout_dump import STEP_FILE, TokenCounter, build_trace, summarize
+from ..core.data.trace import TraceError, write_trace
 from .checks import CLIError, is_inside, output_file
 
 

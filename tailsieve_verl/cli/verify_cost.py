@@ -11,8 +11,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from ..core.perf import parse_perf_model
-from ..core.verify_cost import VerifyTable, format_report
+from ..core.engine.perf import parse_perf_model
+from ..core.engine.verify_cost import VerifyTable, format_report
 
 
 def register(subparsers) -> None:

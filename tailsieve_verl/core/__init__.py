@@ -1,11 +1,11 @@
 """Framework-free TailSieve core: traces, performance models, replica evaluator, routing
 policies, oracle, selector, controller and simulator. Imports neither verl nor torch."""
 
-from .engine import EngineConfig, SpeculativeConfig
+from .engine.engine import EngineConfig, SpeculativeConfig
 from .errors import TailSieveError
-from .perf import LinearPerf, PerfModel, PerfModelError, TablePerf, parse_perf_model
-from .replica import Evaluation, evaluate_assignment, evaluate_samples, simulate_replica, tokens_generated_at
-from .trace import Group, Trace, TraceError, read_trace, write_trace
+from .engine.perf import LinearPerf, PerfModel, PerfModelError, TablePerf, parse_perf_model
+from .engine.replica import Evaluation, evaluate_assignment, evaluate_samples, simulate_replica, tokens_generated_at
+from .data.trace import Group, Trace, TraceError, read_trace, write_trace
 
 __all__ = [
     "EngineConfig", "SpeculativeConfig", "evaluate_samples", "tokens_generated_at",

@@ -23,7 +23,7 @@ else:  # Python 3.10 (setup.py's floor): the same behaviour for the uses here
 
 
 class Pool(StrEnum):
-    """Where a prompt group runs in a TailSieve step (:mod:`core.selector`)."""
+    """Where a prompt group runs in a TailSieve step (:mod:`core.tailsieve.selector`)."""
 
     TAIL = "tail"  # m low-concurrency replicas regenerating the isolated candidates
     BULK = "bulk"  # the other R − m replicas: fresh prompts and the drained candidates
@@ -31,7 +31,7 @@ class Pool(StrEnum):
 
 
 class DecisionKind(StrEnum):
-    """What produced a controller :class:`~core.controller.Decision` (the structured twin of its
+    """What produced a controller :class:`~core.tailsieve.controller.Decision` (the structured twin of its
     free-text ``reason``: read this, never parse the reason)."""
 
     CURRENT = "current"  # the controller's present (q, m), read before or without an observation

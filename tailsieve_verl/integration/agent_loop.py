@@ -58,7 +58,7 @@ class GroupContext:
     session_id: int = 0
     aborted: bool = False
     failed: bool = False
-    # the sample's work (core.selector.group_work): every token the model generated for it, over all its
+    # the sample's work (core.tailsieve.selector.group_work): every token the model generated for it, over all its
     # turns, an aborted turn's partial tokens included — what its outputs' response_mask marks 1, and
     # more when a turn was aborted or verl cut the response at response_length
     generated_tokens: int = 0

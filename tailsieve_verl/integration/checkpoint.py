@@ -38,7 +38,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any, BinaryIO, Callable, Mapping
 
 from tailsieve_verl import __version__
-from tailsieve_verl.core.controller import ControllerConfig, initial_split
+from tailsieve_verl.core.tailsieve.controller import ControllerConfig, initial_split
 from tailsieve_verl.core.errors import TailSieveError
 from tailsieve_verl.integration.prompts import prompt_key
 

@@ -20,9 +20,9 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from tailsieve_verl.core.engine import EngineConfigError, SpeculativeConfig, parse_spec_schedule
+from tailsieve_verl.core.engine.engine import EngineConfigError, SpeculativeConfig, parse_spec_schedule
 from tailsieve_verl.core.errors import TailSieveError
-from tailsieve_verl.core.perf import DEFAULT_PERF_MODEL, PerfModel, parse_perf_model
+from tailsieve_verl.core.engine.perf import DEFAULT_PERF_MODEL, PerfModel, parse_perf_model
 
 TRAINER_MODE = "tailsieve"
 SIM_ROLLOUT_NAME = "tailsieve_sim"
@@ -102,7 +102,7 @@ class TailSieveConfig:
     q0: int = 0  # tail groups at the first step (adaptive mode starts here)
     tail_replicas: int = 1  # m0: replicas in the tail pool
     perf_model: str = DEFAULT_PERF_MODEL  # concurrency-throughput model used by the controller
-    controller: Mapping[str, Any] = field(default_factory=dict)  # kwargs for core.controller
+    controller: Mapping[str, Any] = field(default_factory=dict)  # kwargs for core.tailsieve.controller
     tail: PoolEngineConfig = field(default_factory=PoolEngineConfig)
     bulk: PoolEngineConfig = field(default_factory=PoolEngineConfig)
     sim: SimBackendConfig = field(default_factory=SimBackendConfig)
@@ -121,7 +121,7 @@ class TailSieveConfig:
     # prompts) instead of each sample to the pool's least-loaded replica, as stock verl routes.
     group_atomic: bool = False
     # Keep the tail pool on one Ray node (the one holding the most single-node replicas; m capped there);
-    # by default it takes single-node replicas first and may cross nodes (core.placement).
+    # by default it takes single-node replicas first and may cross nodes (core.routing.placement).
     tail_on_one_node: bool = False
     # Stop strings added to every rollout request (verl 0.9.1 has no rollout option for them and
     # vLLM ignores engine defaults when a request brings its own sampling params), e.g. ['<END>'].
@@ -149,7 +149,7 @@ class TailSieveConfig:
     def controller_config(self):
         """The core controller's config: q0/tail_replicas seed it, ``mode=fixed`` (or per-pool engine
         settings, which are fixed at engine launch) pins the split, ``tailsieve.controller`` adds the rest."""
-        from tailsieve_verl.core.controller import ControllerConfig
+        from tailsieve_verl.core.tailsieve.controller import ControllerConfig
 
         known = {f.name for f in dataclasses.fields(ControllerConfig)}
         reserved = {"q_init", "m_init", "fixed_tail_replicas"}

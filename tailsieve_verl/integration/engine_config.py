@@ -30,7 +30,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping
 
-from tailsieve_verl.core.engine import EngineConfig
+from tailsieve_verl.core.engine.engine import EngineConfig
 from tailsieve_verl.core.kinds import Pool
 from tailsieve_verl.integration.config import PoolEngineConfig, TailSieveConfig, parse_tailsieve_section
 

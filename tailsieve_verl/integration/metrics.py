@@ -16,7 +16,7 @@ verl's V1 trainer aggregates ``_step_once`` metrics by key name and hands them t
                                first pulled (the selector's figure; at most 1: a carried prompt is
                                consumed in the step after its abort)
 ``tailsieve/aborted_groups``   fresh bulk groups aborted (or finished too late) and carried as candidates
-``tailsieve/aborted_tokens``   those groups' work (core.selector.group_work, finished samples whole):
+``tailsieve/aborted_tokens``   those groups' work (core.tailsieve.selector.group_work, finished samples whole):
                                the wasted work, counted as the simulator's ``wasted_tokens``
 ``tailsieve/tail_makespan_s``  last regenerated tail group's finish (worker clock, from dispatch)
 ``tailsieve/bulk_makespan_s``  the bulk pool's last consumed group (the cutoff, or a requeued group)
@@ -31,7 +31,7 @@ verl's V1 trainer aggregates ``_step_once`` metrics by key name and hands them t
 ``tailsieve/redispatched_groups``, ``tailsieve/live_replicas``  replica-failure handling
 ``tailsieve/refused_groups``   prompts the engine refused this step, each dropped and replaced by a
                                fresh one (``tailsieve.on_refused_request=skip``)
-``tailsieve/bias/*``           the core's length-bias monitor (``core.bias``): KS distance of this
+``tailsieve/bias/*``           the core's length-bias monitor (``core.tailsieve.bias``): KS distance of this
                                step's consumed lengths to every group pulled in the last steps
                                (aborted ones as lower bounds), its noise level, ratio, mean shift
                                and censored share (``tailsieve.log_bias``)
@@ -44,12 +44,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from tailsieve_verl.core.controller import Decision, GroupRecord, StepObservation
-from tailsieve_verl.core.engine import EngineConfig, replica_engines
-from tailsieve_verl.core.perf import PerfModel
-from tailsieve_verl.core.policies import pool_assignment
-from tailsieve_verl.core.replica import NO_LIMITS, evaluate_samples
-from tailsieve_verl.core.trace import Group
+from tailsieve_verl.core.tailsieve.controller import Decision, GroupRecord, StepObservation
+from tailsieve_verl.core.engine.engine import EngineConfig, replica_engines
+from tailsieve_verl.core.engine.perf import PerfModel
+from tailsieve_verl.core.routing.policies import pool_assignment
+from tailsieve_verl.core.engine.replica import NO_LIMITS, evaluate_samples
+from tailsieve_verl.core.data.trace import Group
 
 
 @dataclass(frozen=True)

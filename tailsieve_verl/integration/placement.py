@@ -1,4 +1,4 @@
-"""Where verl's rollout replicas run, asked of Ray, for the tail-pool rule of :mod:`core.placement`.
+"""Where verl's rollout replicas run, asked of Ray, for the tail-pool rule of :mod:`core.routing.placement`.
 
 A verl replica launches one server actor per node it spans (``vLLMReplica.launch_servers`` pins each
 with a ``NodeAffinitySchedulingStrategy`` to its workers' node; the first server serves), so the
@@ -12,7 +12,7 @@ from typing import Sequence
 
 import ray
 
-from tailsieve_verl.core.placement import ReplicaPlace, tail_addresses
+from tailsieve_verl.core.routing.placement import ReplicaPlace, tail_addresses
 
 _NODES = "_tailsieve_nodes"  # the nodes of a replica, cached on the replica object
 
@@ -31,5 +31,5 @@ def replica_places(replicas: Sequence, timeout_s: float) -> list[ReplicaPlace]:
 
 
 def choose_tail(replicas: Sequence, m: int, one_node: bool, timeout_s: float) -> list[str]:
-    """The tail pool's addresses for m tail replicas (:func:`core.placement.tail_addresses`)."""
+    """The tail pool's addresses for m tail replicas (:func:`core.routing.placement.tail_addresses`)."""
     return tail_addresses(replica_places(replicas, timeout_s), m, one_node) if m else []

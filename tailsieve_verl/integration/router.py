@@ -76,7 +76,7 @@ class GroupReport:
 
     uid: str
     duration_s: float  # agent-loop start → last sample settled (the group's finish time in its pool)
-    tokens: tuple[int, ...]  # each sample's work, by session id (core.selector.group_work: generated tokens)
+    tokens: tuple[int, ...]  # each sample's work, by session id (core.tailsieve.selector.group_work: generated tokens)
     sample_aborted: tuple[bool, ...]  # each sample: cut by the abort (its work is a lower bound on its length)
     aborted: bool
     failed: bool

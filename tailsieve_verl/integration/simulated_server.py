@@ -1,5 +1,5 @@
 """Simulated rollout backend ``actor_rollout_ref.rollout.name=tailsieve_sim`` (a product feature): a
-simulated inference server, not the closed-loop simulator of :mod:`tailsieve_verl.core.sim`.
+simulated inference server, not the closed-loop simulator of :mod:`tailsieve_verl.core.simulation.sim`.
 
 A :class:`SimReplica` is registered in verl's ``RolloutReplicaRegistry``; each replica runs one
 :class:`SimServer` Ray actor (CPU only) that speaks the token-in/token-out API of verl's
@@ -7,7 +7,7 @@ A :class:`SimReplica` is registered in verl's ``RolloutReplicaRegistry``; each r
 ``resume_generation``, ``wait_for_requests_to_drain``, sleep/wake — and decodes with the core's
 continuous-batching model: FIFO admission under ``max_num_seqs``, one token per active request per
 step, a step costing ``perf.step_time(active, mean_context)`` seconds (the formula of
-``core.replica.simulate_replica``), stretched by ``tailsieve.sim.time_scale`` into wall time.
+``core.engine.replica.simulate_replica``), stretched by ``tailsieve.sim.time_scale`` into wall time.
 
 Why: a user can dry-run a recipe's routing on a CPU, and the tests drive verl's real rollout path
 (agent loops, TransferQueue, replay buffer, router) without a GPU. The weights are not simulated:
@@ -37,7 +37,7 @@ from typing import Any, Optional
 import numpy as np
 import ray
 
-from tailsieve_verl.core.perf import PerfModel, parse_perf_model
+from tailsieve_verl.core.engine.perf import PerfModel, parse_perf_model
 from tailsieve_verl.integration.config import SIM_ROLLOUT_NAME, SimBackendConfig, parse_tailsieve_section
 from tailsieve_verl.integration.router import AbortedGroups, group_of_request
 

@@ -4,7 +4,7 @@ It is verl's synchronous trainer (``PPOTrainerSync``: colocated rollout, weights
 with TailSieve's rollout step in place of "submit B prompts, wait for B groups":
 
 1. ``prepare_step``: the step's fresh prompts are fetched, then the controller's (q, m) picks the
-   pools (:class:`core.cycle.TailSieveCycle`, the step logic the simulator runs too): the q heaviest
+   pools (:class:`core.tailsieve.cycle.TailSieveCycle`, the step logic the simulator runs too): the q heaviest
    carried candidates by abort score, and fresh prompts the per-prompt length record knows to be
    heavier, are regenerated from scratch (new verl uid) in the tail pool; the other candidates and
    fresh prompts, ``B − T + a`` groups, go to the bulk pool; the router learns each group's pool.
@@ -57,11 +57,11 @@ from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from verl.utils import tensordict_utils as tu
 from verl.utils.transferqueue_utils import KVBatchMeta
 
-from tailsieve_verl.core.bias import LengthBiasMonitor
+from tailsieve_verl.core.tailsieve.bias import LengthBiasMonitor
 from tailsieve_verl.core.kinds import Pool
-from tailsieve_verl.core.controller import GroupRecord
-from tailsieve_verl.core.cycle import TailSieveCycle
-from tailsieve_verl.core.selector import StepOutcome, StepPlan, fresh_cutoff, group_work
+from tailsieve_verl.core.tailsieve.controller import GroupRecord
+from tailsieve_verl.core.tailsieve.cycle import TailSieveCycle
+from tailsieve_verl.core.tailsieve.selector import StepOutcome, StepPlan, fresh_cutoff, group_work
 from tailsieve_verl.integration.checkpoint import (Restore, RunShape, checkpoint_state, restore_for_resume,
                                                     resume_folder, save_state)
 from tailsieve_verl.integration.config import TRAINER_MODE, TailSieveConfig, rollout_replica_count, wire_verl_config
@@ -174,7 +174,7 @@ def _call_with_time_limit(call: Callable[[], T], limit_s: float) -> T:
 
 
 def _generated_lengths(batch: KVBatchMeta, uids: set[str]) -> dict[str, tuple[int, ...]]:
-    """The work of each session of ``uids`` (core.selector.group_work) from its trajectories in
+    """The work of each session of ``uids`` (core.tailsieve.selector.group_work) from its trajectories in
     TransferQueue (keys ``<uid>_<session>_<index>``): the tokens their response_mask marks generated,
     over every output of the session — tool output left out, as the agent loops' own count does."""
     keys = [key for key in batch.keys if key.rsplit("_", 2)[0] in uids]
@@ -456,7 +456,7 @@ class TailSieveTrainer(PPOTrainerSync):
         return self._close_step(buffer, state)
 
     def _cut_off_when_due(self, state: ActiveStep, statuses: dict[str, str]) -> None:
-        """The cutoff rule (core.selector.fresh_cutoff, the simulator's too) on the fresh bulk groups seen
+        """The cutoff rule (core.tailsieve.selector.fresh_cutoff, the simulator's too) on the fresh bulk groups seen
         finished; once it falls, abort the fresh bulk groups still running (they are carried) — only those
         groups: the requeued ones run on to completion and the engines never pause."""
         finished = [uid for uid, g in state.groups.items() if g.pool == Pool.BULK and not g.committed
@@ -782,7 +782,7 @@ class TailSieveTrainer(PPOTrainerSync):
         return measured
 
     def _watch_bias(self, bias: dict[str, float]) -> None:
-        """Warn when the consumed lengths differ from the population the run pulls (core.bias: every
+        """Warn when the consumed lengths differ from the population the run pulls (core.tailsieve.bias: every
         fresh group, the aborted ones as lower bounds) beyond sampling noise for several steps in a row:
         the batches may be losing their longest prompts (deferred, or routed away)."""
         above = bool(bias) and bias["ks"] > bias["ks_noise"]

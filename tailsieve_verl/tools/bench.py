@@ -11,7 +11,7 @@ mapped to one URL (r mod U) run one after another on it — legitimate because r
 synchronous step are independent, so only each replica's own duration matters.
 
 Next to each measurement the simulator predicts the same assignment
-(:func:`core.replica.evaluate_samples`) with a ``table:`` model built from a calibration measured
+(:func:`core.engine.replica.evaluate_samples`) with a ``table:`` model built from a calibration measured
 on the same server, so prediction error and speedups can be read side by side.
 
 Policies:
@@ -27,7 +27,7 @@ Policies:
   (``group_atomic``: whole groups round-robin). (q, m) is the split the simulator predicts best for
   this selection rule (or fixed by the caller), i.e. where TailSieve's controller settles;
 * ``oracle`` — the makespan-optimal assignment for known lengths under the calibrated model
-  (``core.policies.route("exact")``; if its time budget runs out, the best found, flagged).
+  (``core.routing.policies.route("exact")``; if its time budget runs out, the best found, flagged).
 
 Repeats run the policies interleaved (ABC, CBA, …) and report medians and the spread, because a
 shared machine drifts.
@@ -44,11 +44,11 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ..core.errors import TailSieveError
-from ..core.perf import PerfModel
-from ..core.policies import expand_to_samples, least_inflight_assignment, pool_assignment, route, uniform_assignment
-from ..core.engine import EngineConfig
-from ..core.replica import NO_LIMITS, Evaluation, evaluate_samples
-from ..core.trace import Group
+from ..core.engine.perf import PerfModel
+from ..core.routing.policies import expand_to_samples, least_inflight_assignment, pool_assignment, route, uniform_assignment
+from ..core.engine.engine import EngineConfig
+from ..core.engine.replica import NO_LIMITS, Evaluation, evaluate_samples
+from ..core.data.trace import Group
 from .openai_client import ForcedRequest, OpenAIServer, synthetic_prompt
 
 POLICIES = ("verl", "uniform", "tailsieve", "oracle")

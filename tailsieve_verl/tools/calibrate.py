@@ -12,12 +12,12 @@ is the time of one decode step with b requests active at a mean context of p + (
 the time per generated token; the spec-decode counters of ``/metrics`` read around each sample give
 k and the tokens a request gains per step at that batch, hence the engine's verify step time.
 
-The engine facts go under ``"engine"`` (read by :func:`core.engine.engine_from_calibration`): the KV
+The engine facts go under ``"engine"`` (read by :func:`core.engine.engine.engine_from_calibration`): the KV
 cache (``vllm:cache_config_info``), a prefill rate — b requests of one generated token with a long
 and a short prompt, ``(T(long) − T(short)) / (b · Δprompt)`` — and the speculation rows. Short and long runs alternate, every
 repeat sweeps all points, and the median over repeats is kept, so a noisy machine's slow spells
 are discarded rather than written into a few points. The result is the calibration
-JSON that :class:`tailsieve_verl.core.perf.Calibration` reads (``table:PATH`` / ``fitted:PATH``).
+JSON that :class:`tailsieve_verl.core.engine.perf.Calibration` reads (``table:PATH`` / ``fitted:PATH``).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..core.errors import TailSieveError
-from ..core.perf import Calibration
+from ..core.engine.perf import Calibration
 from .openai_client import EndpointError, ForcedRequest, OpenAIServer, synthetic_prompt
 from .vllm_metrics import MetricsError, SpecCounters, kv_capacity, parse_metrics
 

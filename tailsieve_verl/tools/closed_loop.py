@@ -1,6 +1,6 @@
 """Closed-loop fidelity on a real engine (``tailsieve closed-loop``).
 
-The simulator's policies (:mod:`core.sim`: stock verl's routing and TailSieve's selector, controller,
+The simulator's policies (:mod:`core.simulation.sim`: stock verl's routing and TailSieve's selector, controller,
 per-prompt record and pools) run step by step on one prompt stream with persistent prompt
 difficulty, but every step's samples run for real on vLLM OpenAI servers, with forced lengths as
 in ``tailsieve bench``. The measured finish times then drive everything downstream: the cutoff, which
@@ -33,13 +33,13 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from ..core.engine import EngineConfig
+from ..core.engine.engine import EngineConfig
 from ..core.errors import TailSieveError
-from ..core.perf import PerfModel
-from ..core.replica import NO_LIMITS, Evaluation, evaluate_samples
-from ..core.sim import BASELINE, SimConfig, simulate, step_times
-from ..core.trace import Group
-from ..core.workload import PromptPool
+from ..core.engine.perf import PerfModel
+from ..core.engine.replica import NO_LIMITS, Evaluation, evaluate_samples
+from ..core.simulation.sim import BASELINE, SimConfig, simulate, step_times
+from ..core.data.trace import Group
+from ..core.data.workload import PromptPool
 from .bench import run_assignment
 from .openai_client import OpenAIServer
 

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 from ..core.kinds import Pool
-from ..core.sim import SimResult
+from ..core.simulation.sim import SimResult
 
 COLORS = {"verl": "#000000", "uniform": "#7f7f7f", "tailsieve-fixed": "#1f77b4", "tailsieve": "#d62728",
           "clairvoyant-group": "#2ca02c", "clairvoyant-sample": "#98df8a", "best-static": "#9467bd"}

@@ -6,7 +6,7 @@ import os
 
 import numpy as np
 
-from ..core.study import STUDY_POLICIES, StudyResult
+from ..core.routing.study import STUDY_POLICIES, StudyResult
 
 
 def plot_gap_cdf(result: StudyResult, path: str | os.PathLike) -> None:

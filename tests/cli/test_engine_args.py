@@ -8,8 +8,8 @@ import pytest
 
 from tailsieve_verl.cli import build_parser, main
 from tailsieve_verl.cli.engine_args import engine_config_from_args
-from tailsieve_verl.core.engine import EngineConfig, SpeculativeConfig
-from tailsieve_verl.core.perf import LinearPerf
+from tailsieve_verl.core.engine.engine import EngineConfig, SpeculativeConfig
+from tailsieve_verl.core.engine.perf import LinearPerf
 
 PERF = LinearPerf(0.01, 1e-5)
 SMALL = ["--steps", "2", "--batch", "8", "--n", "4", "--replicas", "2", "--pool-size", "64", "--no-plots",
@@ -157,7 +157,7 @@ def test_per_pool_speculation_flags_set_each_pools_engine(tmp_path, capsys):
 def test_bulk_speculation_off_is_k_zero():
     args = build_parser().parse_args(["simulate", "--bulk-num-speculative-tokens", "0", "--tail-spec-schedule", "1-8:5"])
     from tailsieve_verl.cli.engine_args import pool_engines_from_args
-    from tailsieve_verl.core.sim import DEFAULT_SPECULATION
+    from tailsieve_verl.core.simulation.sim import DEFAULT_SPECULATION
     pools = pool_engines_from_args(args, EngineConfig(max_num_seqs=64), DEFAULT_SPECULATION)
     assert pools["bulk_engine"] == EngineConfig(max_num_seqs=64)
     assert pools["tail_engine"].speculative.num_speculative_tokens == 5

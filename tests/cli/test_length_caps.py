@@ -8,8 +8,8 @@ import json
 import pytest
 
 from tailsieve_verl.cli import main
-from tailsieve_verl.core.trace import Group, Trace, read_trace, write_trace
-from tailsieve_verl.core.workload import cap_trace, generate_trace
+from tailsieve_verl.core.data.trace import Group, Trace, read_trace, write_trace
+from tailsieve_verl.core.data.workload import cap_trace, generate_trace
 
 SMALL = ["--steps", "3", "--batch", "8", "--n", "4", "--replicas", "2", "--pool-size", "64", "--no-plots",
          "--policies", "verl,tailsieve", "--json", "--jobs", "1"]

@@ -10,8 +10,8 @@ from tailsieve_verl.cli import plan as plan_cli
 from tailsieve_verl.cli import simulate as simulate_cli
 from tailsieve_verl.cli.recommend import (Candidate, perf_model_override, pool_speculation_overrides, recommendation,
                                          two_standard_errors)
-from tailsieve_verl.core.trace import Group, write_trace
-from tailsieve_verl.core.workload import generate_trace
+from tailsieve_verl.core.data.trace import Group, write_trace
+from tailsieve_verl.core.data.workload import generate_trace
 
 STAY = "recommendation: stay with stock verl: nothing here beat it by more than the noise"
 
@@ -115,7 +115,7 @@ def test_a_plans_overrides_start_the_adaptive_controller_where_the_plan_did():
     """A plan that ended at one shared pool starts the trainer's adaptive controller there (q0 unused);
     a TailSieve speculation pick carries its engines per pool."""
     from tailsieve_verl.cli.recommend import plan_overrides
-    from tailsieve_verl.core.planner import Configuration
+    from tailsieve_verl.core.simulation.planner import Configuration
 
     def pick(name, label, q, m):
         return Configuration(name, label, {}, q, m, 1.0, (1.0, 1.0), 1.0, (1.0, 1.0))

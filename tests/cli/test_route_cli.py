@@ -9,9 +9,9 @@ import pytest
 
 from tailsieve_verl.cli import route as route_cli
 from tailsieve_verl.core.errors import TailSieveError
-from tailsieve_verl.core.policies import POLICIES
-from tailsieve_verl.core.trace import write_trace
-from tailsieve_verl.core.workload import generate_trace
+from tailsieve_verl.core.routing.policies import POLICIES
+from tailsieve_verl.core.data.trace import write_trace
+from tailsieve_verl.core.data.workload import generate_trace
 
 
 @pytest.fixture()

@@ -8,8 +8,8 @@ import pytest
 from tailsieve_verl.cli import plan as plan_cli
 from tailsieve_verl.cli import simulate as simulate_cli
 from tailsieve_verl.core.errors import TailSieveError
-from tailsieve_verl.core.trace import Group, write_trace
-from tailsieve_verl.core.workload import generate_trace
+from tailsieve_verl.core.data.trace import Group, write_trace
+from tailsieve_verl.core.data.workload import generate_trace
 
 
 def _parse(module, argv: list[str]) -> argparse.Namespace:

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 from scipy.stats import ks_2samp
 
-from tailsieve_verl.core.bias import BiasMonitorError, LengthBiasMonitor, censored_ks, ks_distance, ks_noise
-from tailsieve_verl.core.workload import PromptPool
+from tailsieve_verl.core.tailsieve.bias import BiasMonitorError, LengthBiasMonitor, censored_ks, ks_distance, ks_noise
+from tailsieve_verl.core.data.workload import PromptPool
 
 
 def _batch(pool: PromptPool, rng: np.random.Generator, size: int = 64, step: int = 0) -> list[tuple[int, ...]]:
@@ -109,9 +109,9 @@ def test_a_steady_loss_of_long_prompts_shows_against_the_pulled_population():
 def test_per_prompt_record_adds_no_length_bias():
     """Over a multi-epoch run the record only moves prompts between pools: TailSieve's consumed
     lengths match stock verl's (same prompts, fresh draws) within the KS noise."""
-    from tailsieve_verl.core.perf import parse_perf_model
-    from tailsieve_verl.core.sim import SimConfig, simulate
-    from tailsieve_verl.core.workload import PromptPool, get_preset
+    from tailsieve_verl.core.engine.perf import parse_perf_model
+    from tailsieve_verl.core.simulation.sim import SimConfig, simulate
+    from tailsieve_verl.core.data.workload import PromptPool, get_preset
 
     pool = PromptPool(get_preset("strong", max_response_length=4096), 64, seed=2)
     cfg = SimConfig(steps=24, n_replicas=4, batch_size=16, n=4, seed=2, policies=("verl", "tailsieve-fixed"))

@@ -5,10 +5,10 @@ import json
 import numpy as np
 import pytest
 
-from tailsieve_verl.core.controller import (ControllerConfig, ControllerError, GroupRecord, HierarchicalController,
+from tailsieve_verl.core.tailsieve.controller import (ControllerConfig, ControllerError, GroupRecord, HierarchicalController,
                                             StepObservation)
 from tailsieve_verl.core.kinds import DecisionKind
-from tailsieve_verl.core.perf import LinearPerf, parse_perf_model
+from tailsieve_verl.core.engine.perf import LinearPerf, parse_perf_model
 
 B, R = 64, 8
 
@@ -127,7 +127,7 @@ def test_state_dict_roundtrip_gives_identical_decisions(perf):
 
 
 def test_smoothed_helper_on_scalars_and_partly_measured_curves():
-    from tailsieve_verl.core.controller import _Smoothed
+    from tailsieve_verl.core.tailsieve.controller import _Smoothed
     x = _Smoothed(0.5)
     assert x.update(2.0) == 2.0 and x.update(4.0) == 3.0
     curve = _Smoothed(0.5)
@@ -242,15 +242,15 @@ def test_a_transition_step_measures_no_split(perf):
 
 
 def _consumed(groups, n):
-    from tailsieve_verl.core.controller import _ConsumedBatch
+    from tailsieve_verl.core.tailsieve.fluid import ConsumedBatch
 
-    return _ConsumedBatch(np.asarray(groups, dtype=np.int64).ravel(), np.full(len(groups), n))
+    return ConsumedBatch(np.asarray(groups, dtype=np.int64).ravel(), np.full(len(groups), n))
 
 
 @pytest.mark.parametrize("per_sample", [True, False])
 def test_the_fluid_model_takes_each_pools_admission_cap(per_sample):
-    from tailsieve_verl.core.controller import _Candidates, _FluidModel, _StepTable
-    from tailsieve_verl.core.engine import EngineConfig
+    from tailsieve_verl.core.tailsieve.fluid import Candidates, FluidModel, StepTable
+    from tailsieve_verl.core.engine.engine import EngineConfig
 
     rng = np.random.default_rng(0)
     perf = LinearPerf(0.01, 0.0)  # every step costs the same: time counts steps
@@ -266,8 +266,8 @@ def test_the_fluid_model_takes_each_pools_admission_cap(per_sample):
         assert serial.yardstick_s(consumed, 16.0) == pytest.approx(0.01 * groups.sum() / R, rel=0.05)
     assert serial.yardstick_s(consumed, 16.0) > 3 * free.yardstick_s(consumed, 16.0)
     # the prior: a tail pool capped at one request runs its groups' samples one after another
-    table, candidates = _StepTable(perf, 32 * 16), _Candidates(np.array([1, 4, 8]), 32, 1.0)
-    models = [_FluidModel([consumed], 32, 16.0, table, candidates, per_sample, engines=engines)
+    table, candidates = StepTable(perf, 32 * 16), Candidates(np.array([1, 4, 8]), 32, 1.0)
+    models = [FluidModel([consumed], 32, 16.0, table, candidates, per_sample, engines=engines)
               for engines in (None, (EngineConfig(max_num_seqs=1), EngineConfig()))]
     plain, capped = (model.tail_time(1) for model in models)
     assert np.all(capped > 2 * plain)

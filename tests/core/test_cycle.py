@@ -1,11 +1,11 @@
-"""core.cycle: the one TailSieve step the simulator and the verl trainer both run."""
+"""core.tailsieve.cycle: the one TailSieve step the simulator and the verl trainer both run."""
 
 import pytest
 
-from tailsieve_verl.core.controller import ControllerConfig, GroupRecord
-from tailsieve_verl.core.cycle import TailSieveCycle
-from tailsieve_verl.core.perf import LinearPerf
-from tailsieve_verl.core.selector import SelectorError, bulk_cutoff
+from tailsieve_verl.core.tailsieve.controller import ControllerConfig, GroupRecord
+from tailsieve_verl.core.tailsieve.cycle import TailSieveCycle
+from tailsieve_verl.core.engine.perf import LinearPerf
+from tailsieve_verl.core.tailsieve.selector import SelectorError, bulk_cutoff
 
 PERF = LinearPerf(0.01, 0.0001)
 B, R = 4, 4

@@ -7,10 +7,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tailsieve_verl.core.engine import EngineConfig, EngineConfigError, SpeculativeConfig
-from tailsieve_verl.core.perf import LinearPerf
-from tailsieve_verl.core.replica import evaluate_samples, simulate_replica, tokens_generated_at
-from tailsieve_verl.core.trace import Group
+from tailsieve_verl.core.engine.engine import EngineConfig, EngineConfigError, SpeculativeConfig
+from tailsieve_verl.core.engine.perf import LinearPerf
+from tailsieve_verl.core.engine.replica import evaluate_samples, simulate_replica, tokens_generated_at
+from tailsieve_verl.core.data.trace import Group
 
 ONE_SECOND_STEPS = LinearPerf(1.0, 0.0)
 HUGE_KV = 10 ** 9  # a KV limit that never binds, only to take the scheduler's path

@@ -9,12 +9,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tailsieve_verl.core.engine import EngineConfig
-from tailsieve_verl.core.perf import LinearPerf, parse_perf_model
-from tailsieve_verl.core.policies import least_inflight_assignment
-from tailsieve_verl.core.replica import _closed_form, evaluate_samples, simulate_replica
-from tailsieve_verl.core.scheduler import ReplicaScheduler
-from tailsieve_verl.core.workload import PromptPool
+from tailsieve_verl.core.engine.engine import EngineConfig
+from tailsieve_verl.core.engine.perf import LinearPerf, parse_perf_model
+from tailsieve_verl.core.routing.policies import least_inflight_assignment
+from tailsieve_verl.core.engine.replica import _closed_form, evaluate_samples, simulate_replica
+from tailsieve_verl.core.engine.scheduler import ReplicaScheduler
+from tailsieve_verl.core.data.workload import PromptPool
 
 PERFS = [LinearPerf(0.01, 0.001), parse_perf_model("table:h200-dense"), parse_perf_model("table:h200-moe")]
 
@@ -66,7 +66,7 @@ ROOMY = (EngineConfig(max_num_seqs=10 ** 6), EngineConfig(num_gpu_blocks=10 ** 9
 @pytest.mark.parametrize("policy, kwargs", [("verl", {}), ("uniform", {}), ("uniform-oracle", {}),
                                             ("topk-balanced", {"k": 3, "tail_replicas": 1})])
 def test_routing_policies_are_unchanged_when_no_limit_binds(policy, kwargs):
-    from tailsieve_verl.core.policies import route
+    from tailsieve_verl.core.routing.policies import route
 
     perf = PERFS[1]
     groups = PromptPool("real", 64, seed=2).sample_batch(16, 4, 0, np.random.default_rng(5))
@@ -80,8 +80,8 @@ def test_routing_policies_are_unchanged_when_no_limit_binds(policy, kwargs):
 def test_searches_and_set_costs_agree_when_no_limit_binds():
     # best-k and the exact search score sets with the cost table, or under an engine that binds beyond the cap
     # with the scheduler itself: the same assignment and makespan either way
-    from tailsieve_verl.core.oracle import SetCost
-    from tailsieve_verl.core.policies import route
+    from tailsieve_verl.core.routing.oracle import SetCost
+    from tailsieve_verl.core.routing.policies import route
 
     perf = PERFS[1]
     groups = PromptPool("real", 64, seed=4).sample_batch(10, 2, 0, np.random.default_rng(6))
@@ -97,9 +97,9 @@ def test_searches_and_set_costs_agree_when_no_limit_binds():
 
 def test_a_binding_engine_reaches_routing_set_costs_and_the_study():
     # the engine is not dropped on the way: a cap of one running request serialises each replica
-    from tailsieve_verl.core.oracle import SetCost
-    from tailsieve_verl.core.policies import route
-    from tailsieve_verl.core.study import StudyConfig, run_study
+    from tailsieve_verl.core.routing.oracle import SetCost
+    from tailsieve_verl.core.routing.policies import route
+    from tailsieve_verl.core.routing.study import StudyConfig, run_study
 
     perf, serial = PERFS[0], EngineConfig(max_num_seqs=1)
     groups = PromptPool("real", 64, seed=2).sample_batch(8, 4, 0, np.random.default_rng(1))

@@ -20,11 +20,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tailsieve_verl.core import sim
-from tailsieve_verl.core.engine import EngineConfig, SpeculativeConfig
-from tailsieve_verl.core.perf import parse_perf_model
-from tailsieve_verl.core.replica import simulate_replica
-from tailsieve_verl.core.workload import PromptPool, get_preset
+from tailsieve_verl.core.simulation import sim
+from tailsieve_verl.core.engine.engine import EngineConfig, SpeculativeConfig
+from tailsieve_verl.core.engine.perf import parse_perf_model
+from tailsieve_verl.core.engine.replica import simulate_replica
+from tailsieve_verl.core.data.workload import PromptPool, get_preset
 
 RECORDED = Path(__file__).parent / "data" / "engine_recorded.json"
 RTOL = 1e-9
@@ -148,7 +148,7 @@ def test_random_small_replicas_give_the_recorded_runs(recorded, seed):
 @pytest.mark.parametrize("seed", [0, 3, 4, 10, 12])
 def test_the_walk_without_numba_gives_the_same_runs(recorded, seed, monkeypatch):
     # a --no-deps install (no numba): the same functions, interpreted
-    from tailsieve_verl.core import scheduler
+    from tailsieve_verl.core.engine import scheduler
 
     monkeypatch.setattr(scheduler, "_KERNEL", scheduler._walk)
     assert_same_replica_run(run_fuzz(seed), recorded["fuzz"][str(seed)])

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from tailsieve_verl.core import sim
-from tailsieve_verl.core.controller import ControllerConfig
-from tailsieve_verl.core.cycle import TailSieveCycle
-from tailsieve_verl.core.fallback import Arm, FallbackConfig, FallbackError, StockFallback
-from tailsieve_verl.core.perf import parse_perf_model
-from tailsieve_verl.core.workload import PromptPool, get_preset
+from tailsieve_verl.core.simulation import sim
+from tailsieve_verl.core.tailsieve.controller import ControllerConfig
+from tailsieve_verl.core.tailsieve.cycle import TailSieveCycle
+from tailsieve_verl.core.tailsieve.fallback import Arm, FallbackConfig, FallbackError, StockFallback
+from tailsieve_verl.core.engine.perf import parse_perf_model
+from tailsieve_verl.core.data.workload import PromptPool, get_preset
 
 PERF = parse_perf_model("table:h200-dense")
 
@@ -75,7 +75,7 @@ def test_a_held_cycle_runs_one_shared_pool_drains_the_carried_and_leaves_the_con
     plan, m = cycle.plan([f"f{i}" for i in range(cycle.n_fresh())], 4)
     assert m == 0 and plan.tail_ids == () and plan.requeued_ids == ("a", "b", "c") and plan.n_abort == 0
     steps_before = cycle.controller.state.steps
-    from tailsieve_verl.core.controller import GroupRecord
+    from tailsieve_verl.core.tailsieve.controller import GroupRecord
     ids = list(plan.requeued_ids) + list(plan.bulk_fresh_ids)
     outcome, _ = cycle.finish(plan, ids, {}, tail=[], bulk=[(i, GroupRecord((10, 20), 1.0)) for i in ids], m=0,
                               cutoff_s=1.0, prompt_len=10.0, policy_version=1)

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import json
 
-from tailsieve_verl.core.controller import ControllerConfig, Decision, HierarchicalController
+from tailsieve_verl.core.tailsieve.controller import ControllerConfig, Decision, HierarchicalController
 from tailsieve_verl.core.kinds import DecisionKind, Pool
-from tailsieve_verl.core.perf import LinearPerf
-from tailsieve_verl.core.selector import TailSelector
+from tailsieve_verl.core.engine.perf import LinearPerf
+from tailsieve_verl.core.tailsieve.selector import TailSelector
 
 
 def test_a_member_is_its_string_in_comparisons_formatting_and_json():

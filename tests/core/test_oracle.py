@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tailsieve_verl.core.engine import EngineConfig
-from tailsieve_verl.core.oracle import OracleError, SetCost, StepCostTable, brute_force, solve_exact
-from tailsieve_verl.core.perf import LinearPerf, parse_perf_model
-from tailsieve_verl.core.replica import simulate_replica
-from tailsieve_verl.core.trace import Group
+from tailsieve_verl.core.engine.engine import EngineConfig
+from tailsieve_verl.core.routing.oracle import OracleError, SetCost, StepCostTable, brute_force, solve_exact
+from tailsieve_verl.core.engine.perf import LinearPerf, parse_perf_model
+from tailsieve_verl.core.engine.replica import simulate_replica
+from tailsieve_verl.core.data.trace import Group
 
 PERFS = {
     "linear": LinearPerf(0.01, 0.001),
@@ -109,7 +109,7 @@ def test_bad_limits(kwargs, needle):
 
 
 def test_brute_force_assignment_achieves_its_value():
-    from tailsieve_verl.core.replica import evaluate_assignment
+    from tailsieve_verl.core.engine.replica import evaluate_assignment
 
     rng = np.random.default_rng(11)
     groups = random_groups(rng, 6)
@@ -121,7 +121,7 @@ def test_brute_force_assignment_achieves_its_value():
 def test_exact_without_a_cost_table_equals_brute_force(seed, monkeypatch):
     """Large instances run on simulate_replica: bounded by true set costs when the model is
     monotone (dense), exhaustive when it is not (qwen3-4b is faster at batch 2 than at batch 1)."""
-    import tailsieve_verl.core.oracle as oracle
+    import tailsieve_verl.core.routing.oracle as oracle
 
     monkeypatch.setattr(oracle, "MAX_TABLE_CELLS", 0)
     rng = np.random.default_rng(200 + seed)

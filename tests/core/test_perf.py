@@ -7,9 +7,9 @@ import json
 import numpy as np
 import pytest
 
-from tailsieve_verl.core.perf import (BUNDLED_TABLES, Calibration, FittedPerf, LinearPerf, PerfModelError, TablePerf,
+from tailsieve_verl.core.engine.perf import (BUNDLED_TABLES, Calibration, FittedPerf, LinearPerf, PerfModelError, TablePerf,
                                       parse_perf_model)
-from tailsieve_verl.core.replica import simulate_replica
+from tailsieve_verl.core.engine.replica import simulate_replica
 
 
 def _models_of(name: str) -> list[str]:

@@ -1,10 +1,10 @@
-"""The tail pool's placement rule (core.placement): whole replicas, single-node ones first, one node on request."""
+"""The tail pool's placement rule (core.routing.placement): whole replicas, single-node ones first, one node on request."""
 
 from __future__ import annotations
 
 import pytest
 
-from tailsieve_verl.core.placement import PlacementError, ReplicaPlace, tail_addresses
+from tailsieve_verl.core.routing.placement import PlacementError, ReplicaPlace, tail_addresses
 
 
 def _layout(nodes_of_replicas: list[tuple[str, ...]]) -> list[ReplicaPlace]:

@@ -2,10 +2,10 @@ from __future__ import annotations
 
 import pytest
 
-from tailsieve_verl.core import planner
-from tailsieve_verl.core.perf import parse_perf_model
-from tailsieve_verl.core.planner import PlanError, plan_from_trace
-from tailsieve_verl.core.workload import generate_trace
+from tailsieve_verl.core.simulation import planner
+from tailsieve_verl.core.engine.perf import parse_perf_model
+from tailsieve_verl.core.simulation.planner import PlanError, plan_from_trace
+from tailsieve_verl.core.data.workload import generate_trace
 
 
 def test_plan_reports_speedup_band_and_start_point():
@@ -34,7 +34,7 @@ def test_the_planned_runs_do_not_use_the_per_prompt_record(monkeypatch):
     """A logged run's prompts recur every few steps in the planner's pool, far more often than in training;
     the record would exploit that (scripts/results/controller_vs_stock_verl/controller_v2_log.md, session 9),
     so the plan is a first epoch."""
-    from tailsieve_verl.core import planner
+    from tailsieve_verl.core.simulation import planner
 
     configs, real_simulate = [], planner.simulate
 
@@ -67,7 +67,7 @@ def test_a_trace_smaller_than_two_batches_is_planned_from_copies_of_its_groups()
 
 def _planned(monkeypatch, preset: str, speculation, **kwargs):
     """A small plan with speculation (4 replicas, 16 x 4, 6 steps, 2 seeds) and the simulations behind it."""
-    from tailsieve_verl.core import planner
+    from tailsieve_verl.core.simulation import planner
 
     results, real_simulate = [], planner.simulate
 
@@ -90,7 +90,7 @@ def _mean_steady(results, name, steps=6):
 def test_the_plan_with_speculation_names_the_fastest_stock_configuration_and_chooses_the_fastest(monkeypatch):
     """Every stock configuration and TailSieve candidate runs on the same seeds; the best stock configuration is
     the stock policy with the least mean steady-state makespan, the choice the fastest of all."""
-    from tailsieve_verl.core.sim import DEFAULT_SPECULATION, STOCK_POLICIES
+    from tailsieve_verl.core.simulation.sim import DEFAULT_SPECULATION, STOCK_POLICIES
 
     plan, results = _planned(monkeypatch, "strong", DEFAULT_SPECULATION)
     assert len(results) == 2 and all(set(STOCK_POLICIES) | {"tailsieve-spec", "tailsieve-dynsd"} <= set(r.policies)
@@ -116,7 +116,7 @@ def test_the_plan_falls_back_to_stock_speculation_where_tailsieve_cannot_win(mon
     """Near-perfect acceptance at no draft cost: the deepest k on every replica is far ahead, no TailSieve
     candidate beats it, and the plan says to fall back to it, with its overrides."""
     from tailsieve_verl.cli.recommend import from_plan, stock_speculation_overrides
-    from tailsieve_verl.core.engine import SpeculativeConfig
+    from tailsieve_verl.core.engine.engine import SpeculativeConfig
 
     plan, results = _planned(monkeypatch, "real", SpeculativeConfig(3, (0.99,), draft_cost=0.0))
     engines = plan.engines
@@ -136,8 +136,8 @@ def test_without_speculation_the_plan_does_not_choose_engines():
 
 
 def test_the_plan_refuses_an_engine_that_already_speculates():
-    from tailsieve_verl.core.engine import EngineConfig
-    from tailsieve_verl.core.sim import DEFAULT_SPECULATION
+    from tailsieve_verl.core.engine.engine import EngineConfig
+    from tailsieve_verl.core.simulation.sim import DEFAULT_SPECULATION
 
     with pytest.raises(PlanError, match="give the engine without it"):
         plan_from_trace(generate_trace("weak", 64, 4, seed=0), 4, parse_perf_model("table:h200-dense"), batch_size=16,

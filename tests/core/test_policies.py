@@ -6,14 +6,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tailsieve_verl.core.engine import EngineConfig
-from tailsieve_verl.core.oracle import SetCost, brute_force
-from tailsieve_verl.core.perf import LinearPerf, parse_perf_model
-from tailsieve_verl.core.policies import (POLICIES, RoutingError, TimeEstimate, balanced_assignment,
+from tailsieve_verl.core.engine.engine import EngineConfig
+from tailsieve_verl.core.routing.oracle import SetCost, brute_force
+from tailsieve_verl.core.engine.perf import LinearPerf, parse_perf_model
+from tailsieve_verl.core.routing.policies import (POLICIES, RoutingError, TimeEstimate, balanced_assignment,
                                           least_inflight_assignment, route, tail_order, time_balanced_assignment,
                                           topk_assignment)
-from tailsieve_verl.core.replica import evaluate_assignment, evaluate_samples
-from tailsieve_verl.core.trace import Group
+from tailsieve_verl.core.engine.replica import evaluate_assignment, evaluate_samples
+from tailsieve_verl.core.data.trace import Group
 
 DENSE = parse_perf_model("table:h200-dense")
 LINEAR = LinearPerf(0.01, 0.0005)

@@ -4,11 +4,11 @@ import json
 
 import pytest
 
-from tailsieve_verl.core.perf import parse_perf_model
-from tailsieve_verl.core.prompt_record import PromptLengthRecord, PromptRecordError
-from tailsieve_verl.core.selector import SelectorError, TailSelector
-from tailsieve_verl.core.sim import BestStaticRunner, SimConfig, simulate, static_grid
-from tailsieve_verl.core.workload import PromptPool, get_preset
+from tailsieve_verl.core.engine.perf import parse_perf_model
+from tailsieve_verl.core.tailsieve.prompt_record import PromptLengthRecord, PromptRecordError
+from tailsieve_verl.core.tailsieve.selector import SelectorError, TailSelector
+from tailsieve_verl.core.simulation.sim import BestStaticRunner, SimConfig, simulate, static_grid
+from tailsieve_verl.core.data.workload import PromptPool, get_preset
 
 
 def test_record_smooths_completed_groups_and_raises_on_aborts():
@@ -56,7 +56,7 @@ def test_multi_epoch_run_with_the_record_is_exactly_once_and_isolates_without_ab
     perf = parse_perf_model("table:h200-dense")
     pool = PromptPool(get_preset("strong", max_response_length=4096), 64, seed=1)
     cfg = SimConfig(steps=32, n_replicas=4, batch_size=16, n=2, seed=1, policies=("tailsieve-fixed",))
-    from tailsieve_verl.core.sim import build_runners
+    from tailsieve_verl.core.simulation.sim import build_runners
     runner = build_runners(cfg, pool, perf)[0]
     fresh_in_tail = 0
     orig = runner.cycle.selector.plan_step

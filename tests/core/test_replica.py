@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tailsieve_verl.core.engine import EngineConfig, EngineConfigError
-from tailsieve_verl.core.perf import LinearPerf, parse_perf_model
-from tailsieve_verl.core.replica import evaluate_assignment, simulate_replica
-from tailsieve_verl.core.trace import Group
+from tailsieve_verl.core.engine.engine import EngineConfig, EngineConfigError
+from tailsieve_verl.core.engine.perf import LinearPerf, parse_perf_model
+from tailsieve_verl.core.engine.replica import evaluate_assignment, simulate_replica
+from tailsieve_verl.core.data.trace import Group
 
 
 def naive_replica(lengths, perf, prompt_lens, max_num_seqs):

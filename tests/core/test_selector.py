@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from tailsieve_verl.core.kinds import Pool
-from tailsieve_verl.core.selector import SelectorError, TailSelector, bulk_cutoff, fresh_cutoff, group_work
+from tailsieve_verl.core.tailsieve.selector import SelectorError, TailSelector, bulk_cutoff, fresh_cutoff, group_work
 
 
 def _run_step(sel: TailSelector, q: int, next_id: list[int], rng: np.random.Generator, version: int):

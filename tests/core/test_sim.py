@@ -4,13 +4,13 @@ from dataclasses import replace
 
 import pytest
 
-from tailsieve_verl.core.controller import ControllerConfig
-from tailsieve_verl.core.perf import LinearPerf, parse_perf_model
-from tailsieve_verl.core.policies import evaluate_samples
-from tailsieve_verl.core.replica import tokens_generated_at
-from tailsieve_verl.core.sim import POLICIES, Ledger, SimConfig, SimError, TailSieveRunner, build_runners, simulate
-from tailsieve_verl.core.trace import Group
-from tailsieve_verl.core.workload import PromptPool, get_preset, rare_extreme_pool
+from tailsieve_verl.core.tailsieve.controller import ControllerConfig
+from tailsieve_verl.core.engine.perf import LinearPerf, parse_perf_model
+from tailsieve_verl.core.routing.policies import evaluate_samples
+from tailsieve_verl.core.engine.replica import tokens_generated_at
+from tailsieve_verl.core.simulation.sim import POLICIES, Ledger, SimConfig, SimError, TailSieveRunner, build_runners, simulate
+from tailsieve_verl.core.data.trace import Group
+from tailsieve_verl.core.data.workload import PromptPool, get_preset, rare_extreme_pool
 
 
 def test_1000_steps_lose_duplicate_and_stale_nothing():
@@ -193,7 +193,7 @@ def test_a_prompt_carried_for_steps_shows_in_the_deferral_and_the_warnings():
 
 def test_policies_side_by_side_in_processes_give_the_same_run():
     # each policy's whole run in a forked worker (jobs=2) against one process, under KV pressure
-    from tailsieve_verl.core.engine import EngineConfig
+    from tailsieve_verl.core.engine.engine import EngineConfig
 
     perf = parse_perf_model("table:h200-dense")
     cfg = SimConfig(steps=4, n_replicas=4, batch_size=32, n=8, policies=("verl", "uniform", "tailsieve", "best-static"),

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tailsieve_verl.core.perf import parse_perf_model
-from tailsieve_verl.core.step_table import StepTimeGrid, separable_cums
+from tailsieve_verl.core.engine.perf import parse_perf_model
+from tailsieve_verl.core.engine.step_table import StepTimeGrid, separable_cums
 
 
 @pytest.mark.parametrize("spec", ["table:h200-dense", "table:h200-moe", "fitted:h200-dense", "linear:a=0.01,c=0.001"])

@@ -8,12 +8,12 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from tailsieve_verl.core import sim
-from tailsieve_verl.core.controller import ControllerConfig
-from tailsieve_verl.core.engine import EngineConfig, SpeculativeConfig
-from tailsieve_verl.core.perf import parse_perf_model
-from tailsieve_verl.core.sim import SimConfig, SimError, TailSieveRunner, simulate
-from tailsieve_verl.core.workload import PromptPool, get_preset
+from tailsieve_verl.core.simulation import runners, sim
+from tailsieve_verl.core.tailsieve.controller import ControllerConfig
+from tailsieve_verl.core.engine.engine import EngineConfig, SpeculativeConfig
+from tailsieve_verl.core.engine.perf import parse_perf_model
+from tailsieve_verl.core.simulation.sim import SimConfig, SimError, TailSieveRunner, simulate
+from tailsieve_verl.core.data.workload import PromptPool, get_preset
 
 PERF = parse_perf_model("table:h200-dense")
 POOL = PromptPool(get_preset("real", max_response_length=2048), 128, seed=3)
@@ -64,8 +64,8 @@ def test_per_pool_engines_reach_m_tail_and_r_minus_m_bulk_replicas(monkeypatch):
     cfg = SimConfig(steps=2, n_replicas=4, batch_size=16, n=4, seed=3, tail_engine=tail, bulk_engine=bulk)
     assert cfg.pool_engines(1) == [tail, bulk, bulk, bulk] and cfg.pool_engines(0) == [bulk] * 4
     seen = []
-    real = sim.evaluate_samples
-    monkeypatch.setattr(sim, "evaluate_samples", lambda *a, engine, **k: seen.append(list(engine)) or real(*a, engine=engine, **k))
+    real = runners.evaluate_samples
+    monkeypatch.setattr(runners, "evaluate_samples", lambda *a, engine, **k: seen.append(list(engine)) or real(*a, engine=engine, **k))
     runner = TailSieveRunner(cfg, POOL, PERF, ControllerConfig(fixed_tail_replicas=1, q_init=2, inner_loop=False),
                              "tailsieve-fixed")
     runner.step(0, keep=False)  # nothing carried yet: no tail pool, the bulk engine everywhere
@@ -120,8 +120,8 @@ def test_speculation_policies_need_the_engine_model():
 
 
 def test_longest_to_tail_puts_the_q_heaviest_groups_on_the_tail_replicas_in_group_order():
-    from tailsieve_verl.core.policies import longest_to_tail
-    from tailsieve_verl.core.trace import Group
+    from tailsieve_verl.core.routing.policies import longest_to_tail
+    from tailsieve_verl.core.data.trace import Group
 
     groups = [Group(f"p{i}", tuple(lengths), 8) for i, lengths in
               enumerate([(5, 5), (100, 1), (7, 7), (50, 60), (1, 1)])]

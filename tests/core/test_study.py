@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 
 from tailsieve_verl.cli import study as study_cli
-from tailsieve_verl.core.oracle import brute_force
-from tailsieve_verl.core.perf import parse_perf_model
-from tailsieve_verl.core.study import STUDY_POLICIES, StudyConfig, StudyError, _instance_source, run_study
-from tailsieve_verl.core.trace import Group, Trace, write_trace
-from tailsieve_verl.core.workload import generate_trace
+from tailsieve_verl.core.routing.oracle import brute_force
+from tailsieve_verl.core.engine.perf import parse_perf_model
+from tailsieve_verl.core.routing.study import STUDY_POLICIES, StudyConfig, StudyError, _instance_source, run_study
+from tailsieve_verl.core.data.trace import Group, Trace, write_trace
+from tailsieve_verl.core.data.workload import generate_trace
 
 
 def test_small_study_is_consistent():

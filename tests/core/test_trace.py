@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from tailsieve_verl.core.rollout_dump import prompt_identity
-from tailsieve_verl.core.trace import Group, Trace, TraceError, read_trace, write_trace
+from tailsieve_verl.core.data.rollout_dump import prompt_identity
+from tailsieve_verl.core.data.trace import Group, Trace, TraceError, read_trace, write_trace
 
 
 def _write(tmp_path, lines, name="t.jsonl"):

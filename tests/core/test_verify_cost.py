@@ -1,4 +1,4 @@
-"""core.verify_cost on a hand-made table whose answers are known: a linear decode table
+"""core.engine.verify_cost on a hand-made table whose answers are known: a linear decode table
 T(b, c) = 1 + 0.25·b + 0.001·b·c ms (TablePerf reproduces it everywhere), verify steps at k = 1 equal
 to the first-order price and at k = 2 half again as dear, draft steps a quarter of a decode step."""
 
@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 
 from tailsieve_verl.cli import main
-from tailsieve_verl.core.engine import EngineConfig, EngineConfigError, SpeculativeConfig
-from tailsieve_verl.core.perf import Calibration, PerfModelError, TablePerf
-from tailsieve_verl.core.replica import simulate_replica
-from tailsieve_verl.core.scheduler import step_seconds
-from tailsieve_verl.core.verify_cost import VerifyTable
+from tailsieve_verl.core.engine.engine import EngineConfig, EngineConfigError, SpeculativeConfig
+from tailsieve_verl.core.engine.perf import Calibration, PerfModelError, TablePerf
+from tailsieve_verl.core.engine.replica import simulate_replica
+from tailsieve_verl.core.engine.scheduler import step_seconds
+from tailsieve_verl.core.engine.verify_cost import VerifyTable
 
 BATCHES, CONTEXTS, VERIFY_BATCHES, VERIFY_CONTEXTS = (1, 2, 4, 8, 16, 32), (0, 1000, 4000), (1, 2, 4, 8), (1000, 4000)
 K_PRICE = {1: 1.0, 2: 1.5}  # measured verify step over the first-order price

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tailsieve_verl.core.trace import Group, Trace
-from tailsieve_verl.core.workload import (PRESETS, SEED_VARIANCE_SHARES, PromptPool, TailTransform, WorkloadError,
+from tailsieve_verl.core.data.trace import Group, Trace
+from tailsieve_verl.core.data.workload import (PRESETS, SEED_VARIANCE_SHARES, PromptPool, TailTransform, WorkloadError,
                                           WorkloadSpec, generate_trace, get_preset, tail_transform)
 
 

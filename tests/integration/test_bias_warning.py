@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from tailsieve_verl.core.bias import LengthBiasMonitor
+from tailsieve_verl.core.tailsieve.bias import LengthBiasMonitor
 from tailsieve_verl.integration.trainer import TailSieveTrainer
 
 

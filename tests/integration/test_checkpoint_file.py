@@ -13,9 +13,9 @@ import pytest
 import torch
 from verl.utils import tensordict_utils as tu
 
-from tailsieve_verl.core.controller import ControllerConfig, GroupRecord
-from tailsieve_verl.core.cycle import TailSieveCycle
-from tailsieve_verl.core.perf import LinearPerf
+from tailsieve_verl.core.tailsieve.controller import ControllerConfig, GroupRecord
+from tailsieve_verl.core.tailsieve.cycle import TailSieveCycle
+from tailsieve_verl.core.engine.perf import LinearPerf
 from tailsieve_verl.integration import checkpoint
 from tailsieve_verl.integration.checkpoint import (STATE_FILE, CheckpointMismatchError, RunShape, checkpoint_state,
                                                     restore_for_resume, save_state)

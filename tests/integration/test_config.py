@@ -39,7 +39,7 @@ def test_adaptive_mode_starts_at_one_shared_pool_as_recommend_says():
     """What `tailsieve simulate`/`plan` recommend for a run that starts at (q, m) = (0, 0) launches: the
     adaptive controller starts there (it reaches (0, 0) at run time anyway)."""
     from tailsieve_verl.cli.recommend import TRAINER_MODE, adaptive_start
-    from tailsieve_verl.core.controller import initial_split
+    from tailsieve_verl.core.tailsieve.controller import initial_split
 
     cfg = validate_verl_config(stock([TRAINER_MODE, *adaptive_start(0, 0).split()]))
     assert cfg.active and (cfg.initial_q, cfg.initial_m) == (0, 0) and not cfg.pins_split

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from tailsieve_verl.core.controller import GroupRecord
-from tailsieve_verl.core.engine import EngineConfig
-from tailsieve_verl.core.perf import LinearPerf
+from tailsieve_verl.core.tailsieve.controller import GroupRecord
+from tailsieve_verl.core.engine.engine import EngineConfig
+from tailsieve_verl.core.engine.perf import LinearPerf
 from tailsieve_verl.integration.config import parse_tailsieve_section
 from tailsieve_verl.integration.engine_config import pool_engine_models
 from tailsieve_verl.integration.metrics import predicted_makespans

@@ -7,9 +7,9 @@ import asyncio
 import numpy as np
 import pytest
 
-from tailsieve_verl.core.engine import EngineConfig
-from tailsieve_verl.core.perf import parse_perf_model
-from tailsieve_verl.core.replica import simulate_replica
+from tailsieve_verl.core.engine.engine import EngineConfig
+from tailsieve_verl.core.engine.perf import parse_perf_model
+from tailsieve_verl.core.engine.replica import simulate_replica
 from tailsieve_verl.integration.simulated_server import LengthModel, SimServer
 
 SECTION = {"perf_model": "linear:a=0.01,c=0.002", "sim": {"time_scale": 0.02, "mean_response_len": 24,

@@ -17,7 +17,7 @@ from collections import Counter
 import numpy as np
 import ray
 
-from tailsieve_verl.core.controller import Decision
+from tailsieve_verl.core.tailsieve.controller import Decision
 
 B, N, R = 8, 2, 4
 RUNS, STEPS_PER_RUN, KILLS_PER_RUN = 4, 50, 2

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import ray
 
-from tailsieve_verl.core.controller import Decision
+from tailsieve_verl.core.tailsieve.controller import Decision
 from two_nodes import HEAD, LAYOUT, WORKER, StepAudit, pools, replica_nodes
 
 B, N = 8, 2

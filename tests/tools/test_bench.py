@@ -15,10 +15,10 @@ import pytest
 from fake_openai_server import FakeOpenAIServer
 
 from tailsieve_verl.cli import bench as cli_bench
-from tailsieve_verl.core.engine import EngineConfig
-from tailsieve_verl.core.perf import LinearPerf
-from tailsieve_verl.core.replica import evaluate_assignment, evaluate_samples, expand_to_samples
-from tailsieve_verl.core.trace import Group, write_trace
+from tailsieve_verl.core.engine.engine import EngineConfig
+from tailsieve_verl.core.engine.perf import LinearPerf
+from tailsieve_verl.core.engine.replica import evaluate_assignment, evaluate_samples, expand_to_samples
+from tailsieve_verl.core.data.trace import Group, write_trace
 from tailsieve_verl.tools.bench import (BenchError, bench, best_tailsieve_split, carried_at_cutoff, check_lengths,
                                         pooled_assignment, run_assignment, scale_groups)
 from tailsieve_verl.tools.openai_client import OpenAIServer

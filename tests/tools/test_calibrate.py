@@ -10,7 +10,7 @@ import pytest
 from fake_openai_server import FakeOpenAIServer
 
 from tailsieve_verl.cli import calibrate as cli_calibrate
-from tailsieve_verl.core.perf import Calibration, TablePerf, parse_perf_model
+from tailsieve_verl.core.engine.perf import Calibration, TablePerf, parse_perf_model
 from tailsieve_verl.tools.calibrate import CalibrationPlanError, SweepPlan, calibrate, write_calibration
 from tailsieve_verl.tools.openai_client import EndpointError, ForcedRequest, OpenAIServer, synthetic_prompt
 

@@ -8,12 +8,12 @@ import pytest
 from fake_openai_server import FakeOpenAIServer
 
 from tailsieve_verl.cli import main
-from tailsieve_verl.core.engine import EngineConfig
-from tailsieve_verl.core.perf import LinearPerf
-from tailsieve_verl.core.replica import evaluate_samples
-from tailsieve_verl.core.sim import SimConfig, simulate, step_times
-from tailsieve_verl.core.trace import Group
-from tailsieve_verl.core.workload import PromptPool, get_preset
+from tailsieve_verl.core.engine.engine import EngineConfig
+from tailsieve_verl.core.engine.perf import LinearPerf
+from tailsieve_verl.core.engine.replica import evaluate_samples
+from tailsieve_verl.core.simulation.sim import SimConfig, simulate, step_times
+from tailsieve_verl.core.data.trace import Group
+from tailsieve_verl.core.data.workload import PromptPool, get_preset
 from tailsieve_verl.tools.bench import run_assignment
 from tailsieve_verl.tools.closed_loop import ClosedLoopError, closed_loop, predict
 from tailsieve_verl.tools.openai_client import OpenAIServer
@@ -189,7 +189,7 @@ def test_the_recorded_kv_pressure_run_rescored_by_the_engine_model():
     spec = importlib.util.spec_from_file_location("kv_rescore", root / "scripts/experiments/kv_pressure_rescore.py")
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
-    from tailsieve_verl.core.perf import Calibration, TablePerf
+    from tailsieve_verl.core.engine.perf import Calibration, TablePerf
 
     perf = TablePerf(Calibration.load(str(root / script.CALIBRATION)))
     recorded = json.loads((root / script.RUN).read_text())

@@ -11,9 +11,9 @@ import uuid
 import pytest
 
 from tailsieve_verl.cli import trace as trace_cli
-from tailsieve_verl.core.trace import TraceError, read_trace
+from tailsieve_verl.core.data.trace import TraceError, read_trace
 from tailsieve_verl.cli.trace import tokenizer_counter
-from tailsieve_verl.core.rollout_dump import build_trace, prompt_identity
+from tailsieve_verl.core.data.rollout_dump import build_trace, prompt_identity
 
 PROMPTS = ["What is 2 + 2?", "Prove that the sum of two even numbers is even.", "Count the primes below 30."]
 N = 4

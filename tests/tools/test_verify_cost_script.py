@@ -13,8 +13,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from tailsieve_verl.core.perf import PerfModelError  # noqa: E402
-from tailsieve_verl.core.verify_cost import VerifyTable  # noqa: E402
+from tailsieve_verl.core.engine.perf import PerfModelError  # noqa: E402
+from tailsieve_verl.core.engine.verify_cost import VerifyTable  # noqa: E402
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "gpu" / "verify_cost.py"
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from fake_openai_server import FakeOpenAIServer
 
-from tailsieve_verl.core.engine import EngineConfigError, engine_from_calibration
-from tailsieve_verl.core.perf import LinearPerf
+from tailsieve_verl.core.engine.engine import EngineConfigError, engine_from_calibration
+from tailsieve_verl.core.engine.perf import LinearPerf
 from tailsieve_verl.tools.calibrate import SweepPlan, calibrate
 from tailsieve_verl.tools.openai_client import OpenAIServer
 from tailsieve_verl.tools.vllm_metrics import MetricsError, SpecCounters, kv_capacity, parse_metrics

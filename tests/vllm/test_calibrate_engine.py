@@ -6,7 +6,7 @@ One server of its own (about a minute on 2 cores, most of it the start)."""
 
 from __future__ import annotations
 
-from tailsieve_verl.core.engine import engine_from_calibration
+from tailsieve_verl.core.engine.engine import engine_from_calibration
 from tailsieve_verl.tools.calibrate import SweepPlan, calibrate
 from tailsieve_verl.tools.local_vllm import local_vllm_server, serve_command
 

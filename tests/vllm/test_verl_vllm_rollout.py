@@ -25,10 +25,10 @@ from dataclasses import dataclass
 import pytest
 import ray
 
-from tailsieve_verl.core.perf import TablePerf
+from tailsieve_verl.core.engine.perf import TablePerf
 from tailsieve_verl.core.kinds import Pool
-from tailsieve_verl.core.selector import TailSelector
-from tailsieve_verl.core.trace import Group
+from tailsieve_verl.core.tailsieve.selector import TailSelector
+from tailsieve_verl.core.data.trace import Group
 from tailsieve_verl.integration.agent_loop import _SAMPLE, GroupContext, GroupTaggedClient
 from tailsieve_verl.integration.router import PoolRouter
 from tailsieve_verl.tools.bench import bench
@@ -230,8 +230,8 @@ def test_bench_runs_every_policy_on_the_real_servers(replicas, tmp_path):
 def test_closed_loop_runs_stock_verl_and_tailsieve_on_the_real_servers(replicas, tmp_path):
     """`tailsieve closed-loop`'s loop on verl's vLLM servers: measured finish times drive the cutoff,
     the carried groups and the controller; every step has a prediction next to it; nothing lost."""
-    from tailsieve_verl.core.sim import SimConfig
-    from tailsieve_verl.core.workload import PromptPool, get_preset
+    from tailsieve_verl.core.simulation.sim import SimConfig
+    from tailsieve_verl.core.data.workload import PromptPool, get_preset
     from tailsieve_verl.tools.closed_loop import closed_loop
 
     servers = [OpenAIServer(f"http://{r.server_address}") for r in replicas]

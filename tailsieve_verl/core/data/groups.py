@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
-from .errors import TailSieveError
+from ..errors import TailSieveError
 
 
 # Upper bound on one response's (or prompt's) token count: far above any engine's context window,

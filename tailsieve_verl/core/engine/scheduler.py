@@ -1,5 +1,5 @@
 """One replica under vLLM v1's scheduler (``vllm/v1/core/sched/scheduler.py``), in the engine model's
-first-order terms (:mod:`core.engine`).
+first-order terms (:mod:`core.engine.engine`).
 
 Each step, as vLLM does it: running requests first, in admission order — a decoding request asks
 for ``1 + k`` tokens of the step's budget and KV slots for ``prompt + generated + k`` tokens (a new

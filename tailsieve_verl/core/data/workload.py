@@ -27,7 +27,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .errors import TailSieveError
+from ..errors import TailSieveError
 from .trace import Group, Trace
 
 # Seed measurement: shares of response-length variance.

@@ -1,6 +1,6 @@
 """Measured speculative verify cost (the JSON ``scripts/gpu/verify_cost.py`` writes), read two ways:
 next to the engine model's first-order price (:meth:`VerifyTable.report`), and as the price of a
-verify step (:attr:`core.engine.SpeculativeConfig.verify_table`).
+verify step (:attr:`core.engine.engine.SpeculativeConfig.verify_table`).
 
 The first-order model charges a verify step of k draft tokens per request ``T(b·(k+1), 0) + T(b, c)
 − T(b, 0)`` (weights at every query token, KV read once per request); a draft token costs
@@ -22,7 +22,7 @@ KINDS = ("decode", "verify", "draft")
 
 class VerifyTable:
     """Measured decode, verify (per depth k) and one-layer draft steps of one model shape, each
-    interpolated over (batch, context) by :class:`core.perf.TablePerf`."""
+    interpolated over (batch, context) by :class:`core.engine.perf.TablePerf`."""
 
     def __init__(self, rows, source: str, model: str | None = None):
         if not isinstance(rows, list) or not rows or not all(isinstance(r, dict) for r in rows):

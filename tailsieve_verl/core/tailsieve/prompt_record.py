@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Iterable, Mapping
 
-from .errors import TailSieveError
+from ..errors import TailSieveError
 
 
 class PromptRecordError(TailSieveError):

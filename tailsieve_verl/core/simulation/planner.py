@@ -21,7 +21,7 @@ reaches 0.94–1.00 of the best on weak and real tails; on strong tails 4 of 10 
 lose 3.4 % against stock verl (``scripts/results/controller_vs_stock_verl/controller_v2_log.md``, sessions 8 and 9).
 
 With speculation (``speculation``: the engine's acceptance and draft cost) it also chooses the engines
-(:func:`plan_engines`): the same seeds run every stock configuration (:data:`core.sim.STOCK_POLICIES`)
+(:func:`plan_engines`): the same seeds run every stock configuration (:data:`core.simulation.sim.STOCK_POLICIES`)
 and TailSieve's speculation policies; the best stock configuration is the stock policy with the least
 mean steady-state makespan, and the plan's choice the fastest of TailSieve routing-only,
 ``tailsieve-spec``, ``tailsieve-dynsd`` and that best stock configuration (the fallback). verl-spec and
@@ -34,14 +34,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .controller import ControllerConfig
-from .engine import EngineConfig, SpeculativeConfig
-from .errors import TailSieveError
-from .perf import PerfModel
+from ..tailsieve.controller import ControllerConfig
+from ..engine.engine import EngineConfig, SpeculativeConfig
+from ..errors import TailSieveError
+from ..engine.perf import PerfModel
 from .sim import (LAUNCH_SPEC_POLICIES, STOCK_POLICIES, SimConfig, SimResult, engine_label, simulate,
                   static_split_runner, tailsieve_spec_config)
-from .trace import Group, Trace
-from .workload import PromptPool
+from ..data.trace import Group, Trace
+from ..data.workload import PromptPool
 
 
 class PlanError(TailSieveError):
@@ -55,10 +55,10 @@ PLAN_POLICIES = ("verl", "tailsieve", "best-static")
 
 @dataclass(frozen=True)
 class Configuration:
-    """One configuration the plan weighs: a :mod:`core.sim` policy, its engines, and its predicted speedups
+    """One configuration the plan weighs: a :mod:`core.simulation.sim` policy, its engines, and its predicted speedups
     (mean over seeds; band: 10th–90th percentile across seeds)."""
 
-    name: str  # the core.sim policy
+    name: str  # the core.simulation.sim policy
     label: str  # its pick: verl-spec's ``k=K``, a schedule, tailsieve-spec's ``tail K / bulk SCHEDULE``; "" for none
     engines: dict  # speculation per pool (``tail``, ``bulk``) in ``--spec-schedule`` words: ``off``, ``k=K``, a schedule
     q: int  # the split to start (TailSieve) or pin (tailsieve-spec); 0, 0 for stock verl's one pool

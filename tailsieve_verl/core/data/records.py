@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 from typing import Iterator
 
-from .errors import TailSieveError
+from ..errors import TailSieveError
 from .groups import TraceError
 
 

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import TailSieveError
+from ..errors import TailSieveError
 
 BUNDLED_TABLES = {
     "h200-dense": ("h200_dense_decode_curve.json", "qwen3-1.7b"),
@@ -80,7 +80,7 @@ class Calibration:
     source: str
     engine: dict | None = None
     """The engine facts ``tailsieve calibrate`` measured with the table (the file's ``"engine"``
-    section, read by :func:`core.engine.measured_engine_fields`); None in files from before it did."""
+    section, read by :func:`core.engine.engine.measured_engine_fields`); None in files from before it did."""
 
     @classmethod
     def load(cls, name_or_path: str, model: str | None = None) -> "Calibration":

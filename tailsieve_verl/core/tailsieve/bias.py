@@ -37,7 +37,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .errors import TailSieveError
+from ..errors import TailSieveError
 
 KOLMOGOROV_MEAN = 0.8687311606361592  # E[sup|B(t)|], the mean of the Kolmogorov distribution
 

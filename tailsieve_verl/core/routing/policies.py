@@ -1,7 +1,7 @@
 """Offline routing policies for one rollout step with known lengths, behind one registry.
 
 Every policy maps the step's samples to replicas and is scored by the one evaluator,
-:func:`core.replica.evaluate_samples`. Pools: a tail pool of ``m`` replicas is replicas
+:func:`core.engine.replica.evaluate_samples`. Pools: a tail pool of ``m`` replicas is replicas
 ``0 .. m-1``, the bulk pool ``m .. R-1``. :data:`POLICIES` (name → :class:`Policy`) serves
 ``route``, ``simulate``, ``bench`` and ``study``.
 
@@ -20,7 +20,7 @@ Every policy maps the step's samples to replicas and is scored by the one evalua
   ``tail_replicas`` is given; k = 0 is the balanced all-replica boundary, m = 0): clairvoyant
   *group* isolation.
 * ``clairvoyant-sample`` — ``best-k`` over single samples: clairvoyant *sample* isolation.
-* ``exact`` — the makespan optimum over group assignments (branch and bound, :mod:`core.oracle`);
+* ``exact`` — the makespan optimum over group assignments (branch and bound, :mod:`core.routing.oracle`);
   when the time budget runs out it returns the best assignment found with a proven lower bound
   (``optimal=False``, ``lower_bound_s``).
 """
@@ -35,13 +35,13 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from .engine import EngineConfig
-from .errors import TailSieveError
+from ..engine.engine import EngineConfig
+from ..errors import TailSieveError
 from .oracle import SetCost, root_lower_bound, solve_exact
-from .perf import PerfModel, cached_per_model
-from .replica import NO_LIMITS, Evaluation, evaluate_samples, expand_to_samples
-from .step_table import StepTimeGrid, separable_cums
-from .trace import Group
+from ..engine.perf import PerfModel, cached_per_model
+from ..engine.replica import NO_LIMITS, Evaluation, evaluate_samples, expand_to_samples
+from ..engine.step_table import StepTimeGrid, separable_cums
+from ..data.trace import Group
 
 
 class RoutingError(TailSieveError):
@@ -267,7 +267,7 @@ def singletons(groups: Sequence[Group]) -> list[Group]:
 @dataclass(frozen=True)
 class RouteRequest:
     """One routing problem and its options (validated by :func:`route`). ``engine``: every replica's
-    engine (:class:`core.engine.EngineConfig`), read by the evaluator and by the searches' set costs."""
+    engine (:class:`core.engine.engine.EngineConfig`), read by the evaluator and by the searches' set costs."""
 
     groups: list[Group]
     n_replicas: int

@@ -1,5 +1,5 @@
 """What a rollout replica's engine is configured to do, in vLLM's words: one :class:`EngineConfig`
-per pool, read by the replica evaluator (:mod:`core.scheduler`, called from :mod:`core.replica`).
+per pool, read by the replica evaluator (:mod:`core.engine.scheduler`, called from :mod:`core.engine.replica`).
 
 ``EngineConfig()`` binds nothing (no admission cap, no KV limit, no prefill cost, no speculation):
 the evaluator then runs today's closed-form model exactly. :meth:`EngineConfig.verl_defaults`
@@ -24,7 +24,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from .errors import TailSieveError
+from ..errors import TailSieveError
 from .perf import PerfModel
 from .verify_cost import VerifyTable
 
@@ -61,7 +61,7 @@ class SpeculativeConfig:
     """Seconds of drafting per draft token as a fraction of the decode step ``T(b, c)`` (MTP/EAGLE ≈
     1/layers for a one-layer head; ngram ≈ 0)."""
     verify_table: VerifyTable | None = None
-    """A measured verify cost (``scripts/gpu/verify_cost.py``; :class:`core.verify_cost.VerifyTable`):
+    """A measured verify cost (``scripts/gpu/verify_cost.py``; :class:`core.engine.verify_cost.VerifyTable`):
     a verify step costs ``T(b, c)`` times the measured ratio ``V_k(b, c) / T(b, c)``. None (the
     default, and the bundled profiles'): the first-order ``T(b·(k+1), 0) + T(b, c) − T(b, 0)``."""
 

@@ -30,13 +30,13 @@ from typing import Callable
 
 import numpy as np
 
-from .errors import TailSieveError
-from .perf import DEFAULT_PERF_MODEL, PerfModel, parse_perf_model
+from ..errors import TailSieveError
+from ..engine.perf import DEFAULT_PERF_MODEL, PerfModel, parse_perf_model
 from .policies import route
-from .engine import EngineConfig
-from .replica import evaluate_assignment
-from .trace import Group, read_trace
-from .workload import PRESETS, PromptPool, cap_trace, get_preset
+from ..engine.engine import EngineConfig
+from ..engine.replica import evaluate_assignment
+from ..data.trace import Group, read_trace
+from ..data.workload import PRESETS, PromptPool, cap_trace, get_preset
 
 STUDY_POLICIES = ("best-k", "fixed-10%", "verl", "random-uniform", "uniform-oracle")
 PAPER_RESULT = {"best-k worst gap": 0.04, "best-k share within 1%": 0.72}  # the paper's §2.2 figures
@@ -58,7 +58,7 @@ class StudyConfig:
     time_limit_s: float = 0.8
     isolation_fraction: float = 0.1
     engine: EngineConfig = field(default_factory=EngineConfig)  # every replica's engine (default: no limit)
-    max_response_length: int | None = None  # verl's caps (core.workload.cap_trace; a preset's prompts are
+    max_response_length: int | None = None  # verl's caps (core.data.workload.cap_trace; a preset's prompts are
     max_prompt_length: int | None = None  # max_prompt_length long); None: the preset's or the trace's own
 
     def validate(self) -> None:

@@ -1,15 +1,15 @@
 """One TailSieve step as the rollout layer drives it: plan → run with a cutoff → finish → observe.
 
-The simulator (:mod:`core.sim`) and the verl trainer (:mod:`integration.trainer`) run the middle part
+The simulator (:mod:`core.simulation.sim`) and the verl trainer (:mod:`integration.trainer`) run the middle part
 their own way (simulated replicas, or verl's agent loop with a real abort); everything around it is
 here, once: which prompts go to which pool, the exactly-once bookkeeping of the carried queue
-(:class:`core.selector.TailSelector`), the per-prompt length record and the controller's
+(:class:`core.tailsieve.selector.TailSelector`), the per-prompt length record and the controller's
 observation. Per step::
 
     fresh = pull(cycle.n_fresh())                 # new prompts, pulled before planning
     plan, m = cycle.plan(fresh, n_replicas)       # plan.tail_ids on m tail replicas, the rest bulk
     ...run; once plan.fresh_quota fresh bulk groups have finished, abort the fresh ones still running
-    (core.selector.bulk_cutoff); the requeued ones run to completion...
+    (core.tailsieve.selector.bulk_cutoff); the requeued ones run to completion...
     outcome, observation = cycle.finish(plan, consumed_bulk_ids, scores, tail=..., bulk=..., m=m, ...)
 
 Prompt identities name one pull of a prompt (a prompt may be carried while the dataset hands it out
@@ -21,9 +21,9 @@ from __future__ import annotations
 from typing import Callable, Mapping, Sequence
 
 from .controller import ControllerConfig, Decision, GroupRecord, HierarchicalController, StepObservation
-from .engine import EngineConfig
-from .kinds import DecisionKind
-from .perf import PerfModel
+from ..engine.engine import EngineConfig
+from ..kinds import DecisionKind
+from ..engine.perf import PerfModel
 from .prompt_record import PromptLengthRecord
 from .selector import StepOutcome, StepPlan, TailSelector
 

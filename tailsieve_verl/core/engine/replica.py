@@ -1,7 +1,7 @@
 """Exact completion time of one replica's assigned responses under continuous batching.
 
-Two evaluators of one model, vLLM v1's scheduler (:mod:`core.scheduler`), configured per pool by
-an :class:`core.engine.EngineConfig`:
+Two evaluators of one model, vLLM v1's scheduler (:mod:`core.engine.scheduler`), configured per pool by
+an :class:`core.engine.engine.EngineConfig`:
 
 * the closed form, when only the admission cap can bind (no KV limit, token budget, prefill cost
   or speculation: ``EngineConfig()``): responses are admitted in FIFO order at t=0, up to
@@ -10,7 +10,7 @@ an :class:`core.engine.EngineConfig`:
   after its L-th step and frees its slot for the next waiting one at the following step. The whole
   timeline is computed with difference arrays and one vectorised call to the model, so a replica
   with thousands of responses and 32k-token tails takes milliseconds;
-* :class:`core.scheduler.ReplicaScheduler` otherwise (KV blocks and preemption, chunked prefill,
+* :class:`core.engine.scheduler.ReplicaScheduler` otherwise (KV blocks and preemption, chunked prefill,
   prefix sharing, speculation), walked step by step around events. On the closed form's cases it
   gives the same floats (``tests/core/test_engine_equality.py``).
 """
@@ -26,7 +26,7 @@ import numpy as np
 from .engine import EngineConfig, EngineEvents, ReplicaRun, TokenProgress
 from .perf import PerfModel
 from .scheduler import ReplicaScheduler
-from .trace import Group
+from ..data.trace import Group
 
 NO_LIMITS = EngineConfig()
 

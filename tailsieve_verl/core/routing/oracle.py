@@ -19,7 +19,7 @@ cost. The search:
   out the smallest bound of the unexplored subtrees is a valid lower bound on the optimum.
 
 Set costs come from :class:`StepCostTable`: prefix sums of the step model per active count, which
-give the same completion time as :func:`core.replica.simulate_replica` (tested to 1e-9) in
+give the same completion time as :func:`core.engine.replica.simulate_replica` (tested to 1e-9) in
 O(responses) per set when the replica's engine binds nothing (no ``max_num_seqs`` cap below the
 instance size, no KV limit, token budget, prefill cost or speculation: every request is admitted at
 t=0), all prompts have the same length and the (requests × steps) grid fits in memory.
@@ -27,7 +27,7 @@ Otherwise costs come from ``simulate_replica`` itself under the engine; the part
 then bound the search when the model is monotone (adding a group never shortens a replica), and
 under any engine limit (FIFO admission or preemption can make a larger set finish sooner) the search
 prunes only on complete assignments: exact, but practical only for small instances.
-Reported makespans of every policy always come from :func:`core.replica.evaluate_assignment`.
+Reported makespans of every policy always come from :func:`core.engine.replica.evaluate_assignment`.
 """
 
 from __future__ import annotations
@@ -39,12 +39,12 @@ from typing import Sequence
 
 import numpy as np
 
-from .errors import TailSieveError
-from .engine import EngineConfig
-from .perf import PerfModel, cached_per_model
-from .replica import NO_LIMITS, simulate_replica
-from .step_table import StepTimeGrid, separable_cums
-from .trace import Group
+from ..errors import TailSieveError
+from ..engine.engine import EngineConfig
+from ..engine.perf import PerfModel, cached_per_model
+from ..engine.replica import NO_LIMITS, simulate_replica
+from ..engine.step_table import StepTimeGrid, separable_cums
+from ..data.trace import Group
 
 # Largest (active count × steps) grid a StepCostTable may allocate (float64: 8 bytes each).
 MAX_TABLE_CELLS = 8_000_000

@@ -50,8 +50,8 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from .errors import TailSieveError
-from .kinds import Pool
+from ..errors import TailSieveError
+from ..kinds import Pool
 
 
 class SelectorError(TailSieveError):

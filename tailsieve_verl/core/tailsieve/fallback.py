@@ -2,7 +2,7 @@
 
 Two arms: SPLIT (TailSieve: the controller's tail pool with deep speculation, the bulk pool on the
 stock engine) and STOCK (one shared pool: stock verl's routing with the stock engine on every
-replica; :meth:`core.cycle.TailSieveCycle.hold_shared`). Every step is judged against one yardstick:
+replica; :meth:`core.tailsieve.cycle.TailSieveCycle.hold_shared`). Every step is judged against one yardstick:
 the engine model's makespan of stock verl (with the stock engine in use) on the very groups the step
 consumed, lengths known once the step ended — a replay of an observed step, no look ahead. A step's
 ratio is its measured makespan over that yardstick. Stock steps measure the yardstick's own bias
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import TailSieveError
+from ..errors import TailSieveError
 
 
 class FallbackError(TailSieveError):

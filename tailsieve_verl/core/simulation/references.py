@@ -1,0 +1,181 @@
+"""References picked in hindsight or with lengths known: the best of a grid of splits per step
+(``clairvoyant-split``, ``prompt-oracle-split``), the best fixed (q, m) (``best-static``) and the best
+stock speculative configuration (``verl-spec``, ``verl-dynsd-best``)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import replace
+from typing import Sequence
+
+import numpy as np
+
+from ..tailsieve.controller import max_q
+from ..engine.engine import EngineConfig, replica_engines
+from ..engine.perf import PerfModel
+from ..routing.policies import least_inflight_assignment, longest_to_tail
+from ..engine.replica import evaluate_samples
+from ..data.trace import Group
+from ..data.workload import PromptPool
+from .config import Execute, SimConfig
+from .results import PolicyResult
+from .runners import StaticRunner, TailSieveRunner, _Runner
+from .speculation import engine_label, schedule_text, stock_engines, vllm_doc_schedule, with_speculation
+
+
+class ClairvoyantSplitRunner(StaticRunner):
+    """``clairvoyant-split``: the reference for a tail pool with its own engine. It knows each step's
+    lengths and runs the best of a small grid (:meth:`candidates`): the q groups with the most tokens
+    on m tail replicas — at the deepest speculation of ``spec_depths`` or on ``engine`` itself — and
+    the rest on the other replicas by stock verl's routing on ``engine``. One shared pool with stock
+    verl's routing on ``engine`` (the same assignment stock verl draws at this step) is a candidate,
+    so no step is slower than stock verl on ``engine``: run it with the best stock configuration's
+    engine and it is the ceiling of route-specialised speculation over that configuration (a lower
+    bound on the best split, the grid being small). Not deployable: nobody knows lengths in advance."""
+
+    def __init__(self, cfg: SimConfig, pool: PromptPool, perf: PerfModel, name: str = "clairvoyant-split"):
+        super().__init__(cfg, pool, perf, name)
+        self.deep = with_speculation(cfg.engine, cfg.speculation, max(cfg.spec_depths))
+        self.split_rng = np.random.default_rng([cfg.seed, 19])
+        self.tail_engine = cfg.engine
+        self.picks: Counter = Counter()
+
+    def candidates(self) -> list[tuple[int, int, EngineConfig]]:
+        """(q, m, tail engine): m of 1, 2, R/4, R/2; q of B/32, B/16, B/8, B/4 (at least m)."""
+        R, B = self.cfg.n_replicas, self.cfg.batch_size
+        ms = sorted({m for m in (1, 2, R // 4, R // 2) if 1 <= m < R})
+        qs = sorted({max(1, B // d) for d in (32, 16, 8, 4)})
+        return [(max(q, m), m, tail) for m in ms for q in qs for tail in (self.deep, self.cfg.engine)]
+
+    def engines(self, m: int) -> list[EngineConfig]:
+        return replica_engines(self.tail_engine, self.cfg.engine, m, self.cfg.n_replicas)
+
+    def assign(self, groups: list[Group]) -> tuple[np.ndarray, int]:
+        R = self.cfg.n_replicas
+        samples = least_inflight_assignment(sum(g.n for g in groups), R, rng=self.routing_rng)
+        best = evaluate_samples(groups, samples, R, self.perf, engine=self.cfg.engine).makespan_s
+        pick, self.tail_engine = ("shared", 0), self.cfg.engine
+        for q, m, tail in self.candidates():
+            split = longest_to_tail(groups, q, m, R, self.cfg.group_atomic, self.split_rng, self.rank(groups))
+            makespan = evaluate_samples(groups, split, R, self.perf,
+                                        engine=replica_engines(tail, self.cfg.engine, m, R)).makespan_s
+            if makespan < best:
+                best, samples, self.tail_engine = makespan, split, tail
+                pick = (f"q={q}, m={m}, tail {engine_label(tail)}", m)
+        self.picks[pick[0]] += 1
+        return samples, pick[1]
+
+    def rank(self, groups: list[Group]) -> Sequence[float] | None:
+        """What the grid's splits rank the groups by (None: their true tokens this step)."""
+        return None
+
+    def finish(self) -> PolicyResult:
+        result = super().finish()
+        label, count = self.picks.most_common(1)[0]
+        result.choice = (f"split on {sum(self.picks.values()) - self.picks['shared']} of {sum(self.picks.values())} "
+                         f"steps; most often {label} ({count})")
+        return result
+
+
+class PromptOracleSplitRunner(ClairvoyantSplitRunner):
+    """``prompt-oracle-split``: :class:`ClairvoyantSplitRunner`'s grid, routing-only, the groups ranked by
+    each prompt's true typical length under this step's policy (times its samples): what an ideal
+    per-prompt predictor knows, nothing per sample. The grid point is still the step's best in hindsight,
+    so it bounds what a per-prompt signal can reach with any (q, m) rule. Not deployable."""
+
+    def __init__(self, cfg: SimConfig, pool: PromptPool, perf: PerfModel, name: str = "prompt-oracle-split"):
+        super().__init__(cfg, pool, perf, name)
+        self.step_index = 0
+
+    def candidates(self) -> list[tuple[int, int, EngineConfig]]:
+        return sorted({(q, m, self.cfg.engine) for q, m, _ in super().candidates()}, key=lambda c: c[:2])
+
+    def step(self, t: int, keep: bool) -> None:
+        self.step_index = t
+        super().step(t, keep)
+
+    def rank(self, groups: list[Group]) -> Sequence[float]:
+        return [self.pool.typical_length(g.prompt_id, self.step_index) * g.n for g in groups]
+
+
+def static_grid(n_replicas: int, batch_size: int, max_q_fraction: float = 0.5) -> list[tuple[int, int]]:
+    """The (q, m) points ``best-static`` tries: (0, 0), and for every m in 1..R−1 the q of a
+    geometric-ish grid of batch fractions with m <= q <= the controller's q bound."""
+    q_max = max_q(max_q_fraction, batch_size)
+    fractions = (1 / 64, 1 / 32, 1 / 16, 3 / 32, 1 / 8, 3 / 16, 1 / 4, 3 / 8, 1 / 2)
+    points = [(0, 0)]
+    for m in range(1, n_replicas):
+        qs = sorted({m, q_max} | {int(round(f * batch_size)) for f in fractions})
+        points += [(q, m) for q in qs if m <= q <= q_max]
+    return points
+
+
+def static_split_runner(cfg: SimConfig, pool: PromptPool, perf: PerfModel, split: tuple[int, int], name: str,
+                        execute: Execute | None = None) -> TailSieveRunner:
+    """TailSieve pinned at (q, m): no inner or outer loop; (0, 0) is one shared pool."""
+    q, m = split
+    pinned = (replace(cfg.controller, fixed_tail_replicas=m, q_init=q, inner_loop=False) if m else
+              replace(cfg.controller, fixed_tail_replicas=None, m_init=0, q_init=0, inner_loop=False,
+                      settle_steps=10 ** 9))  # (0, 0): the outer loop never decides
+    return TailSieveRunner(cfg, pool, perf, pinned, name, execute)
+
+
+class HindsightRunner:
+    """The best of several runs of one policy on the same stream (same prompt order, length draws and
+    routing tie-breaks), picked in hindsight by mean makespan: a reference no deployment can choose in
+    advance. ``screen`` = (steps, survivors): after that many steps only the best few keep running
+    (a lower bound on the full set's best); (0, 0) runs every one to the end."""
+
+    def __init__(self, name: str, runners: dict, screen: tuple[int, int] = (0, 0), keep=None):
+        self.name, self.runners, self.screen, self.keep = name, runners, screen, keep
+
+    def step(self, t: int, keep: bool) -> None:
+        screen_steps, survivors = self.screen
+        if screen_steps and t == screen_steps:
+            ranked = sorted(self.runners, key=lambda key: self.runners[key].result.mean_makespan_s)
+            kept = set(ranked[:survivors]) | ({self.keep} if self.keep in self.runners else set())
+            self.runners = {key: r for key, r in self.runners.items() if key in kept}
+        for runner in self.runners.values():
+            runner.step(t, keep)
+
+    def finish(self) -> PolicyResult:
+        results = {key: runner.finish() for key, runner in self.runners.items()}
+        self.best = min(results, key=lambda key: results[key].mean_makespan_s)
+        self.grid = {key: r.mean_makespan_s for key, r in results.items()}
+        results[self.best].choice = self.label(self.best)
+        return results[self.best]
+
+    def label(self, key) -> str:
+        return str(key)
+
+
+class BestStaticRunner(HindsightRunner):
+    """``best-static``: one TailSieve run per fixed (q, m) of :func:`static_grid`; the best in hindsight."""
+
+    def __init__(self, cfg: SimConfig, pool: PromptPool, perf: PerfModel, name: str = "best-static",
+                 execute: Execute | None = None):
+        runners = {split: static_split_runner(cfg, pool, perf, split, name, execute)
+                   for split in static_grid(cfg.n_replicas, cfg.batch_size, cfg.controller.max_q_fraction)}
+        super().__init__(name, runners, cfg.best_static_screen, keep=(0, 0))
+
+    @property
+    def split(self) -> tuple[int, int]:
+        return self.best
+
+    def label(self, key) -> str:
+        return f"q={key[0]}, m={key[1]}"
+
+
+def stock_spec_runner(cfg: SimConfig, pool: PromptPool, perf: PerfModel, name: str) -> _Runner | HindsightRunner:
+    """Stock verl's routing with speculation on every replica (``cfg.speculation``'s acceptance and draft
+    cost): ``verl-spec`` every depth of ``cfg.spec_depths``, the best in hindsight; ``verl-dynsd`` vLLM's
+    documented schedule at ``cfg.speculation``'s k; ``verl-dynsd-best`` the best of :func:`schedule_grid`."""
+    if name == "verl-dynsd":
+        schedule = vllm_doc_schedule(cfg.speculation.num_speculative_tokens)
+        engine = stock_engines(cfg)[schedule_text(schedule)]
+        runner = StaticRunner(replace(cfg, engine=engine), pool, perf, name)
+        runner.result.choice = schedule_text(schedule)
+        return runner
+    variants = stock_engines(cfg, "depths" if name == "verl-spec" else "grid")
+    return HindsightRunner(name, {label: StaticRunner(replace(cfg, engine=engine), pool, perf, name)
+                                  for label, engine in variants.items()})

@@ -1,0 +1,183 @@
+"""Multi-step closed-loop simulator: routing policies side by side on one prompt stream.
+
+Every policy consumes ``batch_size`` (B) groups × ``n`` responses per step on ``n_replicas`` (R)
+replicas; lengths are drawn fresh at every (re)generation from a :class:`core.data.workload.PromptPool`
+(persistent prompt difficulty), and every pool is timed by the one evaluator,
+:func:`core.engine.replica.evaluate_samples`, with the given performance model and engine
+(``SimConfig.engine`` on every replica; a TailSieve step puts ``tail_engine`` on its m tail replicas
+and ``bulk_engine`` on the rest, :meth:`SimConfig.pool_engines`).
+
+Policies:
+
+* ``verl`` — stock verl 0.9.1: B fresh groups, every sample to the least-in-flight replica (a group
+  spreads over all replicas). The baseline: speedups are reported against it first.
+* ``verl-redraw`` — stock verl on the same prompt stream with its own, independent length draws:
+  how far two runs of one policy differ by sampling alone, the noise floor of every speedup
+  (opt-in). All other policies share their draws (see ``_Runner.draw_key``).
+* ``uniform`` — B fresh groups round-robin over all replicas, groups atomic (the paper's baseline).
+* ``tailsieve-fixed`` — TailSieve with the tail pool pinned (``fixed_tail_replicas``, default R/2)
+  and only the inner q loop.
+* ``tailsieve`` — TailSieve with both loops, starting from one shared pool (0, 0).
+* ``best-static`` — hindsight reference for the controller: the TailSieve mechanism with every fixed
+  (q, m) of :func:`static_grid` (inner loop off, (0, 0) = one shared pool included) on the same
+  prompt stream; reports the one with the lowest mean makespan. What a perfect static controller
+  reaches. Opt-in: one TailSieve run per grid point; ``best_static_screen`` stops all but the best
+  few after the first steps (a screened grid: a lower bound on the full grid's best).
+* ``verl-spec`` / ``verl-dynsd`` / ``verl-dynsd-best`` — stock verl's routing with speculative decoding
+  on every replica (``SimConfig.speculation``: acceptance, draft cost): each depth of ``spec_depths``, the
+  best in hindsight (its k named); vLLM's documented batch-size schedule (:func:`vllm_doc_schedule`); the
+  best schedule of :func:`schedule_grid` in hindsight. With ``verl`` these are the stock configurations;
+  ``best_stock`` names the fastest, the bar TailSieve must clear (opt-in).
+* ``tailsieve-spec`` — TailSieve with route-specialised speculation: the tail pool (pinned at
+  ``fixed_tail_replicas``) at the deepest k, the bulk pool on vLLM's schedule; q adapts.
+  ``tailsieve-dynsd`` — adaptive TailSieve with vLLM's schedule on every replica, m free (opt-in). The
+  controller's prior and yardstick stay on the engine without limits (a known gap).
+* ``tailsieve-auto`` — TailSieve that falls back to stock verl with speculation, decided online
+  (:mod:`core.tailsieve.fallback`): each step either the split (tail pool pinned at ``fixed_tail_replicas`` at the
+  deepest k, the bulk pool on the stock engine) or one shared pool with stock verl's routing and the
+  stock engine on every replica. The stock engine is the stock speculative configuration
+  (:func:`stock_engines`) with the least replayed makespan on the steps observed so far. The engines
+  switch per step for free here; a deployment restarts them (or runs one schedule everywhere).
+* ``clairvoyant-split`` — knows this step's lengths: the best of a small grid of splits, the longest
+  groups on a tail pool at the deepest speculation (or on ``engine``), the rest by stock verl's
+  routing on ``engine``, one shared pool included (:class:`ClairvoyantSplitRunner`; opt-in). On the
+  best stock configuration's engine, the ceiling of route-specialised speculation over it.
+* ``prompt-oracle-split`` — the same grid, routing-only (the tail pool on ``engine``), with the groups
+  ranked by each prompt's true typical length (:meth:`PromptPool.typical_length`: its median under this
+  step's policy, nothing of this step's samples) instead of their true tokens: the best any per-prompt
+  predictor of lengths can do (:class:`PromptOracleSplitRunner`; opt-in). The gap to
+  ``clairvoyant-split`` is what per-sample chance costs; the gap from TailSieve to it, what its signal misses.
+* ``clairvoyant-group`` / ``clairvoyant-sample`` — know this step's lengths: the B fresh groups
+  (or their single samples) routed ``topk-balanced`` (:mod:`core.routing.policies`) with the best (k, m),
+  searched coarse-to-fine within ``oracle_time_limit_s`` per step, on ``SimConfig.engine`` (no per-pool
+  engines, no speculation unless the engine has it). References, not policies one
+  can deploy. TailSieve shifts a long group by at most one step (``max_deferral_steps``), so it can
+  edge past them only by that shift: a larger gap is a bug until shown otherwise (``warnings()``).
+
+A TailSieve step (see :mod:`core.tailsieve.selector`): the tail pool (m replicas) regenerates the T top-scored
+carried candidates; the bulk pool (R − m) runs the other candidates and new prompts, ``B − T + a``
+groups; within each pool every sample goes to the least-in-flight replica like stock verl does
+(``group_atomic``: whole groups round-robin, the paper's setting). The requeued candidates run to
+completion; once ``B − C`` fresh groups have finished (the cutoff), the ``a`` fresh ones still running
+are aborted, and the tokens each had generated by then are its score as a candidate next step
+(:func:`core.tailsieve.selector.bulk_cutoff`). Makespan = max(tail pool done, the bulk pool's last consumed group).
+When nothing is carried the tail replicas join the bulk pool; at q = 0 (uniform routing) every
+candidate runs in the bulk pool and nothing is aborted. Aborted work before the cutoff is
+reported as wasted tokens. A ledger checks every prompt is consumed exactly once, by the policy
+version of its step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Callable
+
+from ..engine.perf import PerfModel
+from ..data.workload import PromptPool
+from .config import (ALL_POLICIES, BASELINE, Execute, LAUNCH_SPEC_POLICIES, POLICIES, POOL_ENGINE_POLICIES,
+                     REFERENCE_SPLITS, SimConfig, SimError, SPEC_POLICIES, STOCK_POLICIES, STOCK_SPEC_POLICIES)
+from .results import (GroupSpan, PolicyResult, SimResult, StepRecord)
+from .runners import (_Runner, FallbackRunner, Ledger, prompt_of, PromptStream, StaticRunner, step_times,
+                      TailSieveRunner)
+from .references import (BestStaticRunner, ClairvoyantSplitRunner, HindsightRunner, PromptOracleSplitRunner,
+                         static_grid, static_split_runner, stock_spec_runner)
+from .speculation import (DEFAULT_SPECULATION, engine_label, schedule_grid, schedule_text, SPEC_DEPTHS, spec_label,
+                          stock_engines, tailsieve_spec_config, vllm_doc_schedule, with_speculation)
+
+__all__ = ["ALL_POLICIES", "BASELINE", "BestStaticRunner", "ClairvoyantSplitRunner", "DEFAULT_SPECULATION",
+           "Execute", "FallbackRunner", "GroupSpan", "HindsightRunner", "LAUNCH_SPEC_POLICIES", "Ledger",
+           "POLICIES", "POOL_ENGINE_POLICIES", "PolicyResult", "PromptOracleSplitRunner", "PromptStream",
+           "REFERENCE_SPLITS", "SPEC_DEPTHS", "SPEC_POLICIES", "STOCK_POLICIES", "STOCK_SPEC_POLICIES", "SimConfig",
+           "SimError", "SimResult", "StaticRunner", "StepRecord", "TailSieveRunner", "engine_label", "prompt_of",
+           "schedule_grid", "schedule_text", "spec_label", "static_grid", "static_split_runner", "step_times",
+           "stock_engines", "stock_spec_runner", "tailsieve_spec_config", "vllm_doc_schedule", "with_speculation",
+           "build_runners", "simulate"]
+
+
+def build_runners(cfg: SimConfig, pool: PromptPool, perf: PerfModel,
+                  execute: Execute | None = None) -> list[_Runner | HindsightRunner]:
+    runners: list[_Runner | HindsightRunner] = []
+    for name in cfg.policies:
+        if (name in SPEC_POLICIES or name in REFERENCE_SPLITS) and execute is not None:
+            raise SimError(f"{name} runs on the engine model; a real engine (execute) is configured per launch")
+        if name in StaticRunner.NAMES:
+            runners.append(StaticRunner(cfg, pool, perf, name, execute))
+        elif name in STOCK_SPEC_POLICIES:
+            runners.append(stock_spec_runner(cfg, pool, perf, name))
+        elif name == "tailsieve-auto":
+            runners.append(FallbackRunner(cfg, pool, perf, name))
+        elif name == "clairvoyant-split":
+            runners.append(ClairvoyantSplitRunner(cfg, pool, perf, name))
+        elif name == "prompt-oracle-split":
+            runners.append(PromptOracleSplitRunner(cfg, pool, perf, name))
+        elif name == "best-static":
+            runners.append(BestStaticRunner(cfg, pool, perf, name, execute))
+        elif name in ("tailsieve", "tailsieve-dynsd"):
+            run_cfg = cfg if name == "tailsieve" else tailsieve_spec_config(cfg, name)
+            runners.append(TailSieveRunner(run_cfg, pool, perf, replace(cfg.controller, fixed_tail_replicas=None),
+                                           name, execute))
+            runners[-1].result.choice = "" if name == "tailsieve" else spec_label(run_cfg)
+        else:  # tailsieve-fixed, and tailsieve-spec: per-pool engines are set at launch, so the split is pinned
+            fixed = replace(cfg.controller, fixed_tail_replicas=cfg.fixed_m,
+                            q_init=max(1, cfg.controller.q_init or cfg.batch_size // 16))
+            run_cfg = tailsieve_spec_config(cfg, name) if name == "tailsieve-spec" else cfg
+            runners.append(TailSieveRunner(run_cfg, pool, perf, fixed, name, execute))
+            runners[-1].result.choice = spec_label(run_cfg) if name == "tailsieve-spec" else ""
+    return runners
+
+
+def simulate(cfg: SimConfig, pool: PromptPool, perf: PerfModel, workload_name: str = "",
+             progress: Callable[[int, int], None] | None = None, execute: Execute | None = None,
+             jobs: int = 1) -> SimResult:
+    """Run every policy of ``cfg`` for ``cfg.steps`` steps; ``progress(done, total)`` after each step
+    (with ``jobs`` > 1, after each policy's last). ``execute`` runs each step's samples (default: the
+    performance model; see :data:`Execute`). ``jobs``: processes that run the policies side by side
+    (the same results: a policy's run depends on nothing another does)."""
+    cfg.validate()
+    if len(pool) < 2 * cfg.batch_size:
+        raise SimError(f"the prompt pool has {len(pool)} prompts; the simulation needs at least 2 × batch = "
+                       f"{2 * cfg.batch_size} (a prompt is in flight at most once)")
+    runners = build_runners(cfg, pool, perf, execute)
+    keep = cfg.steps - 1 if cfg.gantt_step is None else cfg.gantt_step
+    total = cfg.steps * len(runners)
+    if jobs > 1 and execute is None and len(runners) > 1:
+        results = _run_side_by_side(runners, cfg.steps, keep, jobs, progress)
+    else:
+        for t in range(cfg.steps):
+            for j, runner in enumerate(runners):
+                runner.step(t, keep=t == keep)
+                if progress is not None:
+                    progress(t * len(runners) + j + 1, total)
+        results = [r.finish() for r in runners]
+    return SimResult(cfg, workload_name or pool.spec.name, getattr(perf, "name", str(perf)),
+                     {r.name: result for r, result in zip(runners, results)})
+
+
+_FORKED_RUNNERS: list = []  # the runners a forked worker of :func:`_run_side_by_side` steps (inherited, not pickled)
+
+
+def _run_to_end(index: int, steps: int, keep: int) -> PolicyResult:
+    runner = _FORKED_RUNNERS[index]
+    for t in range(steps):
+        runner.step(t, keep=t == keep)
+    return runner.finish()
+
+
+def _run_side_by_side(runners: list, steps: int, keep: int, jobs: int,
+                      progress: Callable[[int, int], None] | None) -> list[PolicyResult]:
+    """Each runner's whole run in a forked worker process, ``jobs`` at a time; the results in runner order."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    _FORKED_RUNNERS[:] = runners
+    try:
+        with ProcessPoolExecutor(min(jobs, len(runners)), mp_context=multiprocessing.get_context("fork")) as workers:
+            futures = {workers.submit(_run_to_end, i, steps, keep): i for i in range(len(runners))}
+            results: dict[int, PolicyResult] = {}
+            for done, future in enumerate(as_completed(futures), start=1):
+                results[futures[future]] = future.result()
+                if progress is not None:
+                    progress(done * steps, len(runners) * steps)
+    finally:
+        _FORKED_RUNNERS.clear()
+    return [results[i] for i in range(len(runners))]
