@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from dataclasses import replace
 
 from ..core.engine.perf import DEFAULT_PERF_MODEL, parse_perf_model
@@ -39,6 +40,8 @@ def register(subparsers) -> None:
     p.add_argument("--steps", type=int, default=30, help="simulated steps per seed")
     p.add_argument("--seeds", type=int, default=5, help="independent simulations behind the band")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
+                   help="processes simulating the seeds side by side (the same plan; default: 2, or 1 on one CPU)")
     add_length_cap_args(p)
     add_engine_args(p)
     p.set_defaults(func=run)
@@ -54,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
     speculation = speculation_from_args(args) if speculating else None
     plan = plan_from_trace(trace, args.replicas, perf, batch_size=args.batch, n=args.n, steps=args.steps,
                            seeds=args.seeds, engine=replace(engine, speculative=None) if speculating else engine,
-                           speculation=speculation)
+                           speculation=speculation, jobs=args.jobs)
     recommendation = from_plan(plan, args.perf_model)
     if args.json:
         print(json.dumps(plan.to_json() | _engines_json(plan.engines, args.perf_model) | {"recommendation": recommendation}))

@@ -56,7 +56,7 @@ def register(subparsers) -> None:
                    help="TailSieve pools route whole groups round-robin (the paper's setting) instead of "
                         "spreading each group's samples by least in flight like stock verl")
     p.add_argument("--oracle-time-limit", type=float, default=DEFAULTS.oracle_time_limit_s,
-                   help="seconds per step for each clairvoyant (k, m) search")
+                   help="CPU seconds per step for each clairvoyant (k, m) search")
     p.add_argument("--out", default="tailsieve_out", help="directory for plots and simulate.json")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")

@@ -18,8 +18,9 @@ an :class:`core.engine.engine.EngineConfig`:
 from __future__ import annotations
 
 import heapq
+import math
 from dataclasses import dataclass
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import numpy as np
 
@@ -176,13 +177,18 @@ def evaluate_assignment(groups: Sequence[Group], assignment: Sequence[int], n_re
     return evaluate_samples(groups, expand_to_samples(groups, assignment), n_replicas, perf, engine)
 
 
-def evaluate_samples(groups: Sequence[Group], sample_replica: Sequence[int], n_replicas: int, perf: PerfModel,
-                     engine: EngineConfig | Sequence[EngineConfig] = NO_LIMITS) -> Evaluation:
-    """Run each sample on its replica (flat, group-major trace order = admission order on a replica).
+class _Samples(NamedTuple):
+    """One step's samples, flat in group-major trace order, checked against their assignment."""
 
-    A group finishes with its last sample, wherever that ran: the unit of routing may be the sample
-    (stock verl, TailSieve's pools) while the group stays the unit of consumption. ``engine``: one
-    config for every replica, or one per replica (a pool's replicas share theirs)."""
+    engines: list[EngineConfig]
+    sample_replica: np.ndarray
+    lengths: np.ndarray
+    prompts: np.ndarray
+    group_of: np.ndarray
+
+
+def _samples(groups: Sequence[Group], sample_replica: Sequence[int], n_replicas: int,
+             engine: EngineConfig | Sequence[EngineConfig]) -> _Samples:
     engines = [engine] * n_replicas if isinstance(engine, EngineConfig) else list(engine)
     if len(engines) != n_replicas:
         raise ValueError(f"{len(engines)} engine configs for {n_replicas} replicas; give one, or one per replica")
@@ -194,22 +200,51 @@ def evaluate_samples(groups: Sequence[Group], sample_replica: Sequence[int], n_r
         raise ValueError(f"assignment uses replica indices outside 0..{n_replicas - 1}")
     lengths = np.fromiter((x for g in groups for x in g.lengths), dtype=np.int64, count=len(sample_replica))
     prompts = np.repeat(np.fromiter((g.prompt_len for g in groups), dtype=np.int64, count=len(groups)), sizes)
-    group_of = np.repeat(np.arange(len(groups)), sizes)
-    finish = np.zeros(len(sample_replica))
-    admit = np.zeros(len(sample_replica))
+    return _Samples(engines, sample_replica, lengths, prompts, np.repeat(np.arange(len(groups)), sizes))
+
+
+def evaluate_samples(groups: Sequence[Group], sample_replica: Sequence[int], n_replicas: int, perf: PerfModel,
+                     engine: EngineConfig | Sequence[EngineConfig] = NO_LIMITS) -> Evaluation:
+    """Run each sample on its replica (flat, group-major trace order = admission order on a replica).
+
+    A group finishes with its last sample, wherever that ran: the unit of routing may be the sample
+    (stock verl, TailSieve's pools) while the group stays the unit of consumption. ``engine``: one
+    config for every replica, or one per replica (a pool's replicas share theirs)."""
+    step = _samples(groups, sample_replica, n_replicas, engine)
+    finish = np.zeros(len(step.sample_replica))
+    admit = np.zeros(len(step.sample_replica))
     replica_times = [0.0] * n_replicas
     events: list[EngineEvents] = [EngineEvents()] * n_replicas
     progress: list[TokenProgress | None] = [None] * n_replicas
     for r in range(n_replicas):
-        members = np.flatnonzero(sample_replica == r)
+        members = np.flatnonzero(step.sample_replica == r)
         if len(members) == 0:
             continue
-        run = simulate_replica(lengths[members], perf, prompts[members], engines[r], group_of[members])
+        run = simulate_replica(step.lengths[members], perf, step.prompts[members], step.engines[r], step.group_of[members])
         replica_times[r] = run.completion_s
         finish[members] = run.finish_s
         admit[members] = run.admit_s
         events[r], progress[r] = run.events, run.progress
-    return Evaluation.from_sample_finish(groups, sample_replica, finish, replica_times, admit, events, progress)
+    return Evaluation.from_sample_finish(groups, step.sample_replica, finish, replica_times, admit, events, progress)
+
+
+def makespan_below(groups: Sequence[Group], sample_replica: Sequence[int], n_replicas: int, perf: PerfModel,
+                   engine: EngineConfig | Sequence[EngineConfig] = NO_LIMITS, stop_above: float = math.inf) -> float:
+    """:func:`evaluate_samples`' makespan, or ``math.inf`` as soon as one replica takes longer than
+    ``stop_above``: a search over candidate assignments skips the rest of a loser. Replicas run heaviest
+    first (most response tokens), the likeliest to end a loser early."""
+    step = _samples(groups, sample_replica, n_replicas, engine)
+    load = np.bincount(step.sample_replica, weights=step.lengths, minlength=n_replicas)
+    makespan = 0.0
+    for r in np.argsort(-load, kind="stable"):
+        members = np.flatnonzero(step.sample_replica == r)
+        if len(members) == 0:
+            continue
+        run = simulate_replica(step.lengths[members], perf, step.prompts[members], step.engines[r], step.group_of[members])
+        makespan = max(makespan, run.completion_s)
+        if makespan > stop_above:
+            return math.inf
+    return makespan
 
 
 def tokens_generated_at(groups: Sequence[Group], ev: Evaluation, t: float) -> np.ndarray:

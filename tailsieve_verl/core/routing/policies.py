@@ -432,11 +432,12 @@ def best_k_search(groups: Sequence[Group], n_replicas: int, cost: SetCost, tail_
     grid of m, for each a grid of k, then every k and m between the best point's grid neighbours.
     Candidates are scored until one replica exceeds the best so far, and for a fixed m the scan over
     k stops once the tail pool alone is no better (raising k only adds groups to tail replicas, which
-    cannot shorten them under a monotone model). ``time_limit_s`` ends the search with the best so far.
+    cannot shorten them under a monotone model). ``time_limit_s`` ends the search with the best so far
+    after that many CPU seconds of this process (not wall seconds: a loaded machine does not weaken it).
     """
     n = len(groups)
     order = tail_order(groups)
-    deadline = None if time_limit_s is None else time.perf_counter() + time_limit_s
+    deadline = None if time_limit_s is None else time.process_time() + time_limit_s
     balanced = time_balanced_assignment(groups, n_replicas, cost.perf)
     best = SplitSearch(balanced, 0, 0, cost.makespan(balanced, n_replicas), True) if tail_replicas is None else None
     scored: set[tuple[int, int]] = set()
@@ -447,7 +448,7 @@ def best_k_search(groups: Sequence[Group], n_replicas: int, cost: SetCost, tail_
         for k in ks:
             if (k, m) in scored:
                 continue
-            if deadline is not None and time.perf_counter() > deadline and best is not None:
+            if deadline is not None and time.process_time() > deadline and best is not None:
                 complete = False
                 return
             scored.add((k, m))

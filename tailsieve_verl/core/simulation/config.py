@@ -71,7 +71,8 @@ class SimConfig:
     controller: ControllerConfig = field(default_factory=ControllerConfig)
     gantt_step: int | None = None  # step whose per-group timeline is kept (None = the last)
     group_atomic: bool = False  # TailSieve pools keep a group's samples on one replica (the paper's setting)
-    oracle_time_limit_s: float = 2.0  # per step, for each clairvoyant (k, m) search
+    oracle_time_limit_s: float = 0.5  # CPU s per step, for each clairvoyant (k, m) search (at 512 x 16 under
+    #   verl's defaults 0.5 s is within 0.7 % of 2 s: scripts/results/engine_model/speed_bench_512x16.txt)
     prompt_record: bool = True  # TailSieve keeps a per-prompt length record (core.tailsieve.prompt_record) across epochs
     regeneration_draws: int = 0  # TailSieve's regenerated groups take this set of draws (0 = the shared one;
     #   other values give a run that differs only in its regeneration luck)

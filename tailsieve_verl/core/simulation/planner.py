@@ -124,10 +124,11 @@ class Plan:
 def plan_from_trace(trace: Trace, n_replicas: int, perf: PerfModel, *, batch_size: int | None = None,
                     n: int | None = None, steps: int = 30, seeds: int = 5,
                     controller: ControllerConfig | None = None, engine: EngineConfig = EngineConfig(),
-                    speculation: SpeculativeConfig | None = None) -> Plan:
+                    speculation: SpeculativeConfig | None = None, jobs: int = 1) -> Plan:
     """Predict TailSieve's speedup on ``trace``'s workload (see the module docstring); every replica
     runs ``engine`` (default: no limit binds). With ``speculation`` (acceptance, draft cost, k) the plan
-    also chooses the engines (:func:`plan_engines`)."""
+    also chooses the engines (:func:`plan_engines`). ``jobs``: processes that simulate the seeds side by
+    side (the same plan: a seed's run depends on no other)."""
     if seeds < 1 or steps < 3:
         raise PlanError(f"need --seeds >= 1 and --steps >= 3, got {seeds}, {steps}")
     prompts = len(trace)
@@ -140,14 +141,14 @@ def plan_from_trace(trace: Trace, n_replicas: int, perf: PerfModel, *, batch_siz
     if engine.speculative is not None and speculation is not None:
         raise PlanError("the plan chooses the engines' speculation: give the engine without it")
     policies = PLAN_POLICIES + (LAUNCH_SPEC_POLICIES if speculation else ())
-    speedups, finals, runs, results = [], [], [], []
-    for seed in range(seeds):
+    speedups, finals, runs = [], [], []
+    configs = [SimConfig(steps=steps, n_replicas=n_replicas, batch_size=batch, n=group_size, seed=seed,
+                         policies=policies, controller=controller or ControllerConfig(), prompt_record=False,
+                         engine=engine, **({"speculation": speculation} if speculation else {}))
+               for seed in range(seeds)]
+    results = _simulate_seeds(configs, trace, perf, jobs)
+    for seed, (cfg, result) in enumerate(zip(configs, results)):
         pool = prompt_pool(trace, batch, seed)
-        cfg = SimConfig(steps=steps, n_replicas=n_replicas, batch_size=batch, n=group_size, seed=seed,
-                        policies=policies, controller=controller or ControllerConfig(),
-                        prompt_record=False, engine=engine, **({"speculation": speculation} if speculation else {}))
-        result = simulate(cfg, pool, perf, workload_name=trace.name)
-        results.append(result)
         speedups.append(result.speedup_vs("verl", steady)["tailsieve"])
         last = result.policies["tailsieve"].records[-1]
         finals.append((last.next_q, last.next_m))
@@ -161,6 +162,30 @@ def plan_from_trace(trace: Trace, n_replicas: int, perf: PerfModel, *, batch_siz
     return Plan(float(speedups_arr.mean()), _band(speedups_arr), tuple(float(x) for x in speedups), q0, m0, fixed_q,
                 fixed_m, fixed_speedup, batch, group_size, n_replicas, steps, prompts,
                 plan_engines(results, steady, (q0, m0)) if speculation else None, prompt_copies(prompts, batch))
+
+
+_FORKED: list = []  # what a forked worker of :func:`_simulate_seeds` reads (inherited, not pickled)
+
+
+def _simulate_seed(index: int) -> SimResult:
+    configs, trace, perf = _FORKED
+    cfg = configs[index]
+    return simulate(cfg, prompt_pool(trace, cfg.batch_size, cfg.seed), perf, workload_name=trace.name)
+
+
+def _simulate_seeds(configs: list[SimConfig], trace: Trace, perf: PerfModel, jobs: int) -> list[SimResult]:
+    """One simulation per config (seed), ``jobs`` forked processes at a time; results in config order."""
+    _FORKED[:] = [configs, trace, perf]
+    try:
+        if jobs <= 1 or len(configs) == 1:
+            return [_simulate_seed(i) for i in range(len(configs))]
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        with ProcessPoolExecutor(min(jobs, len(configs)), mp_context=multiprocessing.get_context("fork")) as workers:
+            return list(workers.map(_simulate_seed, range(len(configs))))
+    finally:
+        _FORKED.clear()
 
 
 def prompt_copies(prompts: int, batch: int) -> int:

@@ -14,7 +14,7 @@ from ..tailsieve.controller import max_q
 from ..engine.engine import EngineConfig, replica_engines
 from ..engine.perf import PerfModel
 from ..routing.policies import least_inflight_assignment, longest_to_tail
-from ..engine.replica import evaluate_samples
+from ..engine.replica import evaluate_samples, makespan_below
 from ..data.trace import Group
 from ..data.workload import PromptPool
 from .config import Execute, SimConfig
@@ -57,8 +57,8 @@ class ClairvoyantSplitRunner(StaticRunner):
         pick, self.tail_engine = ("shared", 0), self.cfg.engine
         for q, m, tail in self.candidates():
             split = longest_to_tail(groups, q, m, R, self.cfg.group_atomic, self.split_rng, self.rank(groups))
-            makespan = evaluate_samples(groups, split, R, self.perf,
-                                        engine=replica_engines(tail, self.cfg.engine, m, R)).makespan_s
+            makespan = makespan_below(groups, split, R, self.perf, replica_engines(tail, self.cfg.engine, m, R),
+                                      stop_above=best)
             if makespan < best:
                 best, samples, self.tail_engine = makespan, split, tail
                 pick = (f"q={q}, m={m}, tail {engine_label(tail)}", m)

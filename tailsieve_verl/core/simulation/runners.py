@@ -4,6 +4,7 @@ per-sample references that run the same one-step loop."""
 
 from __future__ import annotations
 
+import weakref
 import zlib
 from collections import Counter
 from dataclasses import replace
@@ -19,7 +20,7 @@ from ..engine.perf import PerfModel
 from ..routing.oracle import SetCost
 from ..routing.policies import (best_k_search, expand_to_samples, least_inflight_assignment, longest_to_tail, pool_assignment,
                                 route, singletons)
-from ..engine.replica import Evaluation, evaluate_samples, tokens_generated_at
+from ..engine.replica import Evaluation, evaluate_samples, makespan_below, tokens_generated_at
 from ..tailsieve.selector import Cutoff, bulk_cutoff
 from ..kinds import Pool
 from ..data.trace import Group
@@ -106,6 +107,20 @@ def step_times(ev: Evaluation, n_tail: int, n_requeued: int, fresh_quota: int) -
     return tail_s, bulk_cutoff(ev.group_finish_s[n_tail:], n_requeued, fresh_quota)
 
 
+_DRAWS: "weakref.WeakKeyDictionary[PromptPool, dict[int, dict]]" = weakref.WeakKeyDictionary()
+
+
+def _step_draws(pool: PromptPool, step: int) -> dict:
+    """The groups drawn from ``pool`` at ``step`` so far, by draw key. Runners step in lockstep, so only
+    this step's and the last step's draws are kept."""
+    by_step = _DRAWS.setdefault(pool, {})
+    if step not in by_step:
+        for old in [t for t in by_step if t < step - 1]:
+            del by_step[old]
+        by_step[step] = {}
+    return by_step[step]
+
+
 class _Runner:
     name = ""
 
@@ -119,9 +134,17 @@ class _Runner:
         self.result = PolicyResult(self.name)
 
     def sample(self, ids: Sequence[str], step: int) -> list[Group]:
-        """Fresh lengths of each prompt at this step, drawn with :meth:`draw_key`."""
-        return [self.pool.sample_group(prompt_of(i), self.cfg.n, step, np.random.default_rng(self.draw_key(i, step)))
-                for i in ids]
+        """Fresh lengths of each prompt at this step, drawn with :meth:`draw_key` (once per key: the
+        policies of a run, best-static's grid points among them, share their draws)."""
+        draws = _step_draws(self.pool, step)
+        groups = []
+        for i in ids:
+            key = (self.cfg.n, *self.draw_key(i, step))
+            group = draws.get(key)
+            if group is None:
+                group = draws[key] = self.pool.sample_group(prompt_of(i), self.cfg.n, step, np.random.default_rng(key[1:]))
+            groups.append(group)
+        return groups
 
     def draw_key(self, instance_id: str, step: int) -> list[int]:
         """A draw is keyed by (seed, prompt, step), not by the order of calls, so every policy that
@@ -305,7 +328,7 @@ class FallbackRunner(TailSieveRunner):
         best = float("inf")
         for q in sorted({max(m, decision.q // 2), max(m, decision.q), min(len(groups) - 1, 2 * max(m, decision.q))}):
             samples = longest_to_tail(order, q, m, R, cfg.group_atomic, self.replay_rng)
-            best = min(best, evaluate_samples(order, samples, R, self.perf, engine=self.engines(m)).makespan_s)
+            best = min(best, makespan_below(order, samples, R, self.perf, self.engines(m), stop_above=best))
         return best
 
     def engines(self, m: int) -> list[EngineConfig]:

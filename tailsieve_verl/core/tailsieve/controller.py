@@ -274,7 +274,7 @@ class HierarchicalController:
         self.max_q_step = config.max_q_step or max(1, batch_size // 16)
         q0, m0 = initial_split(config, n_replicas, batch_size)
         self.state = _State(q=q0, m=m0)
-        self._table = StepTable(perf, batch_size * 16)
+        self._table = StepTable.shared(perf, batch_size * 16)
         step = max(1, self.q_max // 32)
         self._q_candidates = np.unique(np.concatenate([np.arange(1, self.q_max + 1, step), [self.q_max]]))
         self._candidates = Candidates(self._q_candidates, batch_size, config.candidate_factor)

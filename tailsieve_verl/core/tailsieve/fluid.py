@@ -18,6 +18,9 @@ from ..engine.perf import PerfModel
 from ..engine.step_table import StepTimeGrid
 
 
+_SHARED: dict[int, tuple] = {}  # id(perf) -> (perf, its StepTable)
+
+
 class StepTable:
     """The perf model tabulated on (active, context) so that a decision never calls it."""
 
@@ -31,6 +34,19 @@ class StepTable:
         self.table = StepTimeGrid(self.perf, np.arange(max_active + 2), self.CONTEXTS).values
         self.rise = np.diff(self.table, axis=0)  # [a, c]: step time at a + 1 active minus at a
         self.max_active = max_active
+
+    @classmethod
+    def shared(cls, perf: PerfModel, max_active: int) -> "StepTable":
+        """One table per perf model, grown as needed: a row's values do not depend on the table's size,
+        so the controllers of a run (best-static's grid: one per split) share it instead of each
+        tabulating the model."""
+        held = _SHARED.get(id(perf))
+        if held is None or held[0] is not perf:
+            if len(_SHARED) >= 8:
+                _SHARED.pop(next(iter(_SHARED)))
+            held = _SHARED[id(perf)] = (perf, cls(perf, max_active))  # holds perf: its id is not reused
+        held[1].flat(max_active)
+        return held[1]
 
     @classmethod
     def context_index(cls, context: np.ndarray) -> np.ndarray:
