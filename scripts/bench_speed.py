@@ -34,10 +34,19 @@ BEFORE = "2b7a8b1"  # main before issue 32: the span-based scheduler
 
 DRIVER = r"""
 import json, sys, time
-from tailsieve_verl.core.simulation import sim
-from tailsieve_verl.core.engine.engine import EngineConfig
-from tailsieve_verl.core.engine.perf import parse_perf_model
-from tailsieve_verl.core.data.workload import PromptPool, generate_trace, get_preset
+try:  # the core by concept (issue 32), or the flat core before it
+    from tailsieve_verl.core.simulation import sim
+    from tailsieve_verl.core.engine.engine import EngineConfig
+    from tailsieve_verl.core.engine.perf import parse_perf_model
+    from tailsieve_verl.core.data.workload import PromptPool, generate_trace, get_preset
+    from tailsieve_verl.core.simulation.planner import plan_from_trace
+except ImportError:
+    from tailsieve_verl.core import sim
+    from tailsieve_verl.core.engine import EngineConfig
+    from tailsieve_verl.core.perf import parse_perf_model
+    from tailsieve_verl.core.workload import PromptPool, generate_trace, get_preset
+    from tailsieve_verl.core.planner import plan_from_trace
+from tailsieve_verl.core.errors import TailSieveError
 scenario, steps, seeds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 perf = parse_perf_model("table:h200-dense:qwen3-8b")
 engine = EngineConfig.verl_defaults("qwen3-8b", perf)
@@ -46,8 +55,6 @@ import tailsieve_verl
 out = {"package": tailsieve_verl.__path__[0]}
 wall, cpu = time.perf_counter(), time.process_time()
 if scenario == "plan":
-    from tailsieve_verl.core.simulation.planner import plan_from_trace
-    from tailsieve_verl.core.errors import TailSieveError
     trace = generate_trace(workload, 512, 16, name="one-step")
     try:
         plan = plan_from_trace(trace, 8, perf, batch_size=512, n=16, steps=steps, seeds=seeds, engine=engine)

@@ -69,6 +69,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"fewer groups than 2 × batch (a prompt is in flight at most once): the steps draw their fresh prompts "
               f"from {plan.prompt_copies} copies of each logged group, lengths resampled from its observed ones")
     print(f"predicted TailSieve speedup over stock verl: {plan.speedup:.3f}× (10–90 % band {lo:.3f}–{hi:.3f}×)")
+    if plan.prompt_oracle_speedup is not None:
+        share = plan.share_of_prompt_oracle_gain
+        print(f"the best a per-prompt length predictor could do (prompt-oracle-split, a reference): "
+              f"{plan.prompt_oracle_speedup:.3f}×" + (f"; TailSieve reaches {100 * share:.0f} % of its gain" if share is not None
+                                                     else "; no gain for a per-prompt signal to win here"))
     print(f"start the controller at q={plan.initial_q}, m={plan.initial_m} "
           f"(tailsieve.q0 / tailsieve.tail_replicas in the verl config)")
     if plan.fixed_m == 0:

@@ -143,3 +143,33 @@ def test_the_plan_refuses_an_engine_that_already_speculates():
         plan_from_trace(generate_trace("weak", 64, 4, seed=0), 4, parse_perf_model("table:h200-dense"), batch_size=16,
                         steps=3, seeds=1, engine=EngineConfig(speculative=DEFAULT_SPECULATION),
                         speculation=DEFAULT_SPECULATION)
+
+
+def test_the_plan_measures_tailsieve_against_the_best_per_prompt_predictor():
+    """prompt-oracle-split runs on the planned streams: its speedup is the one the simulation measured,
+    and the share of its gain TailSieve reaches is (TailSieve - 1) / (oracle - 1)."""
+    trace = generate_trace("weak", 96, 4, seed=0)
+    seen = []
+    real_simulate = planner.simulate
+
+    def spy(cfg, *args, **kwargs):
+        seen.append(real_simulate(cfg, *args, **kwargs))
+        return seen[-1]
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(planner, "simulate", spy)
+        plan = plan_from_trace(trace, 4, parse_perf_model("table:h200-moe"), batch_size=16, steps=6, seeds=2, jobs=1)
+    steady = slice(2, None)
+    expected = sum(r.speedup_vs("verl", steady)["prompt-oracle-split"] for r in seen) / len(seen)
+    assert plan.prompt_oracle_speedup == pytest.approx(expected)
+    assert plan.prompt_oracle_speedup > 1.01  # weak tails on the MoE table: per-prompt isolation pays
+    assert plan.share_of_prompt_oracle_gain == pytest.approx((plan.speedup - 1) / (plan.prompt_oracle_speedup - 1))
+    assert plan.to_json()["prompt_oracle_speedup"] == plan.prompt_oracle_speedup
+
+
+def test_seeds_simulated_side_by_side_give_the_same_plan():
+    trace = generate_trace("real", 64, 4, seed=1)
+    args = dict(batch_size=16, steps=3, seeds=2)
+    alone = plan_from_trace(trace, 4, parse_perf_model("table:h200-dense"), jobs=1, **args)
+    forked = plan_from_trace(trace, 4, parse_perf_model("table:h200-dense"), jobs=2, **args)
+    assert forked.to_json() == alone.to_json()

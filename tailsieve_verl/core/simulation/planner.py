@@ -2,7 +2,9 @@
 
 The trace's prompts become a prompt pool (each regeneration resamples that prompt's observed
 lengths with replacement, so prompt difficulty persists as it did in the log). The closed-loop
-simulator runs ``verl`` (stock per-sample routing) and ``tailsieve`` side by side for several seeds;
+simulator runs ``verl`` (stock per-sample routing), ``tailsieve`` and ``prompt-oracle-split`` (the best a
+per-prompt length predictor could reach: the reference TailSieve's gain is measured against) side by
+side for several seeds;
 the predicted speedup is the mean over seeds of the steady-state speedup (steps after the first
 third), the band its 10th–90th percentile across seeds, and the initial (q, m) the controller's
 median final choice. One logged step planned at its own batch size has fewer prompts than a step
@@ -50,7 +52,7 @@ class PlanError(TailSieveError):
 
 TAILSIEVE_CANDIDATES = ("tailsieve", "tailsieve-spec", "tailsieve-dynsd")  # routing only, per-pool engines,
 #   one schedule on every replica with m free
-PLAN_POLICIES = ("verl", "tailsieve", "best-static")
+PLAN_POLICIES = ("verl", "tailsieve", "best-static", "prompt-oracle-split")
 
 
 @dataclass(frozen=True)
@@ -111,13 +113,24 @@ class Plan:
     prompts: int
     engines: EnginePlan | None = None  # with speculation: the engines chosen (see :func:`plan_engines`)
     prompt_copies: int = 1  # copies of each logged group the steps draw their prompts from (:func:`prompt_pool`)
+    prompt_oracle_speedup: float | None = None  # prompt-oracle-split's mean steady-state speedup over stock verl:
+    #   the best a per-prompt length predictor could reach on this workload (a reference, not deployable)
+
+    @property
+    def share_of_prompt_oracle_gain(self) -> float | None:
+        """TailSieve's gain over stock verl as a share of prompt-oracle-split's (None where that gain is
+        under 1 %: there is nothing for a per-prompt signal to win)."""
+        if self.prompt_oracle_speedup is None or self.prompt_oracle_speedup < 1.01:
+            return None
+        return (self.speedup - 1) / (self.prompt_oracle_speedup - 1)
 
     def to_json(self) -> dict:
         return {"predicted_speedup": self.speedup, "band": list(self.band), "per_seed": list(self.per_seed),
                 "initial_q": self.initial_q, "initial_m": self.initial_m, "fixed_q": self.fixed_q,
                 "fixed_m": self.fixed_m, "fixed_speedup": self.fixed_speedup, "batch": self.batch_size, "n": self.n,
                 "replicas": self.n_replicas, "steps": self.steps, "prompts": self.prompts,
-                "prompt_copies": self.prompt_copies} | (
+                "prompt_copies": self.prompt_copies, "prompt_oracle_speedup": self.prompt_oracle_speedup,
+                "share_of_prompt_oracle_gain": self.share_of_prompt_oracle_gain} | (
                     self.engines.to_json() if self.engines else {})
 
 
@@ -159,9 +172,11 @@ def plan_from_trace(trace: Trace, n_replicas: int, perf: PerfModel, *, batch_siz
     ms = [m for _, m in finals]
     m0 = _most_common(ms)
     q0 = int(np.median([q for q, m in finals if m == m0]))
+    oracle = float(np.mean([r.speedup_vs("verl", steady)["prompt-oracle-split"] for r in results]))
     return Plan(float(speedups_arr.mean()), _band(speedups_arr), tuple(float(x) for x in speedups), q0, m0, fixed_q,
                 fixed_m, fixed_speedup, batch, group_size, n_replicas, steps, prompts,
-                plan_engines(results, steady, (q0, m0)) if speculation else None, prompt_copies(prompts, batch))
+                plan_engines(results, steady, (q0, m0)) if speculation else None, prompt_copies(prompts, batch),
+                oracle)
 
 
 _FORKED: list = []  # what a forked worker of :func:`_simulate_seeds` reads (inherited, not pickled)
