@@ -77,18 +77,27 @@ class ClairvoyantSplitRunner(StaticRunner):
         return result
 
 
-class PromptOracleSplitRunner(ClairvoyantSplitRunner):
-    """``prompt-oracle-split``: :class:`ClairvoyantSplitRunner`'s grid, routing-only, the groups ranked by
-    each prompt's true typical length under this step's policy (times its samples): what an ideal
-    per-prompt predictor knows, nothing per sample. The grid point is still the step's best in hindsight,
-    so it bounds what a per-prompt signal can reach with any (q, m) rule. Not deployable."""
+class GroupOracleSplitRunner(ClairvoyantSplitRunner):
+    """``group-oracle-split``: :class:`ClairvoyantSplitRunner`'s grid routing-only (the tail pool on
+    ``engine``), the groups ranked by their true tokens this step: the routing ceiling of a tail split,
+    what a perfect group-length signal reaches. Not deployable."""
+
+    def __init__(self, cfg: SimConfig, pool: PromptPool, perf: PerfModel, name: str = "group-oracle-split"):
+        super().__init__(cfg, pool, perf, name)
+
+    def candidates(self) -> list[tuple[int, int, EngineConfig]]:
+        return sorted({(q, m, self.cfg.engine) for q, m, _ in super().candidates()}, key=lambda c: c[:2])
+
+
+class PromptOracleSplitRunner(GroupOracleSplitRunner):
+    """``prompt-oracle-split``: :class:`GroupOracleSplitRunner` with the groups ranked by each prompt's true
+    typical length under this step's policy (times its samples): what an ideal per-prompt predictor
+    knows, nothing per sample. The grid point is still the step's best in hindsight, so it bounds what a
+    per-prompt signal can reach with any (q, m) rule. Not deployable."""
 
     def __init__(self, cfg: SimConfig, pool: PromptPool, perf: PerfModel, name: str = "prompt-oracle-split"):
         super().__init__(cfg, pool, perf, name)
         self.step_index = 0
-
-    def candidates(self) -> list[tuple[int, int, EngineConfig]]:
-        return sorted({(q, m, self.cfg.engine) for q, m, _ in super().candidates()}, key=lambda c: c[:2])
 
     def step(self, t: int, keep: bool) -> None:
         self.step_index = t

@@ -242,6 +242,11 @@ class TailSieveRunner(_Runner):
             key.append(self.cfg.regeneration_draws)
         return key
 
+    def abort_scores(self, aborted_ids: Sequence[str], tokens_at_abort: Sequence[int], step: int) -> dict[str, int]:
+        """Each aborted group's score as a candidate: its tokens when aborted, what the trainer measures
+        (an ablation may put another signal here)."""
+        return dict(zip(aborted_ids, tokens_at_abort))
+
     def step(self, t: int, keep: bool) -> None:
         cfg, R = self.cfg, self.cfg.n_replicas
         pulled = self.stream.take(self.cycle.n_fresh())
@@ -263,7 +268,7 @@ class TailSieveRunner(_Runner):
         tail_s, cut = step_times(ev, len(tail), len(plan.requeued_ids), plan.fresh_quota)
         makespan = max(tail_s, cut.bulk_end_s)
         at_abort = tokens_generated_at(groups, ev, cut.cutoff_s)[len(tail):]
-        scores = {bulk_ids[i]: int(at_abort[i]) for i in cut.aborted}
+        scores = self.abort_scores([bulk_ids[i] for i in cut.aborted], [int(at_abort[i]) for i in cut.aborted], t)
         done = list(cut.consumed)
         outcome, _ = self.cycle.finish(
             plan, [bulk_ids[i] for i in done], scores,

@@ -42,6 +42,8 @@ Policies:
   groups on a tail pool at the deepest speculation (or on ``engine``), the rest by stock verl's
   routing on ``engine``, one shared pool included (:class:`ClairvoyantSplitRunner`; opt-in). On the
   best stock configuration's engine, the ceiling of route-specialised speculation over it.
+* ``group-oracle-split`` — the same grid, routing-only (the tail pool on ``engine``), the groups ranked by
+  their true tokens: the routing ceiling of a tail split (:class:`GroupOracleSplitRunner`; opt-in).
 * ``prompt-oracle-split`` — the same grid, routing-only (the tail pool on ``engine``), with the groups
   ranked by each prompt's true typical length (:meth:`PromptPool.typical_length`: its median under this
   step's policy, nothing of this step's samples) instead of their true tokens: the best any per-prompt
@@ -79,12 +81,12 @@ from .config import (ALL_POLICIES, BASELINE, Execute, LAUNCH_SPEC_POLICIES, POLI
 from .results import (GroupSpan, PolicyResult, SimResult, StepRecord)
 from .runners import (_Runner, FallbackRunner, Ledger, prompt_of, PromptStream, StaticRunner, step_times,
                       TailSieveRunner)
-from .references import (BestStaticRunner, ClairvoyantSplitRunner, HindsightRunner, PromptOracleSplitRunner,
-                         static_grid, static_split_runner, stock_spec_runner)
+from .references import (BestStaticRunner, ClairvoyantSplitRunner, GroupOracleSplitRunner, HindsightRunner,
+                         PromptOracleSplitRunner, static_grid, static_split_runner, stock_spec_runner)
 from .speculation import (DEFAULT_SPECULATION, engine_label, schedule_grid, schedule_text, SPEC_DEPTHS, spec_label,
                           stock_engines, tailsieve_spec_config, vllm_doc_schedule, with_speculation)
 
-__all__ = ["ALL_POLICIES", "BASELINE", "BestStaticRunner", "ClairvoyantSplitRunner", "DEFAULT_SPECULATION",
+__all__ = ["ALL_POLICIES", "BASELINE", "BestStaticRunner", "ClairvoyantSplitRunner", "DEFAULT_SPECULATION", "GroupOracleSplitRunner",
            "Execute", "FallbackRunner", "GroupSpan", "HindsightRunner", "LAUNCH_SPEC_POLICIES", "Ledger",
            "POLICIES", "POOL_ENGINE_POLICIES", "PolicyResult", "PromptOracleSplitRunner", "PromptStream",
            "REFERENCE_SPLITS", "SPEC_DEPTHS", "SPEC_POLICIES", "STOCK_POLICIES", "STOCK_SPEC_POLICIES", "SimConfig",
@@ -108,6 +110,8 @@ def build_runners(cfg: SimConfig, pool: PromptPool, perf: PerfModel,
             runners.append(FallbackRunner(cfg, pool, perf, name))
         elif name == "clairvoyant-split":
             runners.append(ClairvoyantSplitRunner(cfg, pool, perf, name))
+        elif name == "group-oracle-split":
+            runners.append(GroupOracleSplitRunner(cfg, pool, perf, name))
         elif name == "prompt-oracle-split":
             runners.append(PromptOracleSplitRunner(cfg, pool, perf, name))
         elif name == "best-static":

@@ -1,0 +1,167 @@
+"""How far TailSieve's tail signal is from the best a per-prompt predictor could do, at DAPO scale (issue 33).
+
+Per cell (model setup x tail preset x shape) and seed, one ``core.simulation.sim`` run under verl 0.9.1's
+rollout defaults (``EngineConfig.verl_defaults``) on a dataset-sized prompt pool (``--pool``, default
+17,000 prompts: DAPO-Math-17k, so a prompt recurs once an epoch as in training, not every few steps) of:
+
+* ``verl`` — stock verl 0.9.1 (every sample to the least-loaded replica), the baseline;
+* ``tailsieve`` — TailSieve routing-only, adaptive (q, m), as ``tailsieve simulate`` runs it;
+* ``prompt-oracle-split`` — the best of a grid of splits per step with each prompt's true typical length
+  known (nothing of its samples): what an ideal per-prompt predictor reaches;
+* ``group-oracle-split`` — the same grid with this step's true group tokens known: the routing ceiling.
+
+Prints per cell the mean and worst-seed speedup over stock verl, TailSieve's share of the prompt oracle's
+gain (where that gain is >= 5 %), the aborted-token share, ``max_deferral_steps`` and the consumed-length KS
+distance to stock verl against its noise. Writes one JSON line per run to ``--out``.
+
+    python scripts/experiments/signal_gap.py --seeds 4 --jobs 2 [--cells dense8b-real,...] [--shapes 512x16@32768]
+    python scripts/experiments/signal_gap.py --ablation --seeds 4 --cells dense8b-real,dense8b-weak
+
+``--ablation`` runs, per cell and seed, what each signal is worth (:func:`run_ablation`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+from strongest_stock import SETUPS
+from tailsieve_verl.core.data.workload import PromptPool, get_preset
+from tailsieve_verl.core.engine.engine import EngineConfig
+from tailsieve_verl.core.engine.perf import parse_perf_model
+from tailsieve_verl.core.simulation import sim
+
+POLICIES = ("verl", "tailsieve", "prompt-oracle-split", "group-oracle-split")
+CELLS = tuple(f"{setup}-{preset}" for setup in ("dense", "dense8b", "moe") for preset in ("weak", "real", "strong"))
+SHAPES = ("256x16@16384", "512x16@32768")
+
+
+def run(job: dict) -> dict:
+    setup, preset = job["cell"].split("-")
+    perf_name, n_replicas, model = SETUPS[setup]
+    perf = parse_perf_model(perf_name)
+    shape, cap = job["shape"].split("@")
+    batch, n = (int(x) for x in shape.split("x"))
+    cfg = sim.SimConfig(steps=job["steps"], n_replicas=n_replicas, batch_size=batch, n=n, seed=job["seed"],
+                        policies=POLICIES, engine=EngineConfig.verl_defaults(model, perf))
+    pool = PromptPool(get_preset(preset, max_response_length=int(cap)), job["pool"], seed=job["seed"])
+    t0 = time.process_time()
+    result = sim.simulate(cfg, pool, perf)
+    bias = result.length_bias()
+    return {**job, "cpu_s": time.process_time() - t0,
+            "speedup_vs_verl": result.speedup_vs("verl"),
+            "wasted_fraction": {k: r.wasted_fraction for k, r in result.policies.items()},
+            "max_deferral_steps": {k: r.max_deferral_steps for k, r in result.policies.items()},
+            "lost_dup_stale": sum(r.lost + r.duplicated + r.stale for r in result.policies.values()),
+            "ks": {k: bias[k][0] for k in bias}, "ks_noise": {k: bias[k][1] for k in bias},
+            "final_split": [result.policies["tailsieve"].records[-1].next_q, result.policies["tailsieve"].records[-1].next_m],
+            "choice": {k: r.choice for k, r in result.policies.items() if r.choice}}
+
+
+class TrueRankTailSieveRunner(sim.TailSieveRunner):
+    """TailSieve whose aborted candidates are scored by their prompt's true typical length (the prompt
+    oracle's ranking) instead of their tokens at the abort: the same mechanism, a perfect ranking of its
+    candidates. What a better score could add; the candidates themselves are still the unfinished ones."""
+
+    def abort_scores(self, aborted_ids, tokens_at_abort, step):
+        return {i: self.pool.typical_length(sim.prompt_of(i), step) * self.cfg.n for i in aborted_ids}
+
+
+def run_ablation(job: dict) -> dict:
+    """What each signal is worth in one cell: TailSieve as it runs (carry; its per-prompt record idle in a
+    first epoch of a dataset-sized pool), with its candidates ranked by the truth, and on a 2,048-prompt
+    pool (each prompt back every few steps: the record at work), each against stock verl on its pool."""
+    setup, preset = job["cell"].split("-")
+    perf_name, n_replicas, model = SETUPS[setup]
+    perf = parse_perf_model(perf_name)
+    shape, cap = job["shape"].split("@")
+    batch, n = (int(x) for x in shape.split("x"))
+    out = {**job, "speedup_vs_verl": {}, "wasted_fraction": {}}
+    t0 = time.process_time()
+    for pool_size, label in ((job["pool"], ""), (2048, ", 2048-prompt pool")):
+        cfg = sim.SimConfig(steps=job["steps"], n_replicas=n_replicas, batch_size=batch, n=n, seed=job["seed"],
+                            policies=("verl", "tailsieve", "prompt-oracle-split"), engine=EngineConfig.verl_defaults(model, perf))
+        pool = PromptPool(get_preset(preset, max_response_length=int(cap)), pool_size, seed=job["seed"])
+        runners = sim.build_runners(cfg, pool, perf)
+        if not label:
+            runners.append(TrueRankTailSieveRunner(cfg, pool, perf, cfg.controller, "tailsieve, true candidate ranking"))
+        for t in range(cfg.steps):
+            for r in runners:
+                r.step(t, keep=False)
+        results = {r.name: r.finish() for r in runners}
+        base = results["verl"].mean_makespan_s
+        out["speedup_vs_verl"].update({name + label: base / r.mean_makespan_s for name, r in results.items()})
+        out["wasted_fraction"].update({name + label: r.wasted_fraction for name, r in results.items()})
+    out["cpu_s"] = time.process_time() - t0
+    return out
+
+
+def report_ablation(rows: list[dict]) -> None:
+    names = list(dict.fromkeys(k for r in rows for k in r["speedup_vs_verl"] if not k.startswith("verl")))
+    print(f"{'cell':16} {'shape':14} {'seeds':>5} " + " | ".join(names))
+    for key in sorted({(r["cell"], r["shape"]) for r in rows}):
+        cell = [r for r in rows if (r["cell"], r["shape"]) == key]
+        print(f"{key[0]:16} {key[1]:14} {len(cell):5d} " + " | ".join(
+            f"{np.mean([r['speedup_vs_verl'][k] for r in cell]):.3f}" for k in names))
+    print("speedups over stock verl on the same pool, mean over seeds")
+
+
+def report(rows: list[dict]) -> None:
+    print(f"{'cell':16} {'shape':14} {'seeds':>5} {'tailsieve':>16} {'prompt-oracle':>16} {'group-oracle':>16} "
+          f"{'share':>6} {'aborted':>8} {'defer':>5} {'KS/noise':>9}")
+    for key in sorted({(r["cell"], r["shape"]) for r in rows}):
+        cell = [r for r in rows if (r["cell"], r["shape"]) == key]
+        sp = {p: np.array([r["speedup_vs_verl"][p] for r in cell]) for p in POLICIES[1:]}
+        gain = sp["prompt-oracle-split"].mean() - 1
+        share = f"{100 * (sp['tailsieve'].mean() - 1) / gain:5.0f}%" if gain >= 0.05 else "   n/a"
+        ks = max(r["ks"]["tailsieve"] / r["ks_noise"]["tailsieve"] for r in cell)
+        print(f"{key[0]:16} {key[1]:14} {len(cell):5d} " + " ".join(
+            f"{sp[p].mean():7.3f} (>={sp[p].min():5.3f})" for p in POLICIES[1:]) +
+            f" {share:>6} {100 * np.mean([r['wasted_fraction']['tailsieve'] for r in cell]):7.1f}%"
+            f" {max(r['max_deferral_steps']['tailsieve'] for r in cell):5d} {ks:9.2f}")
+    print("speedups over stock verl: mean over seeds (worst seed); share: TailSieve's gain / prompt-oracle-split's "
+          "where that is >= 5 %; aborted: TailSieve's aborted-token share; defer: max_deferral_steps; KS/noise: the "
+          "largest consumed-length KS distance to stock verl over its noise (bias shows above ~2)")
+    print(f"lost + duplicated + stale prompts over all runs: {sum(r['lost_dup_stale'] for r in rows)}")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--cells", default=",".join(CELLS))
+    ap.add_argument("--shapes", default=",".join(SHAPES), help="BxN@CAP, comma-separated")
+    ap.add_argument("--seeds", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--pool", type=int, default=17000, help="prompts in the dataset")
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--out", default="scripts/results/signal_gap/signal_gap.jsonl")
+    ap.add_argument("--report-only", action="store_true", help="print the table of --out without running")
+    ap.add_argument("--ablation", action="store_true",
+                    help="what each signal is worth (run_ablation); default --out signal_gap/ablation.jsonl")
+    args = ap.parse_args()
+    if args.ablation and args.out == ap.get_default("out"):
+        args.out = "scripts/results/signal_gap/ablation.jsonl"
+    out = Path(args.out)
+    work, table = (run_ablation, report_ablation) if args.ablation else (run, report)
+    if not args.report_only:
+        jobs = [{"cell": c, "shape": s, "seed": seed, "steps": args.steps, "pool": args.pool}
+                for s in args.shapes.split(",") for c in args.cells.split(",") for seed in range(args.seeds)]
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with ProcessPoolExecutor(args.jobs) as workers, out.open("a") as f:
+            for row in workers.map(work, jobs):
+                f.write(json.dumps(row) + "\n")
+                f.flush()
+                print(f"{row['cell']} {row['shape']} seed {row['seed']}: tailsieve "
+                      f"{row['speedup_vs_verl']['tailsieve']:.3f}x, prompt-oracle "
+                      f"{row['speedup_vs_verl']['prompt-oracle-split']:.3f}x ({row['cpu_s']:.0f} CPU s)", flush=True)
+    table([json.loads(line) for line in out.read_text().splitlines() if line.strip()])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
