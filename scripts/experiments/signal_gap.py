@@ -27,6 +27,7 @@ import json
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -38,6 +39,7 @@ from tailsieve_verl.core.engine.perf import parse_perf_model
 from tailsieve_verl.core.simulation import sim
 
 POLICIES = ("verl", "tailsieve", "prompt-oracle-split", "group-oracle-split")
+NOISE = "verl-redraw"  # stock verl on its own length draws: how far a speedup moves by sampling alone
 CELLS = tuple(f"{setup}-{preset}" for setup in ("dense", "dense8b", "moe") for preset in ("weak", "real", "strong"))
 SHAPES = ("256x16@16384", "512x16@32768")
 
@@ -49,7 +51,8 @@ def run(job: dict) -> dict:
     shape, cap = job["shape"].split("@")
     batch, n = (int(x) for x in shape.split("x"))
     cfg = sim.SimConfig(steps=job["steps"], n_replicas=n_replicas, batch_size=batch, n=n, seed=job["seed"],
-                        policies=POLICIES, engine=EngineConfig.verl_defaults(model, perf))
+                        policies=POLICIES + ((NOISE,) if job.get("noise") else ()),
+                        engine=EngineConfig.verl_defaults(model, perf))
     pool = PromptPool(get_preset(preset, max_response_length=int(cap)), job["pool"], seed=job["seed"])
     t0 = time.process_time()
     result = sim.simulate(cfg, pool, perf)
@@ -75,8 +78,11 @@ class TrueRankTailSieveRunner(sim.TailSieveRunner):
 
 def run_ablation(job: dict) -> dict:
     """What each signal is worth in one cell: TailSieve as it runs (carry; its per-prompt record idle in a
-    first epoch of a dataset-sized pool), with its candidates ranked by the truth, and on a 2,048-prompt
-    pool (each prompt back every few steps: the record at work), each against stock verl on its pool."""
+    first epoch of a dataset-sized pool), with its candidates ranked by the truth, with half the aborted
+    candidates (``candidate_factor`` 1: less aborted work, less choice), at its best fixed split in
+    hindsight (``best-static``, with ``--best-static``: the controller's share of the gap), and on a
+    2,048-prompt pool (each prompt back every few steps: the record at work), each against stock verl on
+    its pool."""
     setup, preset = job["cell"].split("-")
     perf_name, n_replicas, model = SETUPS[setup]
     perf = parse_perf_model(perf_name)
@@ -88,9 +94,13 @@ def run_ablation(job: dict) -> dict:
         cfg = sim.SimConfig(steps=job["steps"], n_replicas=n_replicas, batch_size=batch, n=n, seed=job["seed"],
                             policies=("verl", "tailsieve", "prompt-oracle-split"), engine=EngineConfig.verl_defaults(model, perf))
         pool = PromptPool(get_preset(preset, max_response_length=int(cap)), pool_size, seed=job["seed"])
+        if not label and job.get("best_static"):
+            cfg = replace(cfg, policies=cfg.policies + ("best-static",))
         runners = sim.build_runners(cfg, pool, perf)
         if not label:
             runners.append(TrueRankTailSieveRunner(cfg, pool, perf, cfg.controller, "tailsieve, true candidate ranking"))
+            runners.append(sim.TailSieveRunner(cfg, pool, perf, replace(cfg.controller, candidate_factor=1.0),
+                                               "tailsieve, candidate_factor 1"))
         for t in range(cfg.steps):
             for r in runners:
                 r.step(t, keep=False)
@@ -104,30 +114,38 @@ def run_ablation(job: dict) -> dict:
 
 def report_ablation(rows: list[dict]) -> None:
     names = list(dict.fromkeys(k for r in rows for k in r["speedup_vs_verl"] if not k.startswith("verl")))
-    print(f"{'cell':16} {'shape':14} {'seeds':>5} " + " | ".join(names))
     for key in sorted({(r["cell"], r["shape"]) for r in rows}):
         cell = [r for r in rows if (r["cell"], r["shape"]) == key]
-        print(f"{key[0]:16} {key[1]:14} {len(cell):5d} " + " | ".join(
-            f"{np.mean([r['speedup_vs_verl'][k] for r in cell]):.3f}" for k in names))
-    print("speedups over stock verl on the same pool, mean over seeds")
+        print(f"{key[0]} {key[1]}")
+        for name in names:
+            values = [r["speedup_vs_verl"][name] for r in cell if name in r["speedup_vs_verl"]]
+            wasted = [r["wasted_fraction"][name] for r in cell if name in r["wasted_fraction"]]
+            if values:
+                print(f"  {name:42} {np.mean(values):.3f} (>={min(values):.3f}, {len(values)} seeds)"
+                      f"  aborted {100 * np.mean(wasted):4.1f}%")
+    print("speedups over stock verl on the same pool: mean over seeds (worst seed); aborted: the aborted-token share")
 
 
 def report(rows: list[dict]) -> None:
     print(f"{'cell':16} {'shape':14} {'seeds':>5} {'tailsieve':>16} {'prompt-oracle':>16} {'group-oracle':>16} "
-          f"{'share':>6} {'aborted':>8} {'defer':>5} {'KS/noise':>9}")
+          f"{'share':>6} {'aborted':>8} {'defer':>5} {'KS/noise':>9} {'redraw':>13}")
     for key in sorted({(r["cell"], r["shape"]) for r in rows}):
         cell = [r for r in rows if (r["cell"], r["shape"]) == key]
         sp = {p: np.array([r["speedup_vs_verl"][p] for r in cell]) for p in POLICIES[1:]}
         gain = sp["prompt-oracle-split"].mean() - 1
         share = f"{100 * (sp['tailsieve'].mean() - 1) / gain:5.0f}%" if gain >= 0.05 else "   n/a"
         ks = max(r["ks"]["tailsieve"] / r["ks_noise"]["tailsieve"] for r in cell)
+        redraw = [r["speedup_vs_verl"][NOISE] for r in cell if NOISE in r["speedup_vs_verl"]]
+        noise = f"{np.std(redraw, ddof=1) / np.sqrt(len(redraw)) if len(redraw) > 1 else 0:.3f}" if redraw else "  -"
         print(f"{key[0]:16} {key[1]:14} {len(cell):5d} " + " ".join(
             f"{sp[p].mean():7.3f} (>={sp[p].min():5.3f})" for p in POLICIES[1:]) +
             f" {share:>6} {100 * np.mean([r['wasted_fraction']['tailsieve'] for r in cell]):7.1f}%"
-            f" {max(r['max_deferral_steps']['tailsieve'] for r in cell):5d} {ks:9.2f}")
+            f" {max(r['max_deferral_steps']['tailsieve'] for r in cell):5d} {ks:9.2f}"
+            + (f" {np.mean(redraw):.3f} ±{noise}" if redraw else ""))
     print("speedups over stock verl: mean over seeds (worst seed); share: TailSieve's gain / prompt-oracle-split's "
           "where that is >= 5 %; aborted: TailSieve's aborted-token share; defer: max_deferral_steps; KS/noise: the "
-          "largest consumed-length KS distance to stock verl over its noise (bias shows above ~2)")
+          "largest consumed-length KS distance to stock verl over its noise (bias shows above ~2); redraw (--noise): stock "
+          "verl on its own length draws, mean ± its standard error over the seeds: the noise floor of every speedup")
     print(f"lost + duplicated + stale prompts over all runs: {sum(r['lost_dup_stale'] for r in rows)}")
 
 
@@ -143,13 +161,16 @@ def main() -> int:
     ap.add_argument("--report-only", action="store_true", help="print the table of --out without running")
     ap.add_argument("--ablation", action="store_true",
                     help="what each signal is worth (run_ablation); default --out signal_gap/ablation.jsonl")
+    ap.add_argument("--noise", action="store_true", help="also verl-redraw: the noise floor of the speedups")
+    ap.add_argument("--best-static", action="store_true", help="--ablation: also best-static (~70 TailSieve runs)")
     args = ap.parse_args()
     if args.ablation and args.out == ap.get_default("out"):
         args.out = "scripts/results/signal_gap/ablation.jsonl"
     out = Path(args.out)
     work, table = (run_ablation, report_ablation) if args.ablation else (run, report)
     if not args.report_only:
-        jobs = [{"cell": c, "shape": s, "seed": seed, "steps": args.steps, "pool": args.pool}
+        jobs = [{"cell": c, "shape": s, "seed": seed, "steps": args.steps, "pool": args.pool, "best_static": args.best_static,
+                 "noise": args.noise}
                 for s in args.shapes.split(",") for c in args.cells.split(",") for seed in range(args.seeds)]
         out.parent.mkdir(parents=True, exist_ok=True)
         with ProcessPoolExecutor(args.jobs) as workers, out.open("a") as f:
