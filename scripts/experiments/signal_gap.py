@@ -80,9 +80,9 @@ def run_ablation(job: dict) -> dict:
     """What each signal is worth in one cell: TailSieve as it runs (carry; its per-prompt record idle in a
     first epoch of a dataset-sized pool), with its candidates ranked by the truth, with half the aborted
     candidates (``candidate_factor`` 1: less aborted work, less choice), at its best fixed split in
-    hindsight (``best-static``, with ``--best-static``: the controller's share of the gap), and on a
-    2,048-prompt pool (each prompt back every few steps: the record at work), each against stock verl on
-    its pool."""
+    hindsight (``best-static``, with ``--best-static``: the controller's share of the gap), and on a pool
+    of 4 x batch prompts (each prompt back every 4 steps, as in a later epoch: the record at work) as it
+    runs and with ``record_replaces_aborts``, each against stock verl on its pool."""
     setup, preset = job["cell"].split("-")
     perf_name, n_replicas, model = SETUPS[setup]
     perf = parse_perf_model(perf_name)
@@ -90,14 +90,17 @@ def run_ablation(job: dict) -> dict:
     batch, n = (int(x) for x in shape.split("x"))
     out = {**job, "speedup_vs_verl": {}, "wasted_fraction": {}}
     t0 = time.process_time()
-    for pool_size, label in ((job["pool"], ""), (2048, ", 2048-prompt pool")):
+    for pool_size, label in ((job["pool"], ""), (4 * batch, ", prompts back every 4 steps")):
         cfg = sim.SimConfig(steps=job["steps"], n_replicas=n_replicas, batch_size=batch, n=n, seed=job["seed"],
                             policies=("verl", "tailsieve", "prompt-oracle-split"), engine=EngineConfig.verl_defaults(model, perf))
         pool = PromptPool(get_preset(preset, max_response_length=int(cap)), pool_size, seed=job["seed"])
         if not label and job.get("best_static"):
             cfg = replace(cfg, policies=cfg.policies + ("best-static",))
         runners = sim.build_runners(cfg, pool, perf)
-        if not label:
+        if label:
+            runners.append(sim.TailSieveRunner(replace(cfg, record_replaces_aborts=True), pool, perf, cfg.controller,
+                                               "tailsieve, record replaces aborts"))
+        else:
             runners.append(TrueRankTailSieveRunner(cfg, pool, perf, cfg.controller, "tailsieve, true candidate ranking"))
             runners.append(sim.TailSieveRunner(cfg, pool, perf, replace(cfg.controller, candidate_factor=1.0),
                                                "tailsieve, candidate_factor 1"))

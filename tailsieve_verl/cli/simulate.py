@@ -52,6 +52,9 @@ def register(subparsers) -> None:
                         "tailsieve-auto: the split of tailsieve-spec or stock verl with speculation, chosen online)")
     p.add_argument("--fixed-tail-replicas", type=int, default=None,
                    help="tail replicas of tailsieve-fixed (default replicas // 2)")
+    p.add_argument("--record-replaces-aborts", action="store_true",
+                   help="TailSieve aborts only for the fresh prompts its per-prompt length record cannot predict "
+                        "(+tailsieve.record_replaces_aborts=true)")
     p.add_argument("--group-atomic", action="store_true",
                    help="TailSieve pools route whole groups round-robin (the paper's setting) instead of "
                         "spreading each group's samples by least in flight like stock verl")
@@ -77,8 +80,11 @@ def run(args: argparse.Namespace) -> int:
     if any(pool_engines.values()) and not set(policies) & set(POOL_ENGINE_POLICIES):
         raise CLIError(f"--tail-*/--bulk-* speculation flags set TailSieve's pool engines, but no policy here has "
                        f"pools: add one of {', '.join(POOL_ENGINE_POLICIES)} to --policies")
+    if args.record_replaces_aborts and not any(p.startswith("tailsieve") or p == "best-static" for p in policies):
+        raise CLIError("--record-replaces-aborts changes TailSieve's aborts, but no TailSieve policy runs here: add "
+                       "tailsieve to --policies")
     config = SimConfig(steps=args.steps, n_replicas=args.replicas, batch_size=args.batch, n=args.n, seed=args.seed,
-                       policies=policies,
+                       policies=policies, record_replaces_aborts=args.record_replaces_aborts,
                        fixed_tail_replicas=args.fixed_tail_replicas, group_atomic=args.group_atomic,
                        oracle_time_limit_s=args.oracle_time_limit,
                        engine=engine, speculation=speculation, **pool_engines)

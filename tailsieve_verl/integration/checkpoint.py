@@ -240,7 +240,7 @@ def plan_restore(state: Mapping, path: str, shape: RunShape, policy: str) -> Res
                            shape.split[1], "on" if shape.split[2] else "off",
                            f"the pinned split {saved.split[:2]}" if saved.split else "adaptive", len(carried))
         return Restore({"selector": selector, "controller": controller,
-                        "prompt_record": state.get("prompt_record")}, rows)
+                        "prompt_record": state.get("prompt_record"), "abort_share": state.get("abort_share", 1.0)}, rows)
     if policy == "stop":
         as_saved = shape.how_to_resume_as_saved(saved)
         raise CheckpointMismatchError(

@@ -120,6 +120,9 @@ class TailSieveConfig:
     # Pools route whole groups (all n samples on one replica, the paper's setting; for prefix-cache-heavy
     # prompts) instead of each sample to the pool's least-loaded replica, as stock verl routes.
     group_atomic: bool = False
+    # Abort only for the share of fresh prompts the per-prompt length record cannot predict (after the
+    # first epoch the record names the tail at the step's start; core.tailsieve.cycle.TailSieveCycle).
+    record_replaces_aborts: bool = False
     # Keep the tail pool on one Ray node (the one holding the most single-node replicas; m capped there);
     # by default it takes single-node replicas first and may cross nodes (core.routing.placement).
     tail_on_one_node: bool = False
@@ -241,7 +244,7 @@ def _check_positive(value: Any, where: str) -> None:
 
 
 def _check_types(cfg: TailSieveConfig) -> None:
-    for name in ("enable", "tail_on_one_node"):
+    for name in ("enable", "tail_on_one_node", "record_replaces_aborts"):
         if not isinstance(getattr(cfg, name), bool):
             raise TailSieveConfigError(f"tailsieve.{name} must be true or false, got {getattr(cfg, name)!r}")
     if cfg.mode not in MODES:
@@ -451,7 +454,8 @@ def _refuse_ignored_settings(cfg: TailSieveConfig, rollout_name: str) -> None:
     """A setting the TailSieve trainer would not act on in this configuration stops the launch."""
     if not cfg.active:
         defaults = TailSieveConfig()
-        ignored = [f"tailsieve.{name}" for name in ("q0", "tail_replicas", "controller", "tail", "bulk")
+        ignored = [f"tailsieve.{name}" for name in ("q0", "tail_replicas", "controller", "tail", "bulk",
+                                                    "record_replaces_aborts")
                    if getattr(cfg, name) != getattr(defaults, name)]
         if not cfg.enable and cfg.mode == "fixed":
             ignored.append("tailsieve.mode=fixed")

@@ -244,7 +244,8 @@ class TailSieveTrainer(PPOTrainerSync):
         self.cycle = TailSieveCycle(self.batch_size, self.n_replicas, self.settings.controller_config(),
                                     self.settings.perf(), per_sample=not self.settings.group_atomic,
                                     adaptive=self.settings.active, prompt_key=lambda identity: self.prompt_keys[identity],
-                                    engines=self.pool_engines)
+                                    engines=self.pool_engines,
+                                    record_replaces_aborts=self.settings.record_replaces_aborts)
         self.carried_rows: dict[str, TensorDict] = {}
         self.prompt_keys: dict[str, str] = {}  # identity -> prompt_key of its row, for the carried and this step
         self.step_state: ActiveStep | None = None

@@ -78,3 +78,46 @@ def test_state_round_trip_keeps_carried_queue_record_and_decision():
     assert restored.selector.carried == cycle.selector.carried
     assert restored.record.state_dict() == cycle.record.state_dict()
     assert restored.decision.split == cycle.decision.split
+
+
+def test_the_record_replaces_the_aborts_for_the_prompts_it_knows():
+    """record_replaces_aborts: a step whose fresh prompts the record all knows aborts nothing the next
+    step; the tail is then the record's heaviest fresh prompt, named at the step's start, and every
+    prompt is still consumed exactly once. A first-epoch pull (nothing known) aborts as before."""
+    lengths = {f"p{i}": 10 * (i + 1) for i in range(6)}
+    lengths["p2"] = 900
+    cycle = TailSieveCycle(B, R, PINNED, PERF, prompt_key=_key, record_replaces_aborts=True)
+    plain = TailSieveCycle(B, R, PINNED, PERF, prompt_key=_key)
+    for c in (cycle, plain):  # epoch 0: nothing known, q = 1 and candidate_factor 2 abort 2
+        _, _, _, obs = _run_step(c, [f"p{i}#0" for i in range(c.n_fresh())], lengths, 0)
+        assert obs.n_aborted == 2
+    assert cycle.abort_share == 1.0  # the first pull was unknown to the record
+    # epoch 1, the prompts the record saw come back: the next step's abort share falls to what it does not know
+    _run_step(cycle, [f"p{i}#1" for i in range(cycle.n_fresh())], lengths, 1)
+    assert 0.0 <= cycle.abort_share < 1.0
+    steps = 0
+    while cycle.abort_share > 0.0 and steps < 5:
+        _run_step(cycle, [f"p{i}#{2 + steps}" for i in range(cycle.n_fresh())], lengths, 2 + steps)
+        steps += 1
+    assert cycle.abort_share == 0.0
+    epoch = 9
+    plan, m, outcome, obs = _run_step(cycle, [f"p{i}#{epoch}" for i in range(cycle.n_fresh())], lengths, epoch)
+    assert plan.n_abort == 0 and obs.n_aborted == 0
+    assert plan.tail_ids[0].startswith("p2#") and m == 1  # the record's heaviest, at the step's start
+    assert len(outcome.consumed) == B and len(set(outcome.consumed)) == B
+    # the plain cycle keeps aborting in every epoch
+    _, _, _, plain_obs = _run_step(plain, [f"p{i}#1" for i in range(plain.n_fresh())], lengths, 1)
+    assert plain_obs.n_aborted == 2
+
+
+def test_the_abort_share_survives_a_checkpoint_and_a_malformed_one_is_refused():
+    cycle = TailSieveCycle(B, R, PINNED, PERF, prompt_key=_key, record_replaces_aborts=True)
+    cycle.abort_share = 0.25
+    restored = TailSieveCycle(B, R, PINNED, PERF, prompt_key=_key, record_replaces_aborts=True)
+    restored.load_state_dict(cycle.state_dict())
+    assert restored.abort_share == 0.25 and restored.n_fresh() == cycle.n_fresh()
+    older = {k: v for k, v in cycle.state_dict().items() if k != "abort_share"}
+    restored.load_state_dict(older)
+    assert restored.abort_share == 1.0  # a checkpoint from before it: every candidate aborted
+    with pytest.raises(SelectorError, match="abort_share"):
+        restored.load_state_dict(dict(cycle.state_dict(), abort_share=1.5))

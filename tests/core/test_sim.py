@@ -206,3 +206,20 @@ def test_policies_side_by_side_in_processes_give_the_same_run():
         assert two.policies[name].makespans.tolist() == r.makespans.tolist()
         assert (two.policies[name].choice, two.policies[name].lost) == (r.choice, r.lost)
     assert done[-1] == (16, 16)
+
+
+def test_record_replaces_aborts_cuts_the_aborted_work_once_prompts_recur_and_loses_none():
+    """On a pool that comes back every few steps the record knows the fresh prompts: with
+    record_replaces_aborts TailSieve aborts less, every prompt is still consumed exactly once and none
+    waits more than a step; in a first epoch (a pool larger than the run) it changes nothing."""
+    perf = parse_perf_model("table:h200-dense")
+    base = SimConfig(steps=12, n_replicas=4, batch_size=16, n=4, seed=2, policies=("tailsieve-fixed",))
+    recurring = PromptPool(get_preset("weak"), 48, seed=2)
+    off, on = (simulate(replace(base, record_replaces_aborts=flag), recurring, perf).policies["tailsieve-fixed"]
+               for flag in (False, True))
+    assert on.wasted_fraction < 0.5 * off.wasted_fraction
+    assert (on.lost, on.duplicated, on.stale) == (0, 0, 0) and on.max_deferral_steps <= 1
+    first_epoch = PromptPool(get_preset("weak"), 1000, seed=2)
+    off, on = (simulate(replace(base, record_replaces_aborts=flag), first_epoch, perf).policies["tailsieve-fixed"]
+               for flag in (False, True))
+    assert on.makespans.tolist() == off.makespans.tolist()

@@ -176,3 +176,15 @@ def test_prompt_oracle_split_ranks_by_what_a_per_prompt_predictor_can_know():
     assert runner.rank(groups) == [sum(g.lengths) for g in groups]
     with pytest.raises(SimError, match="prompt-oracle-split runs on the engine model"):
         sim.build_runners(cfg, POOL, PERF, execute=lambda name, groups, samples: None)
+
+
+def test_group_oracle_split_is_the_routing_ceiling_of_the_per_prompt_reference():
+    """group-oracle-split ranks by this step's true tokens on the same routing-only grid: the split a
+    perfect group-length signal picks. It never loses to stock verl (its shared candidate is stock verl's
+    assignment), runs no speculation, and on average is at least the per-prompt reference on the same
+    draws (its ranking is the truth the per-prompt one estimates)."""
+    result = _run(("verl", "group-oracle-split", "prompt-oracle-split"), speculation=sim.DEFAULT_SPECULATION)
+    group, prompt, stock = (result.policies[p] for p in ("group-oracle-split", "prompt-oracle-split", "verl"))
+    assert (group.makespans <= stock.makespans + 1e-12).all()
+    assert "tail k=" not in group.choice and (group.lost, group.duplicated) == (0, 0)
+    assert group.mean_makespan_s <= prompt.mean_makespan_s * 1.01

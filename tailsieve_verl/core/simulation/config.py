@@ -74,6 +74,8 @@ class SimConfig:
     oracle_time_limit_s: float = 0.5  # CPU s per step, for each clairvoyant (k, m) search (at 512 x 16 under
     #   verl's defaults 0.5 s is within 0.7 % of 2 s: scripts/results/engine_model/speed_bench_512x16.txt)
     prompt_record: bool = True  # TailSieve keeps a per-prompt length record (core.tailsieve.prompt_record) across epochs
+    record_replaces_aborts: bool = False  # TailSieve aborts only for the fresh prompts its record cannot predict
+    #   (core.tailsieve.cycle.TailSieveCycle)
     regeneration_draws: int = 0  # TailSieve's regenerated groups take this set of draws (0 = the shared one;
     #   other values give a run that differs only in its regeneration luck)
     best_static_screen: tuple[int, int] = (8, 6)  # best-static: after this many steps keep this many best

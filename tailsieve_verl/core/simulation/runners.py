@@ -227,6 +227,7 @@ class TailSieveRunner(_Runner):
         super().__init__(cfg, pool, perf, execute)
         self.cycle = TailSieveCycle(cfg.batch_size, cfg.n_replicas, controller_cfg, perf,
                                     per_sample=not cfg.group_atomic, record=cfg.prompt_record, prompt_key=prompt_of,
+                                    record_replaces_aborts=cfg.record_replaces_aborts,
                                     engines=cfg.tail_and_bulk_engines)
         self.generated: dict[str, int] = {}
 

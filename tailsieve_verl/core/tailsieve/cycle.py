@@ -25,7 +25,7 @@ from ..engine.engine import EngineConfig
 from ..kinds import DecisionKind
 from ..engine.perf import PerfModel
 from .prompt_record import PromptLengthRecord
-from .selector import StepOutcome, StepPlan, TailSelector
+from .selector import SelectorError, StepOutcome, StepPlan, TailSelector
 
 SHARED_POOL = Decision(0, 0, "one shared pool (TailSieve off)", DecisionKind.FIXED)
 
@@ -35,10 +35,14 @@ class TailSieveCycle:
 
     def __init__(self, batch_size: int, n_replicas: int, controller: ControllerConfig, perf: PerfModel, *,
                  per_sample: bool = True, adaptive: bool = True, record: bool = True,
-                 prompt_key: Callable[[str], str] = str, engines: tuple[EngineConfig, EngineConfig] | None = None):
+                 prompt_key: Callable[[str], str] = str, engines: tuple[EngineConfig, EngineConfig] | None = None,
+                 record_replaces_aborts: bool = False):
         """``adaptive`` False keeps one shared pool (q = m = 0; the trainer's stop-only mode);
         ``record`` False plans from abort scores alone (the partial-rollout signal only); ``engines``:
-        the (tail, bulk) pools' engines, for the controller's model (None: no limit)."""
+        the (tail, bulk) pools' engines, for the controller's model (None: no limit).
+        ``record_replaces_aborts``: abort only for the share of fresh prompts the record cannot predict
+        (that share of the last step's pull): in a later epoch the record names the tail at the step's
+        start and the partial rollout's aborted work falls with the share it knows."""
         self.selector = TailSelector(batch_size, controller.candidate_factor)
         self.controller = (HierarchicalController(controller, n_replicas, batch_size, perf, per_sample=per_sample,
                                                   engines=engines)
@@ -47,6 +51,8 @@ class TailSieveCycle:
         self.record = PromptLengthRecord() if record else None
         self.prompt_key = prompt_key
         self.shared_hold = False
+        self.record_replaces_aborts = record_replaces_aborts and record
+        self.abort_share = 1.0  # of the candidates q asks for, the share found by aborting (see above)
 
     def hold_shared(self, hold: bool) -> None:
         """Run one shared pool (q = m = 0) while ``hold`` is set, without feeding the controller, and
@@ -58,7 +64,7 @@ class TailSieveCycle:
 
     def n_fresh(self) -> int:
         """New prompts the next step needs (tail and bulk together)."""
-        return self.selector.n_fresh_needed(self.decision.q)
+        return self.selector.n_fresh_needed(self.decision.q, self.abort_share)
 
     def plan(self, fresh_ids: Sequence[str], n_replicas: int) -> tuple[StepPlan, int]:
         """The step's plan and its tail-pool size m (0 when nothing goes to the tail pool: its
@@ -69,7 +75,10 @@ class TailSieveCycle:
             keys = {identity: self.prompt_key(identity) for identity in list(self.selector.carried) + list(fresh_ids)}
             known = self.record.predictions(keys.values())
             predicted = {identity: known[key] for identity, key in keys.items() if key in known}
-        plan = self.selector.plan_step(self.decision.q, fresh_ids, predicted)
+        plan = self.selector.plan_step(self.decision.q, fresh_ids, predicted, self.abort_share)
+        if self.record_replaces_aborts and fresh_ids:
+            known = sum(identity in predicted for identity in fresh_ids) / len(fresh_ids)
+            self.abort_share = 1.0 - known  # for the next step, whose pull is sized before it is seen
         return plan, (min(self.decision.m, n_replicas - 1) if plan.tail_ids else 0)
 
     def finish(self, plan: StepPlan, finished_bulk_ids: Sequence[str], scores: Mapping[str, float], *,
@@ -98,7 +107,8 @@ class TailSieveCycle:
     def state_dict(self) -> dict:
         return {"selector": self.selector.state_dict(),
                 "controller": self.controller.state_dict() if self.controller else None,
-                "prompt_record": self.record.state_dict() if self.record else None}
+                "prompt_record": self.record.state_dict() if self.record else None,
+                "abort_share": self.abort_share}
 
     def load_state_dict(self, state: Mapping) -> None:
         self.selector.load_state_dict(state["selector"])
@@ -107,3 +117,7 @@ class TailSieveCycle:
             self.decision = self.controller.decision
         if self.record is not None and state.get("prompt_record") is not None:
             self.record.load_state_dict(state["prompt_record"])
+        share = state.get("abort_share", 1.0)  # checkpoints from before it: every candidate aborted
+        if not isinstance(share, (int, float)) or not 0.0 <= share <= 1.0:
+            raise SelectorError(f"malformed TailSieve checkpoint: abort_share must be a number in [0, 1], got {share!r}")
+        self.abort_share = float(share)

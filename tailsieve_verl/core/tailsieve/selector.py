@@ -166,36 +166,41 @@ class TailSelector:
         self.pulled_at: dict[str, int] = {}  # step each carried prompt was first pulled (its deferral's start)
         self._open_plan: StepPlan | None = None
 
-    def n_abort(self, q: int) -> int:
-        """Bulk groups aborted at the cutoff when the tail pool isolates ``q``."""
-        return min(self.batch_size - 1, math.ceil(self.candidate_factor * q - 1e-9))
+    def n_abort(self, q: int, abort_share: float = 1.0) -> int:
+        """Bulk groups aborted at the cutoff when the tail pool isolates ``q``; ``abort_share`` < 1 when
+        the per-prompt record already names that share of the tail at the step's start (no abort needed)."""
+        return min(self.batch_size - 1, math.ceil(self.candidate_factor * q * abort_share - 1e-9))
 
-    def n_fresh_needed(self, q: int) -> int:
+    def n_fresh_needed(self, q: int, abort_share: float = 1.0) -> int:
         """Fresh prompts a step at ``q`` pulls in all (tail and bulk): B + aborted − carried."""
-        return self.batch_size + self.n_abort(q) - len(self.carried)
+        return self.batch_size + self.n_abort(q, abort_share) - len(self.carried)
 
     def plan_step(self, q: int, fresh_ids: Sequence[str] | None = None,
-                  predicted_work: Mapping[str, float] | None = None) -> StepPlan:
+                  predicted_work: Mapping[str, float] | None = None, abort_share: float = 1.0) -> StepPlan:
         """Plan the next step: the top-q candidates to the tail pool, the rest drained through the bulk.
 
         With the per-prompt record: ``fresh_ids`` are the step's pre-pulled fresh prompts
         (:meth:`n_fresh_needed`) and ``predicted_work`` the record's predicted group work of the
         prompts it has seen. The tail pool then takes the q heaviest of the carried candidates
         (ranked by the larger of abort score and prediction) and the fresh prompts with a
-        prediction; the plan's ``bulk_fresh_ids`` are the fresh prompts left for the bulk pool."""
+        prediction; the plan's ``bulk_fresh_ids`` are the fresh prompts left for the bulk pool.
+        ``abort_share``: as in :meth:`n_abort`, the same value the fresh prompts were pulled for."""
         if self._open_plan is not None:
             raise SelectorError(f"step {self._open_plan.step} was planned but not finished; call finish_step first")
         if not 0 <= q < self.batch_size:
             raise SelectorError(f"q (groups to isolate) must be in 0..{self.batch_size - 1} for batch_size "
                                 f"{self.batch_size}, got {q}")
-        n_abort = self.n_abort(q)
+        if not 0.0 <= abort_share <= 1.0:
+            raise SelectorError(f"abort_share must be in [0, 1], got {abort_share}")
+        n_abort = self.n_abort(q, abort_share)
         if fresh_ids is None:
             tail, requeued = tuple(self.carried[:q]), tuple(self.carried[q:])
             fresh_tail, bulk_fresh = (), ()
         else:
             fresh = [str(p) for p in fresh_ids]
-            if len(fresh) != self.n_fresh_needed(q) or len(set(fresh)) != len(fresh) or set(fresh) & set(self.carried):
-                raise SelectorError(f"plan_step needs {self.n_fresh_needed(q)} distinct fresh prompts not carried, "
+            needed = self.n_fresh_needed(q, abort_share)
+            if len(fresh) != needed or len(set(fresh)) != len(fresh) or set(fresh) & set(self.carried):
+                raise SelectorError(f"plan_step needs {needed} distinct fresh prompts not carried, "
                                     f"got {len(fresh)}")
             predicted = predicted_work or {}
             carried_key = {p: max(self.scores.get(p, 0.0), predicted.get(p, 0.0)) for p in self.carried}
