@@ -182,6 +182,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cells", default="dense-weak,dense-real,dense-strong,moe-weak,moe-real,moe-strong")
     ap.add_argument("--seeds", type=int, default=8)
+    ap.add_argument("--first-seed", type=int, default=0, help="seeds first-seed .. first-seed + seeds - 1 (to extend a table)")
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--shape", default="64x8", help="B x n")
     ap.add_argument("--engine", default="none", choices=["none", "verl"])
@@ -213,7 +214,8 @@ def main() -> None:
                 acceptance_shift=args.acceptance_shift, prompt_share=args.prompt_share, variant="default")
     variants = ({name: {**base, **changes, "variant": name} for name, changes in SENSITIVITY.items()}
                 if args.sensitivity else {"default": base})
-    jobs = [dict(v, cell=c, seed=s) for v in variants.values() for c in args.cells.split(",") for s in range(args.seeds)]
+    jobs = [dict(v, cell=c, seed=s) for v in variants.values() for c in args.cells.split(",")
+            for s in range(args.first_seed, args.first_seed + args.seeds)]
     t0 = time.time()
     partial = Path(args.out + ".partial.jsonl") if args.out else None  # each finished (cell, seed) as it lands
     rows = []
