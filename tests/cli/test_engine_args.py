@@ -181,3 +181,14 @@ def test_bad_per_pool_speculation_flags_are_one_line(tmp_path, capsys, flags, ne
     assert status == 2
     err = capsys.readouterr().err.strip()
     assert needle in err and "\n" not in err
+
+
+def test_record_replaces_aborts_without_a_tailsieve_policy_would_be_ignored_and_is_refused(tmp_path, capsys):
+    try:
+        status = main(["simulate", "--policies", "verl,clairvoyant-sample", "--record-replaces-aborts",
+                       "--out", str(tmp_path), "--steps", "1"])
+    except SystemExit as e:
+        status = e.code
+    assert status == 2
+    err = capsys.readouterr().err.strip()
+    assert "--record-replaces-aborts changes TailSieve's aborts" in err and "\n" not in err
