@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
 from tailsieve_verl.core.engine.engine import EngineConfig, EngineConfigError
 from tailsieve_verl.core.engine.perf import LinearPerf, parse_perf_model
-from tailsieve_verl.core.engine.replica import evaluate_assignment, simulate_replica
+from tailsieve_verl.core.engine.replica import (evaluate_assignment, evaluate_samples, makespan_below,
+                                                 simulate_replica)
 from tailsieve_verl.core.data.trace import Group
 
 
@@ -84,3 +87,17 @@ def test_bad_replica_inputs():
         simulate_replica([3, -1], LinearPerf(1, 0))
     with pytest.raises(EngineConfigError, match="max_num_seqs"):
         simulate_replica([3], LinearPerf(1, 0), engine=EngineConfig(max_num_seqs=0))
+
+
+def test_makespan_below_is_the_evaluators_makespan_or_inf_once_a_replica_passes_the_bound():
+    """The candidate searches' early stop: the same makespan as evaluate_samples under a bound it
+    meets, math.inf as soon as one replica passes a bound it does not."""
+    perf = parse_perf_model("table:h200-dense")
+    rng = np.random.default_rng(5)
+    groups = [Group(f"p{i}", tuple(int(x) for x in rng.integers(50, 3000, 4)), 256) for i in range(12)]
+    samples = rng.integers(0, 3, 48)
+    engines = [EngineConfig(max_num_seqs=8), EngineConfig(), EngineConfig(max_num_seqs=4)]
+    full = evaluate_samples(groups, samples, 3, perf, engine=engines).makespan_s
+    assert makespan_below(groups, samples, 3, perf, engines) == full
+    assert makespan_below(groups, samples, 3, perf, engines, stop_above=full) == full
+    assert makespan_below(groups, samples, 3, perf, engines, stop_above=0.999 * full) == math.inf
