@@ -20,7 +20,7 @@ from __future__ import annotations
 import heapq
 import math
 from dataclasses import dataclass
-from typing import NamedTuple, Sequence
+from typing import Iterable, Iterator, NamedTuple, Sequence
 
 import numpy as np
 
@@ -203,6 +203,16 @@ def _samples(groups: Sequence[Group], sample_replica: Sequence[int], n_replicas:
     return _Samples(engines, sample_replica, lengths, prompts, np.repeat(np.arange(len(groups)), sizes))
 
 
+def _replica_runs(step: _Samples, perf: PerfModel, replicas: Iterable[int]) -> Iterator[tuple[int, np.ndarray, ReplicaRun]]:
+    """(replica, its samples' flat indices, its run) for each replica of ``replicas`` that has samples,
+    in that order, lazily: a caller may stop early."""
+    for r in replicas:
+        members = np.flatnonzero(step.sample_replica == r)
+        if len(members):
+            yield int(r), members, simulate_replica(step.lengths[members], perf, step.prompts[members], step.engines[r],
+                                                    step.group_of[members])
+
+
 def evaluate_samples(groups: Sequence[Group], sample_replica: Sequence[int], n_replicas: int, perf: PerfModel,
                      engine: EngineConfig | Sequence[EngineConfig] = NO_LIMITS) -> Evaluation:
     """Run each sample on its replica (flat, group-major trace order = admission order on a replica).
@@ -216,11 +226,7 @@ def evaluate_samples(groups: Sequence[Group], sample_replica: Sequence[int], n_r
     replica_times = [0.0] * n_replicas
     events: list[EngineEvents] = [EngineEvents()] * n_replicas
     progress: list[TokenProgress | None] = [None] * n_replicas
-    for r in range(n_replicas):
-        members = np.flatnonzero(step.sample_replica == r)
-        if len(members) == 0:
-            continue
-        run = simulate_replica(step.lengths[members], perf, step.prompts[members], step.engines[r], step.group_of[members])
+    for r, members, run in _replica_runs(step, perf, range(n_replicas)):
         replica_times[r] = run.completion_s
         finish[members] = run.finish_s
         admit[members] = run.admit_s
@@ -236,11 +242,7 @@ def makespan_below(groups: Sequence[Group], sample_replica: Sequence[int], n_rep
     step = _samples(groups, sample_replica, n_replicas, engine)
     load = np.bincount(step.sample_replica, weights=step.lengths, minlength=n_replicas)
     makespan = 0.0
-    for r in np.argsort(-load, kind="stable"):
-        members = np.flatnonzero(step.sample_replica == r)
-        if len(members) == 0:
-            continue
-        run = simulate_replica(step.lengths[members], perf, step.prompts[members], step.engines[r], step.group_of[members])
+    for _, _, run in _replica_runs(step, perf, np.argsort(-load, kind="stable")):
         makespan = max(makespan, run.completion_s)
         if makespan > stop_above:
             return math.inf

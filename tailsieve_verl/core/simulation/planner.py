@@ -40,6 +40,7 @@ from ..tailsieve.controller import ControllerConfig
 from ..engine.engine import EngineConfig, SpeculativeConfig
 from ..errors import TailSieveError
 from ..engine.perf import PerfModel
+from .forked import forked_map
 from .sim import (LAUNCH_SPEC_POLICIES, STOCK_POLICIES, SimConfig, SimResult, engine_label, simulate,
                   static_split_runner, tailsieve_spec_config)
 from ..data.trace import Group, Trace
@@ -179,28 +180,13 @@ def plan_from_trace(trace: Trace, n_replicas: int, perf: PerfModel, *, batch_siz
                 oracle)
 
 
-_FORKED: list = []  # what a forked worker of :func:`_simulate_seeds` reads (inherited, not pickled)
-
-
-def _simulate_seed(index: int) -> SimResult:
-    configs, trace, perf = _FORKED
-    cfg = configs[index]
-    return simulate(cfg, prompt_pool(trace, cfg.batch_size, cfg.seed), perf, workload_name=trace.name)
-
-
 def _simulate_seeds(configs: list[SimConfig], trace: Trace, perf: PerfModel, jobs: int) -> list[SimResult]:
     """One simulation per config (seed), ``jobs`` forked processes at a time; results in config order."""
-    _FORKED[:] = [configs, trace, perf]
-    try:
-        if jobs <= 1 or len(configs) == 1:
-            return [_simulate_seed(i) for i in range(len(configs))]
-        import multiprocessing
-        from concurrent.futures import ProcessPoolExecutor
+    def one(index: int) -> SimResult:
+        cfg = configs[index]
+        return simulate(cfg, prompt_pool(trace, cfg.batch_size, cfg.seed), perf, workload_name=trace.name)
 
-        with ProcessPoolExecutor(min(jobs, len(configs)), mp_context=multiprocessing.get_context("fork")) as workers:
-            return list(workers.map(_simulate_seed, range(len(configs))))
-    finally:
-        _FORKED.clear()
+    return forked_map(one, len(configs), jobs)
 
 
 def prompt_copies(prompts: int, batch: int) -> int:

@@ -76,6 +76,7 @@ from typing import Callable
 
 from ..engine.perf import PerfModel
 from ..data.workload import PromptPool
+from .forked import forked_map
 from .config import (ALL_POLICIES, BASELINE, Execute, LAUNCH_SPEC_POLICIES, POLICIES, POOL_ENGINE_POLICIES,
                      REFERENCE_SPLITS, SimConfig, SimError, SPEC_POLICIES, STOCK_POLICIES, STOCK_SPEC_POLICIES)
 from .results import (GroupSpan, PolicyResult, SimResult, StepRecord)
@@ -157,11 +158,7 @@ def simulate(cfg: SimConfig, pool: PromptPool, perf: PerfModel, workload_name: s
                      {r.name: result for r, result in zip(runners, results)})
 
 
-_FORKED_RUNNERS: list = []  # the runners a forked worker of :func:`_run_side_by_side` steps (inherited, not pickled)
-
-
-def _run_to_end(index: int, steps: int, keep: int) -> PolicyResult:
-    runner = _FORKED_RUNNERS[index]
+def _run_to_end(runner, steps: int, keep: int) -> PolicyResult:
     for t in range(steps):
         runner.step(t, keep=t == keep)
     return runner.finish()
@@ -170,18 +167,5 @@ def _run_to_end(index: int, steps: int, keep: int) -> PolicyResult:
 def _run_side_by_side(runners: list, steps: int, keep: int, jobs: int,
                       progress: Callable[[int, int], None] | None) -> list[PolicyResult]:
     """Each runner's whole run in a forked worker process, ``jobs`` at a time; the results in runner order."""
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor, as_completed
-
-    _FORKED_RUNNERS[:] = runners
-    try:
-        with ProcessPoolExecutor(min(jobs, len(runners)), mp_context=multiprocessing.get_context("fork")) as workers:
-            futures = {workers.submit(_run_to_end, i, steps, keep): i for i in range(len(runners))}
-            results: dict[int, PolicyResult] = {}
-            for done, future in enumerate(as_completed(futures), start=1):
-                results[futures[future]] = future.result()
-                if progress is not None:
-                    progress(done * steps, len(runners) * steps)
-    finally:
-        _FORKED_RUNNERS.clear()
-    return [results[i] for i in range(len(runners))]
+    return forked_map(lambda i: _run_to_end(runners[i], steps, keep), len(runners), jobs,
+                      done=None if progress is None else lambda k: progress(k * steps, len(runners) * steps))
