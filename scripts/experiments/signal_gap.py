@@ -44,16 +44,22 @@ CELLS = tuple(f"{setup}-{preset}" for setup in ("dense", "dense8b", "moe") for p
 SHAPES = ("256x16@16384", "512x16@32768")
 
 
-def run(job: dict) -> dict:
+def cell_setting(job: dict, policies: tuple[str, ...]) -> tuple[sim.SimConfig, object, str, int]:
+    """A job's (cell, shape, seed) as the simulation's config (verl's rollout defaults on the cell's model),
+    its perf model, its tail preset and its response cap."""
     setup, preset = job["cell"].split("-")
     perf_name, n_replicas, model = SETUPS[setup]
     perf = parse_perf_model(perf_name)
     shape, cap = job["shape"].split("@")
     batch, n = (int(x) for x in shape.split("x"))
     cfg = sim.SimConfig(steps=job["steps"], n_replicas=n_replicas, batch_size=batch, n=n, seed=job["seed"],
-                        policies=POLICIES + ((NOISE,) if job.get("noise") else ()),
-                        engine=EngineConfig.verl_defaults(model, perf))
-    pool = PromptPool(get_preset(preset, max_response_length=int(cap)), job["pool"], seed=job["seed"])
+                        policies=policies, engine=EngineConfig.verl_defaults(model, perf))
+    return cfg, perf, preset, int(cap)
+
+
+def run(job: dict) -> dict:
+    cfg, perf, preset, cap = cell_setting(job, POLICIES + ((NOISE,) if job.get("noise") else ()))
+    pool = PromptPool(get_preset(preset, max_response_length=cap), job["pool"], seed=job["seed"])
     t0 = time.process_time()
     result = sim.simulate(cfg, pool, perf)
     bias = result.length_bias()
@@ -83,17 +89,12 @@ def run_ablation(job: dict) -> dict:
     hindsight (``best-static``, with ``--best-static``: the controller's share of the gap), and on a pool
     of 4 x batch prompts (each prompt back every 4 steps, as in a later epoch: the record at work) as it
     runs and with ``record_replaces_aborts``, each against stock verl on its pool."""
-    setup, preset = job["cell"].split("-")
-    perf_name, n_replicas, model = SETUPS[setup]
-    perf = parse_perf_model(perf_name)
-    shape, cap = job["shape"].split("@")
-    batch, n = (int(x) for x in shape.split("x"))
+    setting, perf, preset, cap = cell_setting(job, ("verl", "tailsieve", "prompt-oracle-split"))
     out = {**job, "speedup_vs_verl": {}, "wasted_fraction": {}}
     t0 = time.process_time()
-    for pool_size, label in ((job["pool"], ""), (4 * batch, ", prompts back every 4 steps")):
-        cfg = sim.SimConfig(steps=job["steps"], n_replicas=n_replicas, batch_size=batch, n=n, seed=job["seed"],
-                            policies=("verl", "tailsieve", "prompt-oracle-split"), engine=EngineConfig.verl_defaults(model, perf))
-        pool = PromptPool(get_preset(preset, max_response_length=int(cap)), pool_size, seed=job["seed"])
+    for pool_size, label in ((job["pool"], ""), (4 * setting.batch_size, ", prompts back every 4 steps")):
+        cfg = setting
+        pool = PromptPool(get_preset(preset, max_response_length=cap), pool_size, seed=job["seed"])
         if not label and job.get("best_static"):
             cfg = replace(cfg, policies=cfg.policies + ("best-static",))
         runners = sim.build_runners(cfg, pool, perf)
