@@ -6,6 +6,8 @@ from tailsieve_verl.core.simulation import planner
 from tailsieve_verl.core.engine.perf import parse_perf_model
 from tailsieve_verl.core.simulation.planner import PlanError, plan_from_trace
 from tailsieve_verl.core.data.workload import generate_trace
+from tailsieve_verl.core.simulation.config import SimConfig, SimError
+from tailsieve_verl.core.simulation.references import static_grid
 
 
 def test_plan_reports_speedup_band_and_start_point():
@@ -173,3 +175,40 @@ def test_seeds_simulated_side_by_side_give_the_same_plan():
     alone = plan_from_trace(trace, 4, parse_perf_model("table:h200-dense"), jobs=1, **args)
     forked = plan_from_trace(trace, 4, parse_perf_model("table:h200-dense"), jobs=2, **args)
     assert forked.to_json() == alone.to_json()
+
+
+def test_the_plan_searches_the_coarse_grid_a_subset_of_the_full_one():
+    full, coarse = static_grid(8, 512), static_grid(8, 512, coarse=True)
+    assert coarse[0] == (0, 0) and set(coarse) < set(full)
+    assert {m for _, m in coarse[1:]} == {1, 2, 4, 6} and max(q for q, _ in coarse) == 128
+    assert len(coarse) < len(full) / 2
+    with pytest.raises(SimError, match="best_static_grid must be 'full' or 'coarse'"):
+        SimConfig(best_static_grid="fine").validate()
+
+
+def test_the_fixed_split_reuses_each_seeds_own_best_static_run(monkeypatch):
+    """A seed's best-static split is not simulated again (its run is best-static's); the other
+    (split, seed) pairs are, and the plan's pick is the split of best mean speedup over them all."""
+    rerun = []
+    real_runner = planner.static_split_runner
+
+    def spy(cfg, pool, perf, split, name, *args):
+        if name == "fixed":
+            rerun.append((split, cfg.seed))
+        return real_runner(cfg, pool, perf, split, name, *args)
+
+    monkeypatch.setattr(planner, "static_split_runner", spy)
+    captured = {}
+    real_best = planner._best_fixed_split
+
+    def capture(runs, *args):
+        captured["runs"] = runs
+        return real_best(runs, *args)
+
+    monkeypatch.setattr(planner, "_best_fixed_split", capture)
+    plan = plan_from_trace(generate_trace("weak", 96, 4, seed=0), 4, parse_perf_model("table:h200-moe"),
+                           batch_size=16, steps=6, seeds=2)
+    own = {(run[3], seed) for seed, run in enumerate(captured["runs"])}
+    splits = {(0, 0)} | {split for split, _ in own}
+    assert set(rerun) == {(split, seed) for split in splits for seed in range(2)} - own
+    assert (plan.fixed_q, plan.fixed_m) in splits

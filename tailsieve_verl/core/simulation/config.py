@@ -80,6 +80,7 @@ class SimConfig:
     #   other values give a run that differs only in its regeneration luck)
     best_static_screen: tuple[int, int] = (8, 6)  # best-static: after this many steps keep this many best
     #   grid points (and (0, 0)) running; (0, 0) = run the whole grid every step
+    best_static_grid: str = "full"  # best-static's grid: "full" or "coarse" (the plan's; references.static_grid)
     engine: EngineConfig = field(default_factory=EngineConfig)  # every replica's engine (default: no limit)
     tail_engine: EngineConfig | None = None  # TailSieve's tail-pool replicas (None: ``engine``)
     bulk_engine: EngineConfig | None = None  # TailSieve's bulk-pool replicas, and every replica of a step
@@ -97,6 +98,8 @@ class SimConfig:
         unknown = [p for p in self.policies if p not in ALL_POLICIES]
         if unknown or not self.policies:
             raise SimError(f"unknown policy {unknown[0] if unknown else '(none)'}; choose from {', '.join(ALL_POLICIES)}")
+        if self.best_static_grid not in ("full", "coarse"):
+            raise SimError(f"best_static_grid must be 'full' or 'coarse', got {self.best_static_grid!r}")
         if self.regeneration_draws < 0:
             raise SimError(f"regeneration_draws must be >= 0, got {self.regeneration_draws}")
         if not 1 <= self.fixed_m < self.n_replicas:

@@ -16,8 +16,9 @@ sample of the dataset: in a pool of its prompts each one recurs every few steps 
 a 4-step log), far more often than in training, and the record would exploit recurrences the real
 run does not have (on strong tails it made 5 of 6 picks from 4-step logs lose 3.4–12 %).
 
-It also names a fixed split to pin: each seed's best-static split (and one shared pool) is run on
-every seed and the one with the best mean steady-state speedup wins. Where a split pays only a few
+It also names a fixed split to pin: each seed's best-static split (on the coarse grid of
+:func:`static_grid`, half the points at a DAPO-sized step) and one shared pool are run on every seed
+and the one with the best mean steady-state speedup wins. Where a split pays only a few
 per cent the adaptive controller cannot resolve it from 30 noisy steps; a split planned this way
 reaches 0.94–1.00 of the best on weak and real tails; on strong tails 4 of 10 picks isolate and
 lose 3.4 % against stock verl (``scripts/results/controller_vs_stock_verl/controller_v2_log.md``, sessions 8 and 9).
@@ -158,7 +159,7 @@ def plan_from_trace(trace: Trace, n_replicas: int, perf: PerfModel, *, batch_siz
     speedups, finals, runs = [], [], []
     configs = [SimConfig(steps=steps, n_replicas=n_replicas, batch_size=batch, n=group_size, seed=seed,
                          policies=policies, controller=controller or ControllerConfig(), prompt_record=False,
-                         engine=engine, **({"speculation": speculation} if speculation else {}))
+                         engine=engine, best_static_grid="coarse", **({"speculation": speculation} if speculation else {}))
                for seed in range(seeds)]
     results = _simulate_seeds(configs, trace, perf, jobs)
     for seed, (cfg, result) in enumerate(zip(configs, results)):
@@ -166,9 +167,10 @@ def plan_from_trace(trace: Trace, n_replicas: int, perf: PerfModel, *, batch_siz
         speedups.append(result.speedup_vs("verl", steady)["tailsieve"])
         last = result.policies["tailsieve"].records[-1]
         finals.append((last.next_q, last.next_m))
-        best = result.policies["best-static"].records[-1]
-        runs.append((cfg, pool, float(result.policies["verl"].makespans[steady].mean()), (best.next_q, best.next_m)))
-    (fixed_q, fixed_m), fixed_speedup = _best_fixed_split(runs, perf, steady)
+        best = result.policies["best-static"]
+        runs.append((cfg, pool, float(result.policies["verl"].makespans[steady].mean()),
+                     (best.records[-1].next_q, best.records[-1].next_m), float(best.makespans[steady].mean())))
+    (fixed_q, fixed_m), fixed_speedup = _best_fixed_split(runs, perf, steady, jobs)
     speedups_arr = np.array(speedups)
     ms = [m for _, m in finals]
     m0 = _most_common(ms)
@@ -258,19 +260,25 @@ def _engines(cfg: SimConfig, name: str, label: str) -> dict:
     return {"tail": engine_label(tail), "bulk": engine_label(bulk)}
 
 
-def _best_fixed_split(runs: list, perf: PerfModel, steady: slice) -> tuple[tuple[int, int], float]:
+def _best_fixed_split(runs: list, perf: PerfModel, steady: slice, jobs: int) -> tuple[tuple[int, int], float]:
     """Each seed's best-static split and one shared pool, run on every seed: the one with the best mean
     speedup, and that speedup. ``runs``: per seed (config, pool, stock verl's steady-state mean makespan,
-    its best-static split)."""
-    mean_speedup = {}
-    for split in sorted({(0, 0)} | {split for *_, split in runs}):
-        per_seed = []
-        for cfg, pool, stock_s, _ in runs:
-            pinned = static_split_runner(cfg, pool, perf, split, "fixed")
-            for t in range(cfg.steps):
-                pinned.step(t, keep=False)
-            per_seed.append(stock_s / pinned.finish().makespans[steady].mean())
-        mean_speedup[split] = float(np.mean(per_seed))
+    its best-static split, that split's steady-state mean makespan: a seed's own best is not run again).
+    ``jobs`` processes run the other (split, seed) pairs side by side."""
+    splits = sorted({(0, 0)} | {run[3] for run in runs})
+    pairs = [(split, seed) for split in splits for seed, run in enumerate(runs) if run[3] != split]
+
+    def steady_mean(index: int) -> float:
+        split, seed = pairs[index]
+        cfg, pool = runs[seed][:2]
+        pinned = static_split_runner(cfg, pool, perf, split, "fixed")
+        for t in range(cfg.steps):
+            pinned.step(t, keep=False)
+        return float(pinned.finish().makespans[steady].mean())
+
+    makespan = dict(zip(pairs, forked_map(steady_mean, len(pairs), jobs)))
+    makespan |= {(run[3], seed): run[4] for seed, run in enumerate(runs)}
+    mean_speedup = {split: float(np.mean([run[2] / makespan[split, seed] for seed, run in enumerate(runs)]))
+                    for split in splits}
     best = max(mean_speedup, key=mean_speedup.get)
     return best, mean_speedup[best]
-
