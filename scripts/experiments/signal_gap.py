@@ -16,6 +16,10 @@ distance to stock verl against its noise. Writes one JSON line per run to ``--ou
 
     python scripts/experiments/signal_gap.py --seeds 4 --jobs 2 [--cells dense8b-real,...] [--shapes 512x16@32768]
     python scripts/experiments/signal_gap.py --ablation --seeds 4 --cells dense8b-real,dense8b-weak
+    python scripts/experiments/signal_gap.py --ceiling --seeds 2 --jobs 1
+
+``--ceiling`` asks whether any fixed split of the partial-rollout mechanism reaches the per-prompt oracle:
+``best-static`` beside TailSieve and ``prompt-oracle-split``, whole-run and steady-state (:func:`report_ceiling`).
 
 ``--ablation`` runs, per cell and seed, what each signal is worth (:func:`run_ablation`).
 """
@@ -39,6 +43,7 @@ from tailsieve_verl.core.engine.perf import parse_perf_model
 from tailsieve_verl.core.simulation import sim
 
 POLICIES = ("verl", "tailsieve", "prompt-oracle-split", "group-oracle-split")
+CEILING = ("verl", "tailsieve", "best-static", "prompt-oracle-split")  # --ceiling: the mechanism's best fixed split
 NOISE = "verl-redraw"  # stock verl on its own length draws: how far a speedup moves by sampling alone
 CELLS = tuple(f"{setup}-{preset}" for setup in ("dense", "dense8b", "moe") for preset in ("weak", "real", "strong"))
 SHAPES = ("256x16@16384", "512x16@32768")
@@ -58,13 +63,16 @@ def cell_setting(job: dict, policies: tuple[str, ...]) -> tuple[sim.SimConfig, o
 
 
 def run(job: dict) -> dict:
-    cfg, perf, preset, cap = cell_setting(job, POLICIES + ((NOISE,) if job.get("noise") else ()))
+    policies = CEILING if job.get("ceiling") else POLICIES + ((NOISE,) if job.get("noise") else ())
+    cfg, perf, preset, cap = cell_setting(job, policies)
+    cfg = replace(cfg, best_static_grid="coarse")
     pool = PromptPool(get_preset(preset, max_response_length=cap), job["pool"], seed=job["seed"])
     t0 = time.process_time()
     result = sim.simulate(cfg, pool, perf)
     bias = result.length_bias()
     return {**job, "cpu_s": time.process_time() - t0,
             "speedup_vs_verl": result.speedup_vs("verl"),
+            "steady_speedup_vs_verl": result.speedup_vs("verl", slice(cfg.steps // 3, None)),
             "wasted_fraction": {k: r.wasted_fraction for k, r in result.policies.items()},
             "max_deferral_steps": {k: r.max_deferral_steps for k, r in result.policies.items()},
             "lost_dup_stale": sum(r.lost + r.duplicated + r.stale for r in result.policies.values()),
@@ -130,6 +138,25 @@ def report_ablation(rows: list[dict]) -> None:
     print("speedups over stock verl on the same pool: mean over seeds (worst seed); aborted: the aborted-token share")
 
 
+def report_ceiling(rows: list[dict]) -> None:
+    """Whole-run and steady-state (the last two thirds of the steps) speedups: a pinned split defers its
+    first step's tail, a one-off gain the steady state leaves out."""
+    names = CEILING[1:]
+    print(f"{'cell':16} {'shape':14} {'seeds':>5} " + " ".join(f"{n + ' all/steady':>31}" for n in names)
+          + f" {'best-static share (steady)':>27}")
+    for key in sorted({(r["cell"], r["shape"]) for r in rows}):
+        cell = [r for r in rows if (r["cell"], r["shape"]) == key]
+        whole = {p: np.mean([r["speedup_vs_verl"][p] for r in cell]) for p in names}
+        steady = {p: np.mean([r["steady_speedup_vs_verl"][p] for r in cell]) for p in names}
+        gain = steady["prompt-oracle-split"] - 1
+        share = f"{100 * (steady['best-static'] - 1) / gain:5.0f}%" if gain >= 0.05 else "n/a"
+        print(f"{key[0]:16} {key[1]:14} {len(cell):5d} " + " ".join(f"{whole[p]:>22.3f} / {steady[p]:.3f}" for p in names)
+              + f" {share:>27}")
+    print("speedups over stock verl, mean over seeds: the whole run / its steady state (steps from a third on); best-static "
+          "on the coarse grid (core.simulation.references.static_grid), picked in hindsight on the whole run; share: "
+          "best-static's steady-state gain / prompt-oracle-split's where that is >= 5 %")
+
+
 def report(rows: list[dict]) -> None:
     print(f"{'cell':16} {'shape':14} {'seeds':>5} {'tailsieve':>16} {'prompt-oracle':>16} {'group-oracle':>16} "
           f"{'share':>6} {'aborted':>8} {'defer':>5} {'KS/noise':>9} {'redraw':>13}")
@@ -167,14 +194,18 @@ def main() -> int:
                     help="what each signal is worth (run_ablation); default --out signal_gap/ablation.jsonl")
     ap.add_argument("--noise", action="store_true", help="also verl-redraw: the noise floor of the speedups")
     ap.add_argument("--best-static", action="store_true", help="--ablation: also best-static (~70 TailSieve runs)")
+    ap.add_argument("--ceiling", action="store_true",
+                    help="the mechanism's ceiling: verl, tailsieve, best-static (coarse grid) and prompt-oracle-split, "
+                         "whole-run and steady-state; default --out signal_gap/mechanism_ceiling.jsonl")
     args = ap.parse_args()
-    if args.ablation and args.out == ap.get_default("out"):
-        args.out = "scripts/results/signal_gap/ablation.jsonl"
+    if (args.ablation or args.ceiling) and args.out == ap.get_default("out"):
+        args.out = f"scripts/results/signal_gap/{'ablation' if args.ablation else 'mechanism_ceiling'}.jsonl"
     out = Path(args.out)
-    work, table = (run_ablation, report_ablation) if args.ablation else (run, report)
+    work, table = ((run_ablation, report_ablation) if args.ablation else (run, report_ceiling) if args.ceiling
+                   else (run, report))
     if not args.report_only:
         jobs = [{"cell": c, "shape": s, "seed": seed, "steps": args.steps, "pool": args.pool, "best_static": args.best_static,
-                 "noise": args.noise}
+                 "noise": args.noise, "ceiling": args.ceiling}
                 for s in args.shapes.split(",") for c in args.cells.split(",") for seed in range(args.seeds)]
         out.parent.mkdir(parents=True, exist_ok=True)
         with ProcessPoolExecutor(args.jobs) as workers, out.open("a") as f:

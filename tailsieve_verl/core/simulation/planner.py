@@ -17,7 +17,7 @@ a 4-step log), far more often than in training, and the record would exploit rec
 run does not have (on strong tails it made 5 of 6 picks from 4-step logs lose 3.4–12 %).
 
 It also names a fixed split to pin: each seed's best-static split (on the coarse grid of
-:func:`static_grid`, half the points at a DAPO-sized step) and one shared pool are run on every seed
+:func:`static_grid`, 41 of 71 points at a DAPO-sized step on 8 replicas) and one shared pool are run on every seed
 and the one with the best mean steady-state speedup wins. Where a split pays only a few
 per cent the adaptive controller cannot resolve it from 30 noisy steps; a split planned this way
 reaches 0.94–1.00 of the best on weak and real tails; on strong tails 4 of 10 picks isolate and

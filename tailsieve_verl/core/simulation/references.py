@@ -111,12 +111,13 @@ def static_grid(n_replicas: int, batch_size: int, max_q_fraction: float = 0.5,
                 coarse: bool = False) -> list[tuple[int, int]]:
     """The (q, m) points ``best-static`` tries: (0, 0), and for every m in 1..R−1 the q of a
     geometric-ish grid of batch fractions with m <= q <= the controller's q bound. ``coarse`` (the
-    plan's): m in {1, 2, R/4, R/2, 3R/4} and q up to B/4, about half the points; on the four recorded
-    full-grid cells of scripts/results/adaptive_vs_best_static_split/ it keeps the best split of each."""
+    plan's): m in 1..R/2 (the controller's probe range) and 3R/4, q up to B/4, about 60 % of the points;
+    on the four recorded full-grid cells of scripts/results/adaptive_vs_best_static_split/ it keeps the
+    best split of each."""
     q_max = max_q(max_q_fraction, batch_size)
     fractions = (1 / 64, 1 / 32, 1 / 16, 3 / 32, 1 / 8, 3 / 16, 1 / 4) + (() if coarse else (3 / 8, 1 / 2))
-    ms = sorted({m for m in (1, 2, n_replicas // 4, n_replicas // 2, 3 * n_replicas // 4) if 1 <= m < n_replicas}
-                if coarse else range(1, n_replicas))
+    ms = (sorted({*range(1, n_replicas // 2 + 1), 3 * n_replicas // 4} - {0, n_replicas}) if coarse
+          else range(1, n_replicas))
     points = [(0, 0)]
     for m in ms:
         qs = sorted({m} | ({q_max} if not coarse else set()) | {int(round(f * batch_size)) for f in fractions})
