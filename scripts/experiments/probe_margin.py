@@ -1,0 +1,95 @@
+"""Stock verl and adaptive TailSieve per (cell, shape, seed), with the controller's prior at its first
+outer-loop decision: what a probe rule costs where isolation does not pay (issue 33's "never below 0.99").
+
+Run it at two commits to compare probe rules (the rows carry no commit; name the files by it). Cells and
+settings are ``signal_gap.py``'s (verl 0.9.1's rollout defaults, a 17,000-prompt pool, 30 steps).
+
+    python scripts/experiments/probe_margin.py --seeds 4 --out rows.jsonl
+    python scripts/experiments/probe_margin.py --report before.jsonl after.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from signal_gap import CELLS, cell_setting  # scripts/experiments/ is this script's import path
+from tailsieve_verl.core.data.workload import PromptPool, get_preset
+from tailsieve_verl.core.simulation import sim
+from tailsieve_verl.core.tailsieve.controller import HierarchicalController
+
+SHAPES = ("512x16@32768", "256x16@16384", "64x8@16384")
+
+
+def run(cell: str, shape: str, seed: int, pool_size: int) -> dict:
+    first_prior: list[dict] = []
+    real_prior = HierarchicalController._prior
+
+    def spy(self, obs, splits):  # the prior while only one shared pool has been measured
+        model, prior = real_prior(self, obs, splits)
+        if self.state.m == 0 and set(self.state.splits) == {0} and not first_prior:
+            first_prior.append({m: round(v[0], 3) for m, v in prior.items() if m})
+        return model, prior
+
+    HierarchicalController._prior = spy
+    try:
+        cfg, perf, preset, cap = cell_setting({"cell": cell, "shape": shape, "seed": seed, "steps": 30}, ("verl", "tailsieve"))
+        result = sim.simulate(cfg, PromptPool(get_preset(preset, max_response_length=cap), pool_size, seed=seed), perf)
+    finally:
+        HierarchicalController._prior = real_prior
+    records = result.policies["tailsieve"].records
+    return {"cell": cell, "shape": shape, "seed": seed, "ts": result.speedup_vs("verl")["tailsieve"],
+            "ts_steady": result.speedup_vs("verl", slice(cfg.steps // 3, None))["tailsieve"],
+            "split_steps": sum(r.m > 0 for r in records), "first_prior": first_prior[0] if first_prior else None}
+
+
+def report(paths: list[Path]) -> None:
+    runs = [[json.loads(line) for line in p.read_text().splitlines() if line.strip()] for p in paths]
+    keys = list(dict.fromkeys((r["cell"], r["shape"]) for r in runs[0]))
+    print(f"{'cell':16}{'shape':14}" + "".join(f"{p.stem[:22]:>34}" for p in paths))
+    below = [0] * len(paths)
+    for key in keys:
+        cols = []
+        for i, rows in enumerate(runs):
+            rs = [r for r in rows if (r["cell"], r["shape"]) == key]
+            ts = np.array([r["ts"] for r in rs])
+            below[i] += ts.mean() < 0.99
+            cols.append(f"{ts.mean():.3f} (>={ts.min():.3f}) / {np.mean([r['ts_steady'] for r in rs]):.3f}, "
+                        f"{np.mean([r['split_steps'] for r in rs]):4.1f}")
+        print(f"{key[0]:16}{key[1]:14}" + "".join(f"{c:>34}" for c in cols))
+    print("TailSieve over stock verl: whole-run mean (worst seed) / steady state (steps 10-29), split steps of 30")
+    print("cells below 0.99x (whole-run mean): " + ", ".join(f"{p.stem} {n}" for p, n in zip(paths, below)))
+    print("mean over all runs: " + ", ".join(f"{p.stem} {np.mean([r['ts'] for r in rows]):.4f}" for p, rows in zip(paths, runs)))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--cells", default=",".join(CELLS))
+    ap.add_argument("--shapes", default=",".join(SHAPES))
+    ap.add_argument("--seeds", type=int, default=4)
+    ap.add_argument("--pool", type=int, default=17000)
+    ap.add_argument("--out", default="")
+    ap.add_argument("--report", nargs="+", type=Path, default=None, metavar="ROWS", help="print saved rows side by side")
+    args = ap.parse_args()
+    if args.report:
+        report(args.report)
+        return 0
+    if not args.out:
+        ap.error("--out ROWS.jsonl is required to run")
+    with open(args.out, "a") as f:
+        for shape in args.shapes.split(","):
+            for cell in args.cells.split(","):
+                for seed in range(args.seeds):
+                    row = run(cell, shape, seed, args.pool)
+                    f.write(json.dumps(row) + "\n")
+                    f.flush()
+    report([Path(args.out)])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
