@@ -63,9 +63,11 @@ def cell_setting(job: dict, policies: tuple[str, ...]) -> tuple[sim.SimConfig, o
 
 
 def run(job: dict) -> dict:
-    policies = CEILING if job.get("ceiling") else POLICIES + ((NOISE,) if job.get("noise") else ())
-    cfg, perf, preset, cap = cell_setting(job, policies)
-    cfg = replace(cfg, best_static_grid="coarse")
+    if job.get("ceiling"):
+        cfg, perf, preset, cap = cell_setting(job, CEILING)
+        cfg = replace(cfg, best_static_grid="coarse")
+    else:
+        cfg, perf, preset, cap = cell_setting(job, POLICIES + ((NOISE,) if job.get("noise") else ()))
     pool = PromptPool(get_preset(preset, max_response_length=cap), job["pool"], seed=job["seed"])
     t0 = time.process_time()
     result = sim.simulate(cfg, pool, perf)

@@ -208,7 +208,7 @@ def test_the_fixed_split_reuses_each_seeds_own_best_static_run(monkeypatch):
     monkeypatch.setattr(planner, "_best_fixed_split", capture)
     plan = plan_from_trace(generate_trace("weak", 96, 4, seed=0), 4, parse_perf_model("table:h200-moe"),
                            batch_size=16, steps=6, seeds=2)
-    own = {(run[3], seed) for seed, run in enumerate(captured["runs"])}
+    own = {(run.best_split, seed) for seed, run in enumerate(captured["runs"])}
     splits = {(0, 0)} | {split for split, _ in own}
     assert set(rerun) == {(split, seed) for split in splits for seed in range(2)} - own
     assert (plan.fixed_q, plan.fixed_m) in splits

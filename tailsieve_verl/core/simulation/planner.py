@@ -34,6 +34,7 @@ verl-dynsd-best pick their k or schedule per seed in hindsight, which flatters t
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -168,8 +169,8 @@ def plan_from_trace(trace: Trace, n_replicas: int, perf: PerfModel, *, batch_siz
         last = result.policies["tailsieve"].records[-1]
         finals.append((last.next_q, last.next_m))
         best = result.policies["best-static"]
-        runs.append((cfg, pool, float(result.policies["verl"].makespans[steady].mean()),
-                     (best.records[-1].next_q, best.records[-1].next_m), float(best.makespans[steady].mean())))
+        runs.append(SeedRun(cfg, pool, float(result.policies["verl"].makespans[steady].mean()),
+                            (best.records[-1].next_q, best.records[-1].next_m), float(best.makespans[steady].mean())))
     (fixed_q, fixed_m), fixed_speedup = _best_fixed_split(runs, perf, steady, jobs)
     speedups_arr = np.array(speedups)
     ms = [m for _, m in finals]
@@ -260,25 +261,33 @@ def _engines(cfg: SimConfig, name: str, label: str) -> dict:
     return {"tail": engine_label(tail), "bulk": engine_label(bulk)}
 
 
-def _best_fixed_split(runs: list, perf: PerfModel, steady: slice, jobs: int) -> tuple[tuple[int, int], float]:
+class SeedRun(NamedTuple):
+    """One seed of a plan, as the fixed-split search needs it."""
+
+    cfg: SimConfig
+    pool: PromptPool
+    stock_s: float  # stock verl's steady-state mean makespan
+    best_split: tuple[int, int]  # best-static's split
+    best_s: float  # that split's steady-state mean makespan
+
+
+def _best_fixed_split(runs: list[SeedRun], perf: PerfModel, steady: slice, jobs: int) -> tuple[tuple[int, int], float]:
     """Each seed's best-static split and one shared pool, run on every seed: the one with the best mean
-    speedup, and that speedup. ``runs``: per seed (config, pool, stock verl's steady-state mean makespan,
-    its best-static split, that split's steady-state mean makespan: a seed's own best is not run again).
-    ``jobs`` processes run the other (split, seed) pairs side by side."""
-    splits = sorted({(0, 0)} | {run[3] for run in runs})
-    pairs = [(split, seed) for split in splits for seed, run in enumerate(runs) if run[3] != split]
+    speedup, and that speedup. A seed's own best is not run again (best-static ran it); ``jobs``
+    processes run the other (split, seed) pairs side by side."""
+    splits = sorted({(0, 0)} | {run.best_split for run in runs})
+    pairs = [(split, seed) for split in splits for seed, run in enumerate(runs) if run.best_split != split]
 
     def steady_mean(index: int) -> float:
         split, seed = pairs[index]
-        cfg, pool = runs[seed][:2]
-        pinned = static_split_runner(cfg, pool, perf, split, "fixed")
-        for t in range(cfg.steps):
+        pinned = static_split_runner(runs[seed].cfg, runs[seed].pool, perf, split, "fixed")
+        for t in range(runs[seed].cfg.steps):
             pinned.step(t, keep=False)
         return float(pinned.finish().makespans[steady].mean())
 
     makespan = dict(zip(pairs, forked_map(steady_mean, len(pairs), jobs)))
-    makespan |= {(run[3], seed): run[4] for seed, run in enumerate(runs)}
-    mean_speedup = {split: float(np.mean([run[2] / makespan[split, seed] for seed, run in enumerate(runs)]))
+    makespan |= {(run.best_split, seed): run.best_s for seed, run in enumerate(runs)}
+    mean_speedup = {split: float(np.mean([run.stock_s / makespan[split, seed] for seed, run in enumerate(runs)]))
                     for split in splits}
     best = max(mean_speedup, key=mean_speedup.get)
     return best, mean_speedup[best]

@@ -116,7 +116,7 @@ def static_grid(n_replicas: int, batch_size: int, max_q_fraction: float = 0.5,
     best split of each."""
     q_max = max_q(max_q_fraction, batch_size)
     fractions = (1 / 64, 1 / 32, 1 / 16, 3 / 32, 1 / 8, 3 / 16, 1 / 4) + (() if coarse else (3 / 8, 1 / 2))
-    ms = (sorted({*range(1, n_replicas // 2 + 1), 3 * n_replicas // 4} - {0, n_replicas}) if coarse
+    ms = (sorted({*range(1, n_replicas // 2 + 1), 3 * n_replicas // 4}) if coarse
           else range(1, n_replicas))
     points = [(0, 0)]
     for m in ms:
