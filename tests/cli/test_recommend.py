@@ -24,10 +24,10 @@ def _run(module, argv: list[str], capsys) -> list[str]:
 
 
 def test_simulate_recommends_tailsieve_where_it_wins_by_more_than_the_noise(tmp_path, capsys):
-    """The README's example, weak tails at 256 × 16 (without the slow clairvoyant references, which do
-    not change the other policies' runs): the adaptive controller, with the overrides that start it where
-    the simulation started it, one shared pool."""
-    argv = ["simulate", "--workload", "weak", "--batch", "256", "--n", "16", "--policies", "verl,tailsieve-fixed,tailsieve",
+    """The README's example, weak tails at the main job's 512 × 16 (without the slow clairvoyant references,
+    which do not change the other policies' runs): the adaptive controller, with the overrides that start it
+    where the simulation started it, one shared pool."""
+    argv = ["simulate", "--workload", "weak", "--policies", "verl,tailsieve-fixed,tailsieve",
             "--out", str(tmp_path), "--no-plots"]
     last = _run(simulate_cli, argv, capsys)[-1]
     assert last.startswith("recommendation: tailsieve is fastest for this workload, 1.")

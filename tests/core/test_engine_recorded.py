@@ -9,7 +9,9 @@ preemptions, makespan 0.022 % apart. Tolerance: counts (steps,
 preemptions, recomputed and prefilled tokens, tokens at a time) equal; times within a relative 1e-9
 (a step's context is summed in another order, so the last bits of a sum may differ).
 
-Re-record only when the model is meant to change: ``PYTHONPATH=. python tests/core/test_engine_recorded.py``."""
+Re-record only when the model is meant to change: ``PYTHONPATH=. python tests/core/test_engine_recorded.py``.
+The closed-loop cells (``sim``) also follow the controller's rules: they were re-recorded alone, the replica
+and fuzz runs kept, when those rules changed (issue 33: the probe margin and the way back to one shared pool)."""
 
 from __future__ import annotations
 

@@ -14,11 +14,13 @@ from tailsieve_verl.core.data.workload import PromptPool, get_preset, rare_extre
 
 
 def test_1000_steps_lose_duplicate_and_stale_nothing():
-    """Exactly-once over 1,000 closed-loop steps while the controller moves q and m (drains included)."""
+    """Exactly-once over 1,000 closed-loop steps while the controller moves q and m (drains included): a
+    restless controller (no switching margin, a large exploration bonus) keeps leaving and re-entering splits."""
     perf = parse_perf_model("table:h200-dense")
     pool = PromptPool(get_preset("strong", max_response_length=4096), 256, seed=0)
+    restless = ControllerConfig(settle_steps=1, m_init=2, q_init=4, switch_threshold=0.0, exploration_bonus=0.2)
     cfg = SimConfig(steps=1000, n_replicas=4, batch_size=16, n=2, seed=0, policies=("tailsieve", "tailsieve-fixed"),
-                    controller=ControllerConfig(settle_steps=1, m_init=2, q_init=4))
+                    controller=restless)
     result = simulate(cfg, pool, perf)
     for name, r in result.policies.items():
         assert (r.lost, r.duplicated, r.stale) == (0, 0, 0), name
@@ -166,7 +168,8 @@ def test_no_prompt_is_deferred_more_than_one_step(workload):
     perf, replicas = (parse_perf_model("table:h200-moe"), 4) if workload == "rare-extreme" else (
         parse_perf_model("table:h200-dense"), 8)
     cfg = SimConfig(steps=30, n_replicas=replicas, batch_size=64, n=8, seed=0,
-                    policies=("verl", "tailsieve-fixed", "tailsieve"))
+                    policies=("verl", "tailsieve-fixed", "tailsieve"),
+                    controller=ControllerConfig(switch_threshold=0.0))  # probes on any predicted gain: q moves
     result = simulate(cfg, pool, perf)
     for name in ("tailsieve-fixed", "tailsieve"):
         r = result.policies[name]
@@ -223,3 +226,4 @@ def test_record_replaces_aborts_cuts_the_aborted_work_once_prompts_recur_and_los
     off, on = (simulate(replace(base, record_replaces_aborts=flag), first_epoch, perf).policies["tailsieve-fixed"]
                for flag in (False, True))
     assert on.makespans.tolist() == off.makespans.tolist()
+

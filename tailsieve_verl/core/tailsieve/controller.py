@@ -17,12 +17,14 @@ response lengths and finish times, abort counts — never future lengths.
   scaled by the learned measured/prior ratio; measurements outweigh the prior as they accumulate
   (``prior_weight``). Unmeasured neighbours get an exploration bonus that shrinks with visits.
   A replica moves (``max_replica_step``) only when a feasible neighbour's score beats the current
-  split by ``switch_threshold``; (0, 0) is always a candidate, reached in one move, so a run that
-  finds no split better than one shared pool returns to stock verl's routing. The controller starts
-  at (0, 0) to measure that fallback, then probes the split the prior ranks best among m = 1..R/2,
-  with the prior's q there, and searches from there; it probes only when the prior predicts that
-  split beating one shared pool (on strong tails at 256 × 16 it does not, and a probe there costs
-  3–6 % of a 30-step run).
+  split by ``switch_threshold``; (0, 0) is always a candidate, reached in one move and with no margin:
+  a split stays only while it measures better than one shared pool, so a run that finds no split
+  better returns to stock verl's routing. The controller starts at (0, 0) to measure that fallback,
+  then probes the split the prior ranks best among m = 1..R/2, with the prior's q there, and searches
+  from there; it probes only when the prior predicts that split beating one shared pool by
+  ``switch_threshold``, the margin of every other move (a probe that does not pay costs its aborted
+  work and a step of regenerated tails). Both rules together took the DAPO-sized and 64 × 8 cells
+  below 0.99× stock verl from 7 of 27 to none (``scripts/experiments/probe_margin.py``).
 
 Why measured and not modelled: the fluid model assumes perfect tail precision and a noiseless step;
 the rollout layer's tail signal is a low-precision filter and steps are noisy, so the prior ranks
@@ -83,7 +85,9 @@ class ControllerConfig:
     smoothing: float = 0.5
     """Weight of the newest measurement in every smoothed quantity (1 = no smoothing)."""
     switch_threshold: float = 0.1
-    """Outer loop: a neighbour's score must beat the current split's relative makespan by this fraction.
+    """Outer loop: a neighbour's score must beat the current split's relative makespan by this fraction, and
+    the prior must predict the first probe beating one shared pool by it (the way back to one shared pool
+    needs no margin).
     A split's estimate rests on a few steps whose makespans vary by tens of percent, so a small threshold
     trades good splits for noise: 0.1 beat 0.05 by 0.5 ± 0.2 points of speedup over 96 paired runs
     (``scripts/experiments/controller_v2_eval.py``, 64 × 8, six cells × 16 seeds)."""
@@ -472,9 +476,10 @@ class HierarchicalController:
             bias = current.relative_makespan.value / max(prior[s.m][0], 1e-9)
             s.prior_bias = s.prior_bias or self._smoothed()
             s.prior_bias.update(bias)
-        # Probe the split the perf model ranks best, only where it beats one shared pool; else search step by step.
+        # Probe the split the perf model ranks best, only where it beats one shared pool by the margin of any
+        # move; else search step by step.
         probe = min(probe_range, key=lambda m: prior[m][0], default=None)
-        if probe is not None and prior[probe][0] < 1.0:
+        if probe is not None and prior[probe][0] < 1.0 - cfg.switch_threshold:
             s.m, s.q = probe, _bounded_q(prior[probe][1], probe, self.q_max)
             s.steps_at_split = 0
             s.pool_times = None
@@ -483,7 +488,10 @@ class HierarchicalController:
         here, _ = self._estimate(s.m, prior[s.m][0])
         scores = {m: self._estimate(m, prior[m][0])[1] for m in neighbours if m != s.m}
         target = min(scores, key=scores.get, default=None)
-        if target is None or scores[target] >= here * (1 - cfg.switch_threshold):
+        if target is not None and scores[target] >= here * (1 - cfg.switch_threshold):
+            # no move pays its margin; a split that no longer beats one shared pool still returns to it
+            target = 0 if s.m > 0 and scores[0] < here else None
+        if target is None:
             return None
         new_m = target if target == 0 else s.m + min(max(target - s.m, -cfg.max_replica_step), cfg.max_replica_step)
         if cfg.check_feasibility and not self._feasible(new_m, obs.makespan_s, model):
