@@ -13,7 +13,8 @@ from tailsieve_verl.core.tailsieve.controller import ControllerConfig
 from tailsieve_verl.core.engine.engine import EngineConfig, SpeculativeConfig
 from tailsieve_verl.core.engine.perf import parse_perf_model
 from tailsieve_verl.core.simulation.sim import SimConfig, SimError, TailSieveRunner, simulate
-from tailsieve_verl.core.data.workload import PromptPool, get_preset
+from tailsieve_verl.core.data.trace import Group, Trace
+from tailsieve_verl.core.data.workload import PromptPool, WorkloadError, get_preset
 
 PERF = parse_perf_model("table:h200-dense")
 POOL = PromptPool(get_preset("real", max_response_length=2048), 128, seed=3)
@@ -154,28 +155,50 @@ def test_clairvoyant_split_runs_on_the_engine_model_only():
         sim.build_runners(cfg, POOL, PERF, execute=lambda name, groups, samples: None)
 
 
-def test_prompt_oracle_split_ranks_by_what_a_per_prompt_predictor_can_know():
+def test_prompt_oracle_split_knows_each_prompt_and_nothing_of_the_step_s_samples():
     """Issue 33: the per-prompt reference ranks groups by each prompt's typical length (its median under
-    this step's policy), never by this step's samples; with no sampling noise that is their true work.
-    Its shared-pool candidate is stock verl's own assignment, so no step is slower than stock verl."""
+    this step's policy) and picks the step's split on each prompt's typical group, never on this step's
+    samples: two draws of the same prompts get the same assignment. With no sampling noise the typical
+    group is the group, so there it is the group oracle and no step is slower than stock verl."""
     result = _run(("verl", "prompt-oracle-split", "clairvoyant-split"), speculation=sim.DEFAULT_SPECULATION)
-    oracle, stock = result.policies["prompt-oracle-split"], result.policies["verl"]
-    assert (oracle.makespans <= stock.makespans + 1e-12).all()
+    oracle = result.policies["prompt-oracle-split"]
     assert (oracle.lost, oracle.duplicated, oracle.max_deferral_steps) == (0, 0, 0)
     assert "tail k=" not in oracle.choice  # routing-only: the tail pool runs the run's own engine
 
     cfg = SimConfig(steps=1, n_replicas=4, batch_size=16, n=4, seed=3, policies=("prompt-oracle-split",))
-    runner = sim.PromptOracleSplitRunner(cfg, POOL, PERF)
-    runner.step_index = 2
     ids = list(POOL.prompt_ids[:8])
     a, b = (POOL.sample_groups(ids, 4, 2, np.random.default_rng(seed)) for seed in (0, 1))
-    assert [g.lengths for g in a] != [g.lengths for g in b] and runner.rank(a) == runner.rank(b)
+    assert [g.lengths for g in a] != [g.lengths for g in b]
+    picks = []
+    for groups in (a, b):
+        runner = sim.PromptOracleSplitRunner(cfg, POOL, PERF)
+        runner.step_index = 2
+        assert runner.rank(groups) == [POOL.typical_length(g.prompt_id, 2) * 4 for g in groups]
+        samples, m = runner.assign(groups)
+        picks.append((samples.tolist(), m))
+    assert picks[0] == picks[1]
+
     quiet = PromptPool(get_preset("real", max_response_length=2048, prompt_share=0.909, sampling_share=0.0), 128, seed=3)
-    runner = sim.PromptOracleSplitRunner(cfg, quiet, PERF)
     groups = quiet.sample_groups(ids, 4, 0, np.random.default_rng(0))
+    runner = sim.PromptOracleSplitRunner(cfg, quiet, PERF)
     assert runner.rank(groups) == [sum(g.lengths) for g in groups]
+    assert runner.plan_groups(groups) == groups
+    quiet_run = simulate(replace(cfg, steps=4, policies=("verl", "prompt-oracle-split")), quiet, PERF)
+    assert (quiet_run.policies["prompt-oracle-split"].makespans <= quiet_run.policies["verl"].makespans + 1e-12).all()
     with pytest.raises(SimError, match="prompt-oracle-split runs on the engine model"):
         sim.build_runners(cfg, POOL, PERF, execute=lambda name, groups, samples: None)
+
+
+def test_typical_group_is_the_prompt_s_distribution_at_its_quantiles():
+    """What the per-prompt reference plans on: n lengths spread over the prompt's distribution (its median
+    in the middle), the same on every call, and for a trace-backed pool the observed lengths' quantiles."""
+    group = POOL.typical_group(POOL.prompt_ids[5], 8, 3)
+    assert group == POOL.typical_group(POOL.prompt_ids[5], 8, 3) and list(group.lengths) == sorted(group.lengths)
+    assert group.lengths[0] < POOL.typical_length(POOL.prompt_ids[5], 3) < group.lengths[-1]
+    traced = PromptPool.from_trace(Trace([Group("a", (10, 20, 30, 40), 5)], name="t"))
+    assert traced.typical_group("a", 4, 0).lengths == (14, 21, 29, 36) and traced.typical_group("a", 4, 0).prompt_len == 5
+    with pytest.raises(WorkloadError, match="group size must be >= 1"):
+        POOL.typical_group("a", 0, 0)
 
 
 def test_group_oracle_split_is_the_routing_ceiling_of_the_per_prompt_reference():

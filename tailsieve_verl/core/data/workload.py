@@ -23,6 +23,7 @@ from an observed trace (per prompt, lengths resampled with replacement).
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from statistics import NormalDist
 from typing import Sequence
 
 import numpy as np
@@ -219,6 +220,21 @@ class PromptPool:
         i = self._prompt_index(prompt_id)
         raw = np.median(self._observed[i]) if self._observed is not None else np.exp(self._log_median(i, step))
         return int(self._as_lengths(np.array([raw], dtype=float))[0])  # the transform is monotone: median to median
+
+    def typical_group(self, prompt_id: str, n: int, step: int) -> Group:
+        """n lengths at evenly spaced quantiles of the prompt's length distribution under the checkpoint
+        of ``step`` (no sampling luck): what a perfect per-prompt predictor expects a group to look like."""
+        if n < 1:
+            raise WorkloadError(f"group size must be >= 1, got {n}")
+        i = self._prompt_index(prompt_id)
+        levels = (np.arange(n) + 0.5) / n
+        if self._observed is not None:
+            raw = np.quantile(self._observed[i].astype(float), levels)
+            prompt_len = self._prompt_lens[i]
+        else:
+            raw = np.exp(self._log_median(i, step) + self._sd["sampling"] * np.array([NormalDist().inv_cdf(x) for x in levels]))
+            prompt_len = self.spec.prompt_len
+        return Group(prompt_id, tuple(int(v) for v in self._as_lengths(raw)), int(prompt_len))
 
     def sample_group(self, prompt_id: str, n: int, step: int, rng: np.random.Generator) -> Group:
         """n fresh response lengths for ``prompt_id`` under the checkpoint of ``step``."""

@@ -52,12 +52,13 @@ class ClairvoyantSplitRunner(StaticRunner):
 
     def assign(self, groups: list[Group]) -> tuple[np.ndarray, int]:
         R = self.cfg.n_replicas
+        planned = self.plan_groups(groups)
         samples = least_inflight_assignment(sum(g.n for g in groups), R, rng=self.routing_rng)
-        best = evaluate_samples(groups, samples, R, self.perf, engine=self.cfg.engine).makespan_s
+        best = evaluate_samples(planned, samples, R, self.perf, engine=self.cfg.engine).makespan_s
         pick, self.tail_engine = ("shared", 0), self.cfg.engine
         for q, m, tail in self.candidates():
             split = longest_to_tail(groups, q, m, R, self.cfg.group_atomic, self.split_rng, self.rank(groups))
-            makespan = makespan_below(groups, split, R, self.perf, replica_engines(tail, self.cfg.engine, m, R),
+            makespan = makespan_below(planned, split, R, self.perf, replica_engines(tail, self.cfg.engine, m, R),
                                       stop_above=best)
             if makespan < best:
                 best, samples, self.tail_engine = makespan, split, tail
@@ -68,6 +69,10 @@ class ClairvoyantSplitRunner(StaticRunner):
     def rank(self, groups: list[Group]) -> Sequence[float] | None:
         """What the grid's splits rank the groups by (None: their true tokens this step)."""
         return None
+
+    def plan_groups(self, groups: list[Group]) -> list[Group]:
+        """The groups the grid's makespans are computed on to pick the step's split: this step's own."""
+        return groups
 
     def finish(self) -> PolicyResult:
         result = super().finish()
@@ -90,10 +95,12 @@ class GroupOracleSplitRunner(ClairvoyantSplitRunner):
 
 
 class PromptOracleSplitRunner(GroupOracleSplitRunner):
-    """``prompt-oracle-split``: :class:`GroupOracleSplitRunner` with the groups ranked by each prompt's true
-    typical length under this step's policy (times its samples): what an ideal per-prompt predictor
-    knows, nothing per sample. The grid point is still the step's best in hindsight, so it bounds what a
-    per-prompt signal can reach with any (q, m) rule. Not deployable."""
+    """``prompt-oracle-split``: :class:`GroupOracleSplitRunner` knowing each prompt's length distribution
+    under this step's policy and nothing of this step's samples: what an ideal per-prompt predictor knows.
+    It ranks the groups by their prompt's typical length and picks the step's split by the makespans of
+    :meth:`PromptPool.typical_group` (each group at its distribution's quantiles), then runs it on the
+    step's samples. Picking on the samples themselves would use their luck: 2–9 points above this on the
+    DAPO-sized cells (docs/results.md). Not deployable."""
 
     def __init__(self, cfg: SimConfig, pool: PromptPool, perf: PerfModel, name: str = "prompt-oracle-split"):
         super().__init__(cfg, pool, perf, name)
@@ -105,6 +112,9 @@ class PromptOracleSplitRunner(GroupOracleSplitRunner):
 
     def rank(self, groups: list[Group]) -> Sequence[float]:
         return [self.pool.typical_length(g.prompt_id, self.step_index) * g.n for g in groups]
+
+    def plan_groups(self, groups: list[Group]) -> list[Group]:
+        return [self.pool.typical_group(g.prompt_id, g.n, self.step_index) for g in groups]
 
 
 def static_grid(n_replicas: int, batch_size: int, max_q_fraction: float = 0.5,
