@@ -21,7 +21,8 @@ distance to stock verl against its noise. Writes one JSON line per run to ``--ou
 ``--ceiling`` asks whether any fixed split of the partial-rollout mechanism reaches the per-prompt oracle:
 ``best-static`` beside TailSieve and ``prompt-oracle-split``, whole-run and steady-state (:func:`report_ceiling`).
 
-``--ablation`` runs, per cell and seed, what each signal is worth (:func:`run_ablation`).
+``--ablation`` runs, per cell and seed, what each signal is worth (:func:`run_ablation`); ``--predictor`` what
+a length predictor at the step's start would add in a first epoch, by its quality (:func:`run_predictor`).
 """
 
 from __future__ import annotations
@@ -35,12 +36,14 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+from scipy.stats import spearmanr
 
 from strongest_stock import SETUPS
 from tailsieve_verl.core.data.workload import PromptPool, get_preset
 from tailsieve_verl.core.engine.engine import EngineConfig
 from tailsieve_verl.core.engine.perf import parse_perf_model
 from tailsieve_verl.core.simulation import sim
+from tailsieve_verl.core.simulation.runners import predicted_work
 
 POLICIES = ("verl", "tailsieve", "prompt-oracle-split", "group-oracle-split")
 CEILING = ("verl", "tailsieve", "best-static", "prompt-oracle-split")  # --ceiling: the mechanism's best fixed split
@@ -126,6 +129,41 @@ def run_ablation(job: dict) -> dict:
     return out
 
 
+PRIOR_SIGMAS = (0.0, 0.25, 0.5, 1.0)
+
+
+def run_predictor(job: dict) -> dict:
+    """What a step-start length signal would be worth in a first epoch: TailSieve with its per-prompt
+    record seeded by a predictor of log error sigma (``SimConfig.length_prior_sigma``; 0 = each prompt's
+    true typical length), beside the partial-rollout carry (``+ carry``) and instead of it
+    (``record_replaces_aborts``: the tail named at the step's start, nothing aborted). ``rho``: the
+    predictor's Spearman correlation with each prompt's typical length and with a drawn group's tokens."""
+    cfg, perf, preset, cap = cell_setting(job, ("verl", "tailsieve", "prompt-oracle-split"))
+    pool = PromptPool(get_preset(preset, max_response_length=cap), job["pool"], seed=job["seed"])
+    t0 = time.process_time()
+    runners = sim.build_runners(cfg, pool, perf)
+    for sigma in PRIOR_SIGMAS:
+        for replaces in (False, True):
+            c = replace(cfg, length_prior_sigma=sigma, record_replaces_aborts=replaces)
+            runners.append(sim.TailSieveRunner(c, pool, perf, c.controller,
+                                               f"prior sigma {sigma}" + (", no aborts" if replaces else " + carry")))
+    for t in range(cfg.steps):
+        for r in runners:
+            r.step(t, keep=False)
+    results = {r.name: r.finish() for r in runners}
+    base = results["verl"].mean_makespan_s
+    prompts = pool.prompt_ids[:4000]
+    typical = [pool.typical_length(p, 0) * cfg.n for p in prompts]
+    drawn = [pool.sample_group(p, cfg.n, 0, np.random.default_rng([job["seed"], i])).total_len for i, p in enumerate(prompts)]
+    rho = {}
+    for sigma in PRIOR_SIGMAS:
+        predicted = predicted_work(pool, cfg.n, sigma, cfg.seed)
+        rho[str(sigma)] = [float(spearmanr([predicted[p] for p in prompts], truth).statistic) for truth in (typical, drawn)]
+    return {**job, "cpu_s": time.process_time() - t0,
+            "speedup_vs_verl": {name: base / r.mean_makespan_s for name, r in results.items()},
+            "wasted_fraction": {name: r.wasted_fraction for name, r in results.items()}, "rho": rho}
+
+
 def report_ablation(rows: list[dict]) -> None:
     names = list(dict.fromkeys(k for r in rows for k in r["speedup_vs_verl"] if not k.startswith("verl")))
     for key in sorted({(r["cell"], r["shape"]) for r in rows}):
@@ -138,6 +176,25 @@ def report_ablation(rows: list[dict]) -> None:
                 print(f"  {name:42} {np.mean(values):.3f} (>={min(values):.3f}, {len(values)} seeds)"
                       f"  aborted {100 * np.mean(wasted):4.1f}%")
     print("speedups over stock verl on the same pool: mean over seeds (worst seed); aborted: the aborted-token share")
+
+
+def report_predictor(rows: list[dict]) -> None:
+    """Per cell: TailSieve, the per-prompt oracle, and TailSieve seeded by a predictor of each quality, with
+    the carry and without aborts."""
+    sigmas = [str(s) for s in PRIOR_SIGMAS]
+    print(f"{'cell':16} {'shape':14} {'seeds':>5} {'tailsieve':>9} {'oracle':>7} "
+          + " ".join(f"{'s=' + s + ' carry/none':>18}" for s in sigmas))
+    for key in sorted({(r["cell"], r["shape"]) for r in rows}):
+        cell = [r for r in rows if (r["cell"], r["shape"]) == key]
+        mean = lambda name: np.mean([r["speedup_vs_verl"][name] for r in cell])  # noqa: E731
+        print(f"{key[0]:16} {key[1]:14} {len(cell):5d} {mean('tailsieve'):9.3f} {mean('prompt-oracle-split'):7.3f} "
+              + " ".join(f"{mean(f'prior sigma {s} + carry'):>11.3f} / {mean(f'prior sigma {s}, no aborts'):.3f}"
+                         for s in sigmas))
+    rho = {s: np.mean([r["rho"][s] for r in rows], axis=0) for s in sigmas}
+    print("speedups over stock verl, mean over seeds; s: the predictor's log error sigma (0: each prompt's true typical "
+          "length); carry: beside the partial-rollout carry; none: record_replaces_aborts (nothing aborted once the "
+          "predictor names the tail). The predictor's Spearman rho with the prompt's typical length / with a drawn "
+          "group's tokens: " + ", ".join(f"s={s}: {rho[s][0]:.2f} / {rho[s][1]:.2f}" for s in sigmas))
 
 
 def report_ceiling(rows: list[dict]) -> None:
@@ -199,12 +256,16 @@ def main() -> int:
     ap.add_argument("--ceiling", action="store_true",
                     help="the mechanism's ceiling: verl, tailsieve, best-static (coarse grid) and prompt-oracle-split, "
                          "whole-run and steady-state; default --out signal_gap/mechanism_ceiling.jsonl")
+    ap.add_argument("--predictor", action="store_true",
+                    help="what a step-start length predictor would be worth (run_predictor); default --out "
+                         "signal_gap/predictor.jsonl")
     args = ap.parse_args()
-    if (args.ablation or args.ceiling) and args.out == ap.get_default("out"):
-        args.out = f"scripts/results/signal_gap/{'ablation' if args.ablation else 'mechanism_ceiling'}.jsonl"
+    mode = "ablation" if args.ablation else "mechanism_ceiling" if args.ceiling else "predictor" if args.predictor else ""
+    if mode and args.out == ap.get_default("out"):
+        args.out = f"scripts/results/signal_gap/{mode}.jsonl"
     out = Path(args.out)
-    work, table = ((run_ablation, report_ablation) if args.ablation else (run, report_ceiling) if args.ceiling
-                   else (run, report))
+    work, table = {"ablation": (run_ablation, report_ablation), "mechanism_ceiling": (run, report_ceiling),
+                   "predictor": (run_predictor, report_predictor)}.get(mode, (run, report))
     if not args.report_only:
         jobs = [{"cell": c, "shape": s, "seed": seed, "steps": args.steps, "pool": args.pool, "best_static": args.best_static,
                  "noise": args.noise, "ceiling": args.ceiling}

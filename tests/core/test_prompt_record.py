@@ -91,3 +91,18 @@ def test_best_static_is_the_best_grid_point_in_hindsight():
     runner.finish()
     assert best.mean_makespan_s == pytest.approx(min(runner.grid.values()))
     assert result.speedup_vs("verl")["best-static"] > 0.95  # (0, 0) is in the grid: ~stock verl at worst
+
+
+def test_a_predictor_seeds_the_record_and_measurements_replace_it():
+    """A length predictor's estimates (a previous run's record, a model of the prompt text) are the
+    record's prediction for prompts not measured yet; a measured prompt keeps its measurement, and a
+    later measurement replaces the seed. Nonsense predictions are refused."""
+    rec = PromptLengthRecord(smoothing=1.0)
+    rec.observe("a", [100, 100])
+    rec.seed({"a": 9000.0, "b": 700.0})
+    assert rec.predictions(["a", "b", "c"]) == {"a": 200.0, "b": 700.0}
+    rec.observe("b", [50, 50])
+    assert rec.predict("b") == 100.0
+    for bad in (-1.0, float("nan")):
+        with pytest.raises(PromptRecordError, match="must be a number >= 0"):
+            rec.seed({"c": bad})

@@ -227,3 +227,23 @@ def test_record_replaces_aborts_cuts_the_aborted_work_once_prompts_recur_and_los
                for flag in (False, True))
     assert on.makespans.tolist() == off.makespans.tolist()
 
+
+def test_a_length_prior_names_the_tail_at_the_step_s_start_in_a_first_epoch():
+    """length_prior_sigma seeds TailSieve's record with a per-prompt predictor of every prompt: with
+    record_replaces_aborts a first epoch aborts nothing after its first step (whose pull is sized before
+    the record is asked: core.tailsieve.cycle), loses no prompt, and names a tail at every step's start;
+    without a predictor the same run keeps aborting."""
+    perf = parse_perf_model("table:h200-dense")
+    base = SimConfig(steps=8, n_replicas=4, batch_size=16, n=4, seed=2, policies=("tailsieve-fixed",),
+                     record_replaces_aborts=True)
+    first_epoch = PromptPool(get_preset("weak"), 1000, seed=2)
+    blind = simulate(base, first_epoch, perf).policies["tailsieve-fixed"]
+    told = simulate(replace(base, length_prior_sigma=0.0), first_epoch, perf).policies["tailsieve-fixed"]
+    assert all(r.wasted_tokens > 0 for r in blind.records[1:])
+    assert all(r.wasted_tokens == 0 for r in told.records[1:]) and told.wasted_fraction < 0.5 * blind.wasted_fraction
+    assert (told.lost, told.duplicated, told.stale) == (0, 0, 0) and told.max_deferral_steps <= 1
+    assert all(r.n_tail > 0 for r in told.records)
+    for bad, match in ((replace(base, length_prior_sigma=-0.5), "length_prior_sigma must be >= 0"),
+                       (replace(base, length_prior_sigma=0.5, prompt_record=False), "needs prompt_record=True")):
+        with pytest.raises(SimError, match=match):
+            bad.validate()

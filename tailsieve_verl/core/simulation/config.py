@@ -76,6 +76,9 @@ class SimConfig:
     prompt_record: bool = True  # TailSieve keeps a per-prompt length record (core.tailsieve.prompt_record) across epochs
     record_replaces_aborts: bool = False  # TailSieve aborts only for the fresh prompts its record cannot predict
     #   (core.tailsieve.cycle.TailSieveCycle)
+    length_prior_sigma: float | None = None  # TailSieve's record starts with a per-prompt length predictor's
+    #   estimate of every prompt: its typical length at step 0 × n × exp(σ·z), z standard normal and fixed per
+    #   prompt (0 = a perfect per-prompt predictor); None = an empty record, a first epoch with no predictor
     regeneration_draws: int = 0  # TailSieve's regenerated groups take this set of draws (0 = the shared one;
     #   other values give a run that differs only in its regeneration luck)
     best_static_screen: tuple[int, int] = (8, 6)  # best-static: after this many steps keep this many best
@@ -100,6 +103,10 @@ class SimConfig:
             raise SimError(f"unknown policy {unknown[0] if unknown else '(none)'}; choose from {', '.join(ALL_POLICIES)}")
         if self.best_static_grid not in ("full", "coarse"):
             raise SimError(f"best_static_grid must be 'full' or 'coarse', got {self.best_static_grid!r}")
+        if self.length_prior_sigma is not None and not self.length_prior_sigma >= 0:
+            raise SimError(f"length_prior_sigma must be >= 0 (or None: no predictor), got {self.length_prior_sigma}")
+        if self.length_prior_sigma is not None and not self.prompt_record:
+            raise SimError("length_prior_sigma seeds TailSieve's per-prompt record; it needs prompt_record=True")
         if self.regeneration_draws < 0:
             raise SimError(f"regeneration_draws must be >= 0, got {self.regeneration_draws}")
         if not 1 <= self.fixed_m < self.n_replicas:

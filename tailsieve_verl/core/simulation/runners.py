@@ -218,6 +218,13 @@ class StaticRunner(_Runner):
         return samples, found.m
 
 
+def predicted_work(pool: PromptPool, n: int, sigma: float, seed: int) -> dict[str, float]:
+    """A per-prompt length predictor of log error ``sigma``: each prompt's group work (typical length at
+    step 0 × n) times exp(sigma · z), z standard normal, fixed per prompt (a predictor errs by prompt)."""
+    errors = np.exp(sigma * np.random.default_rng([seed, 29]).standard_normal(len(pool)))
+    return {pid: pool.typical_length(pid, 0) * n * float(e) for pid, e in zip(pool.prompt_ids, errors)}
+
+
 class TailSieveRunner(_Runner):
     """Selector + controller in closed loop; the controller sees only measurable quantities."""
 
@@ -229,6 +236,8 @@ class TailSieveRunner(_Runner):
                                     per_sample=not cfg.group_atomic, record=cfg.prompt_record, prompt_key=prompt_of,
                                     record_replaces_aborts=cfg.record_replaces_aborts,
                                     engines=cfg.tail_and_bulk_engines)
+        if cfg.length_prior_sigma is not None:
+            self.cycle.record.seed(predicted_work(pool, cfg.n, cfg.length_prior_sigma, cfg.seed))
         self.generated: dict[str, int] = {}
 
     def in_flight(self) -> list[str]:

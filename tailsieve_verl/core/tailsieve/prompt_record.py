@@ -49,6 +49,17 @@ class PromptLengthRecord:
         self._work[prompt] = work if old is None else (1 - self.smoothing) * old + self.smoothing * work
         self._seen[prompt] = self._seen.get(prompt, 0) + 1
 
+    def seed(self, work: Mapping[str, float]) -> None:
+        """A length predictor's group work for prompts not measured yet (a previous run's record, a model
+        of the prompt text): a tail signal at the step's start in a first epoch. Measurements replace it
+        as they come; a prompt already measured keeps its measurement."""
+        for prompt, value in work.items():
+            value = float(value)
+            if not value >= 0:  # also NaN
+                raise PromptRecordError(f"predicted work of prompt {prompt!r} must be a number >= 0, got {value}")
+            if not self._seen.get(prompt):
+                self._work[prompt] = value
+
     def observe_aborted(self, prompt: str, tokens_at_abort: float) -> None:
         """An aborted group of ``prompt`` had generated this many tokens: its work is at least that."""
         self._work[prompt] = max(self._work.get(prompt, 0.0), float(tokens_at_abort))
