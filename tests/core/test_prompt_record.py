@@ -96,7 +96,8 @@ def test_best_static_is_the_best_grid_point_in_hindsight():
 def test_a_predictor_seeds_the_record_and_measurements_replace_it():
     """A length predictor's estimates (a previous run's record, a model of the prompt text) are the
     record's prediction for prompts not measured yet; a measured prompt keeps its measurement, and a
-    later measurement replaces the seed. Nonsense predictions are refused."""
+    later measurement is smoothed into the seed (here with smoothing 1: replaces it). Nonsense
+    predictions are refused."""
     rec = PromptLengthRecord(smoothing=1.0)
     rec.observe("a", [100, 100])
     rec.seed({"a": 9000.0, "b": 700.0})

@@ -232,7 +232,8 @@ class PromptPool:
             raw = np.quantile(self._observed[i].astype(float), levels)
             prompt_len = self._prompt_lens[i]
         else:
-            raw = np.exp(self._log_median(i, step) + self._sd["sampling"] * np.array([NormalDist().inv_cdf(x) for x in levels]))
+            normal = np.array([NormalDist().inv_cdf(x) for x in levels])
+            raw = np.exp(self._log_median(i, step) + self._sd["sampling"] * normal)
             prompt_len = self.spec.prompt_len
         return Group(prompt_id, tuple(int(v) for v in self._as_lengths(raw)), int(prompt_len))
 

@@ -51,8 +51,8 @@ class PromptLengthRecord:
 
     def seed(self, work: Mapping[str, float]) -> None:
         """A length predictor's group work for prompts not measured yet (a previous run's record, a model
-        of the prompt text): a tail signal at the step's start in a first epoch. Measurements replace it
-        as they come; a prompt already measured keeps its measurement."""
+        of the prompt text): a tail signal at the step's start in a first epoch. Measurements are smoothed
+        into it as into any estimate; a prompt already measured keeps its measurement."""
         for prompt, value in work.items():
             value = float(value)
             if not value >= 0:  # also NaN
