@@ -93,7 +93,7 @@ def test_best_static_is_the_best_grid_point_in_hindsight():
     assert result.speedup_vs("verl")["best-static"] > 0.95  # (0, 0) is in the grid: ~stock verl at worst
 
 
-def test_a_predictor_seeds_the_record_and_measurements_replace_it():
+def test_a_predictor_seeds_the_record_and_measurements_are_smoothed_into_it():
     """A length predictor's estimates (a previous run's record, a model of the prompt text) are the
     record's prediction for prompts not measured yet; a measured prompt keeps its measurement, and a
     later measurement is smoothed into the seed (here with smoothing 1: replaces it). Nonsense

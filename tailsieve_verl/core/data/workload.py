@@ -230,12 +230,10 @@ class PromptPool:
         levels = (np.arange(n) + 0.5) / n
         if self._observed is not None:
             raw = np.quantile(self._observed[i].astype(float), levels)
-            prompt_len = self._prompt_lens[i]
         else:
             normal = np.array([NormalDist().inv_cdf(x) for x in levels])
             raw = np.exp(self._log_median(i, step) + self._sd["sampling"] * normal)
-            prompt_len = self.spec.prompt_len
-        return Group(prompt_id, tuple(int(v) for v in self._as_lengths(raw)), int(prompt_len))
+        return self._group(prompt_id, i, raw)
 
     def sample_group(self, prompt_id: str, n: int, step: int, rng: np.random.Generator) -> Group:
         """n fresh response lengths for ``prompt_id`` under the checkpoint of ``step``."""
@@ -246,10 +244,14 @@ class PromptPool:
             if step < 0:
                 raise WorkloadError(f"training step must be >= 0, got {step}")
             raw = rng.choice(self._observed[i], size=n, replace=True).astype(float)
-            prompt_len = self._prompt_lens[i]
         else:
             raw = np.exp(self.log_lengths(prompt_id, n, step, rng))
-            prompt_len = self.spec.prompt_len
+        return self._group(prompt_id, i, raw)
+
+    def _group(self, prompt_id: str, i: int, raw: np.ndarray) -> Group:
+        """Prompt ``i``'s group of these raw lengths, as the pool hands groups out (its prompt length:
+        observed for a trace-backed pool, the spec's otherwise)."""
+        prompt_len = self._prompt_lens[i] if self._observed is not None else self.spec.prompt_len
         return Group(prompt_id, tuple(int(v) for v in self._as_lengths(raw)), int(prompt_len))
 
     def sample_groups(self, prompt_ids: Sequence[str], n: int, step: int, rng: np.random.Generator) -> list[Group]:
