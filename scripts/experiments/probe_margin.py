@@ -1,18 +1,21 @@
 """Stock verl and adaptive TailSieve per (cell, shape, seed), with the controller's prior at its first
 outer-loop decision: what a probe rule costs where isolation does not pay (issue 33's "never below 0.99").
 
-Run it at two commits to compare probe rules (the rows carry no commit; name the files by it). Cells and
-settings are ``signal_gap.py``'s (verl 0.9.1's rollout defaults, a 17,000-prompt pool, 30 steps).
+Run it at two commits, or with ``--set`` controller settings, to compare probe rules (the rows carry
+neither; name the files by them). Cells and settings are ``signal_gap.py``'s (verl 0.9.1's rollout
+defaults, a 17,000-prompt pool, 30 steps).
 
-    python scripts/experiments/probe_margin.py --seeds 4 --out rows.jsonl
+    python scripts/experiments/probe_margin.py --seeds 4 --out rows.jsonl [--set split_window=2]
     python scripts/experiments/probe_margin.py --report before.jsonl after.jsonl
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -25,7 +28,7 @@ from tailsieve_verl.core.tailsieve.controller import HierarchicalController
 SHAPES = ("512x16@32768", "256x16@16384", "64x8@16384")
 
 
-def run(cell: str, shape: str, seed: int, pool_size: int) -> dict:
+def run(cell: str, shape: str, seed: int, pool_size: int, overrides: dict | None = None) -> dict:
     first_prior: list[dict] = []
     real_prior = HierarchicalController._prior
 
@@ -38,6 +41,7 @@ def run(cell: str, shape: str, seed: int, pool_size: int) -> dict:
     HierarchicalController._prior = spy
     try:
         cfg, perf, preset, cap = cell_setting({"cell": cell, "shape": shape, "seed": seed, "steps": 30}, ("verl", "tailsieve"))
+        cfg = replace(cfg, controller=replace(cfg.controller, **(overrides or {})))
         result = sim.simulate(cfg, PromptPool(get_preset(preset, max_response_length=cap), pool_size, seed=seed), perf)
     finally:
         HierarchicalController._prior = real_prior
@@ -72,6 +76,8 @@ def main() -> int:
     ap.add_argument("--shapes", default=",".join(SHAPES))
     ap.add_argument("--seeds", type=int, default=4)
     ap.add_argument("--pool", type=int, default=17000)
+    ap.add_argument("--set", nargs="*", default=[], metavar="KNOB=VALUE",
+                    help="ControllerConfig overrides (a Python literal each), e.g. probe_tail_replicas=1")
     ap.add_argument("--out", default="")
     ap.add_argument("--report", nargs="+", type=Path, default=None, metavar="ROWS", help="print saved rows side by side")
     args = ap.parse_args()
@@ -80,11 +86,12 @@ def main() -> int:
         return 0
     if not args.out:
         ap.error("--out ROWS.jsonl is required to run")
+    overrides = {key: ast.literal_eval(value) for key, value in (item.split("=", 1) for item in args.set)}
     with open(args.out, "a") as f:
         for shape in args.shapes.split(","):
             for cell in args.cells.split(","):
                 for seed in range(args.seeds):
-                    row = run(cell, shape, seed, args.pool)
+                    row = run(cell, shape, seed, args.pool, overrides)
                     f.write(json.dumps(row) + "\n")
                     f.flush()
     report([Path(args.out)])

@@ -12,7 +12,8 @@ response lengths and finish times, abort counts — never future lengths.
 * **Outer loop** (after ``settle_steps`` steps at a split): chooses m from a *measured surface*.
   Every step's makespan is divided by the **yardstick** — the perf model's predicted stock-verl
   time of that step's own consumed batch — which removes most step-to-step workload noise; the
-  **relative makespan** is smoothed per m. A split not measured yet is estimated by the perf
+  **relative makespan** is averaged per m over its last ``split_window`` visits or so (one step's
+  measurement is too noisy to judge a split on). A split not measured yet is estimated by the perf
   model's fluid prediction (the *prior*, :class:`FluidModel` on the recent consumed batches),
   scaled by the learned measured/prior ratio; measurements outweigh the prior as they accumulate
   (``prior_weight``). Unmeasured neighbours get an exploration bonus that shrinks with visits.
@@ -91,6 +92,11 @@ class ControllerConfig:
     A split's estimate rests on a few steps whose makespans vary by tens of percent, so a small threshold
     trades good splits for noise: 0.1 beat 0.05 by 0.5 ± 0.2 points of speedup over 96 paired runs
     (``scripts/experiments/controller_v2_eval.py``, 64 × 8, six cells × 16 seeds)."""
+    split_window: int = 8
+    """Outer loop: a split's relative makespan is the mean of its visits, then a moving average over about
+    this many. One step's measurement at a split varies by about ±0.09 against gains of 0.05–0.12
+    (``scripts/experiments/split_noise.py``), so a short average sends good splits back to one shared pool
+    on a single unlucky step."""
     exploration_bonus: float = 0.02
     """Outer loop optimism: an unmeasured split's score is lowered by this relative amount, / sqrt(1 + visits)."""
     prior_weight: float = 1.0
@@ -133,6 +139,8 @@ class ControllerConfig:
             raise ControllerError("max_q_fraction must be in (0, 1); balance_tolerance and switch_threshold >= 0")
         if self.exploration_bonus < 0 or self.prior_weight < 0:
             raise ControllerError("exploration_bonus and prior_weight must be >= 0")
+        if self.split_window < 1:
+            raise ControllerError(f"split_window must be >= 1, got {self.split_window}")
         if (self.max_replica_step < 1 or self.search_radius < self.max_replica_step or self.settle_steps < 0
                 or self.history_steps < 1 or self.max_q_step < 0):
             raise ControllerError("need max_replica_step >= 1, search_radius >= max_replica_step, settle_steps >= 0, "
@@ -236,8 +244,14 @@ class _Smoothed:
 class _SplitRecord:
     """What the outer loop has measured at one tail-pool size m."""
 
-    relative_makespan: _Smoothed  # makespan / yardstick, smoothed over the steps run at this m
+    relative_makespan: _Smoothed  # makespan / yardstick, averaged over the steps run at this m
     visits: int = 0
+
+    def add(self, relative: float, window: int) -> None:
+        """The mean of the visits so far, then a moving average over about ``window`` visits."""
+        self.visits += 1
+        self.relative_makespan.weight = max(1.0 / self.visits, 1.0 / window)
+        self.relative_makespan.update(relative)
 
 
 @dataclass
@@ -375,17 +389,15 @@ class HierarchicalController:
         return model.bulk_full(self.n_replicas)
 
     def _measure_split(self, obs: StepObservation, consumed: ConsumedBatch) -> None:
-        """Relative makespan of the split just run (makespan / yardstick), smoothed per m."""
+        """Relative makespan of the split just run (makespan / yardstick), averaged per m."""
         s = self.state
         if (obs.m > 0) != bool(obs.tail_groups) or (obs.m == 0 and obs.n_aborted > 0):
             return  # a transition step (aborts without a tail pool yet): it measures no split
         yardstick = self.yardstick_s(consumed, obs.prompt_len)
         if yardstick <= 0 or obs.makespan_s <= 0:
             return
-        m = obs.m
-        record = s.splits.setdefault(m, _SplitRecord(self._smoothed()))
-        record.relative_makespan.update(obs.makespan_s / yardstick)
-        record.visits += 1
+        record = s.splits.setdefault(obs.m, _SplitRecord(self._smoothed()))
+        record.add(obs.makespan_s / yardstick, self.config.split_window)
 
     def _bulk_finish_at(self, ranks: np.ndarray) -> np.ndarray:
         """Smoothed time of the k-th bulk finish (k = ranks, 1-based); linear extrapolation past the data."""
