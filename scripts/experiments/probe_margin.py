@@ -75,6 +75,7 @@ def main() -> int:
     ap.add_argument("--cells", default=",".join(CELLS))
     ap.add_argument("--shapes", default=",".join(SHAPES))
     ap.add_argument("--seeds", type=int, default=4)
+    ap.add_argument("--first-seed", type=int, default=0, help="seeds first-seed .. first-seed + seeds - 1 (to extend rows)")
     ap.add_argument("--pool", type=int, default=17000)
     ap.add_argument("--set", nargs="*", default=[], metavar="KNOB=VALUE",
                     help="ControllerConfig overrides (a Python literal each), e.g. probe_tail_replicas=1")
@@ -90,7 +91,7 @@ def main() -> int:
     with open(args.out, "a") as f:
         for shape in args.shapes.split(","):
             for cell in args.cells.split(","):
-                for seed in range(args.seeds):
+                for seed in range(args.first_seed, args.first_seed + args.seeds):
                     row = run(cell, shape, seed, args.pool, overrides)
                     f.write(json.dumps(row) + "\n")
                     f.flush()
