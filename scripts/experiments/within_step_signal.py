@@ -94,7 +94,7 @@ def one_step(groups, n_replicas, perf, engine, rng, longest_share: float, scouts
     work = np.add.reduceat(lengths, starts)
     longest = np.argsort(-work)[:max(1, int(round(longest_share * len(groups))))]
     median = float(np.median(lengths))
-    out = {"queued_at_t0": queued_at_t0, "spread_s": spread, "makespan_s": ev.makespan_s, "median_len": median}
+    out = {"queued_at_t0": queued_at_t0, "spread_s": spread, "makespan_s": ev.makespan_s}
     for multiple in MULTIPLES:
         threshold = multiple * median
         # when each sample passes the threshold (inf if it never does)
