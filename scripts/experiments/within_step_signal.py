@@ -70,13 +70,15 @@ def bound(groups, parts, order, queued, flagged, scouts, submitted_s, n_replicas
     (``submitted_s``: the step in that order without a split), which moves the makespan under KV pressure."""
     stock = evaluate_samples(groups, least_inflight_assignment(len(order), n_replicas, rng=rng), n_replicas, perf,
                              engine).makespan_s
+    out = {"order": stock / submitted_s}
+    if not flagged.any():  # nothing to move: both read stock verl
+        return {**out, **{m: (1.0, 1.0) for m in (1, 2)}}
     longest = np.zeros(len(groups), dtype=bool)
     longest[np.argsort(-np.array([g.max_len for g in groups]))[:int(flagged.sum())]] = True
     siblings = np.concatenate([np.arange(g.n) >= scouts for g in groups]) & np.repeat(longest, [g.n for g in groups])
-    out = {"order": stock / submitted_s}
     for m in (1, 2):
-        scout = split_makespan(parts, queued[order], m, n_replicas, perf, engine, rng) if flagged.any() else stock
-        clairvoyant = split_makespan(parts, siblings[order], m, n_replicas, perf, engine, rng) if flagged.any() else stock
+        scout = split_makespan(parts, queued[order], m, n_replicas, perf, engine, rng)
+        clairvoyant = split_makespan(parts, siblings[order], m, n_replicas, perf, engine, rng)
         out[m] = (stock / scout, stock / clairvoyant)
     return out
 
@@ -88,12 +90,15 @@ def one_step(groups, n_replicas, perf, engine, rng, longest_share: float, scouts
     finish, admit = np.empty(len(order)), np.empty(len(order))
     finish[order], admit[order] = np.concatenate(ev.response_finish_s), np.asarray(ev.admit_s, dtype=float)
     lengths = np.concatenate([np.asarray(g.lengths, dtype=float) for g in groups])
-    starts = np.concatenate([[0], np.cumsum([g.n for g in groups])[:-1]]).astype(np.int64)
+    sizes = [g.n for g in groups]
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+    group_of = np.repeat(np.arange(len(groups)), sizes)
     spread = np.maximum.reduceat(admit, starts) - np.minimum.reduceat(admit, starts)
     queued_at_t0 = float(np.mean(admit > 0))
     work = np.add.reduceat(lengths, starts)
     longest = np.argsort(-work)[:max(1, int(round(longest_share * len(groups))))]
     median = float(np.median(lengths))
+    in_longest = np.isin(group_of, longest)
     out = {"queued_at_t0": queued_at_t0, "spread_s": spread, "makespan_s": ev.makespan_s}
     for multiple in MULTIPLES:
         threshold = multiple * median
@@ -101,9 +106,7 @@ def one_step(groups, n_replicas, perf, engine, rng, longest_share: float, scouts
         passes = np.where(lengths >= threshold,
                           admit + (finish - admit) * threshold / np.maximum(lengths, 1.0), np.inf)
         signal = np.minimum.reduceat(passes, starts)  # when the group first shows it runs long
-        group_of = np.repeat(np.arange(len(groups)), [g.n for g in groups])
         queued = admit > signal[group_of]
-        in_longest = np.isin(group_of, longest)
         flagged_early = np.zeros(len(groups), dtype=bool)  # flagged while some sibling is still queued
         flagged_early[np.unique(group_of[queued])] = True
         out[multiple] = {
