@@ -11,8 +11,14 @@ on. This runs **every** split of ``sim.static_grid`` to the end (no screening) o
 * with ``--plan-traces K``: the fixed split ``tailsieve plan`` picks from each of K logged stock-verl
   runs (``--plan-log-steps`` steps of the cell's preset on prompt pools of their own), scored on this grid.
 
+``--dapo SHAPE@CAP`` runs ``signal_gap.py``'s DAPO-sized cells instead (verl 0.9.1's rollout defaults, a
+17,000-prompt pool, dense8b among the setups), on the coarse grid, optionally cut to ``--tail-sizes``. With
+``--draws 1`` the per-seed best is scored on the draw it was chosen on (hindsight) and the cross-validated
+split on this seed's own draw (chosen on the other seeds: out of sample).
+
     python scripts/experiments/static_grid_cv.py --cells dense-weak --batch 256 --n 16 --seeds 0,1,2,3,4,5,6,7 --out cv.json
     python scripts/experiments/static_grid_cv.py --table-only cv.json --plan-traces 6
+    python scripts/experiments/static_grid_cv.py --dapo 512x16@32768 --tail-sizes 1,2 --draws 1 --cells dense-weak --seeds 0,1,2,3,4,5
 
 Recorded results: scripts/results/adaptive_vs_best_static_split/; every table and its command: docs/results.md.
 """
@@ -28,34 +34,55 @@ from pathlib import Path
 import numpy as np
 
 from controller_v2_eval import cell_parts, cell_setup  # scripts/experiments/ is this script's import path
+from signal_gap import cell_setting
 from tailsieve_verl.core.simulation import sim
 from tailsieve_verl.core.simulation.planner import plan_from_trace
-from tailsieve_verl.core.data.workload import generate_trace
+from tailsieve_verl.core.data.workload import PromptPool, generate_trace, get_preset
+
+
+def setup(job: dict) -> tuple[sim.SimConfig, PromptPool, object, list[tuple[int, int]]]:
+    """The job's config, pool, perf model and static splits: controller_v2_eval's cells, or signal_gap's
+    DAPO-sized ones on the coarse grid (``job["dapo"]`` = its shape), m cut to ``job["tail_sizes"]``."""
+    if job.get("dapo"):
+        cfg, perf, preset, cap = cell_setting({**job, "shape": job["dapo"]}, ("verl",))
+        pool = PromptPool(get_preset(preset, max_response_length=cap), job["pool"], seed=job["seed"])
+    else:
+        cfg, pool, perf = cell_setup(job, policies=("verl",))
+    grid = sim.static_grid(cfg.n_replicas, cfg.batch_size, cfg.controller.max_q_fraction, coarse=bool(job.get("dapo")))
+    sizes = job.get("tail_sizes")
+    return cfg, pool, perf, [s for s in grid if not sizes or s[1] == 0 or s[1] in sizes]
 
 
 def run(job: dict) -> dict:
-    cfg, pool, perf = cell_setup(job, policies=("verl",))
+    cfg, pool, perf, splits = setup(job)
     runners = sim.build_runners(cfg, pool, perf)
     for k in range(job["draws"]):
         drawn = replace(cfg, regeneration_draws=k)
         runners.append(sim.TailSieveRunner(drawn, pool, perf, replace(cfg.controller, fixed_tail_replicas=None),
                                            f"adaptive|{k}"))
-        runners += [sim.static_split_runner(drawn, pool, perf, split, f"{split[0]},{split[1]}|{k}")
-                    for split in sim.static_grid(cfg.n_replicas, job["batch"], cfg.controller.max_q_fraction)]
+        runners += [sim.static_split_runner(drawn, pool, perf, split, f"{split[0]},{split[1]}|{k}") for split in splits]
     for t in range(cfg.steps):
         for runner in runners:
             runner.step(t, keep=False)
     results = {runner.name: runner.finish() for runner in runners}
     base = results["verl"].mean_makespan_s
-    return {"cell": job["cell"], "seed": job["seed"],
+    return {"cell": job["cell"], "seed": job["seed"], "dapo": job.get("dapo", ""),
             "speedup": {name: base / r.mean_makespan_s for name, r in results.items() if name != "verl"}}
 
 
 def plan_pick(job: dict) -> dict:
-    """The fixed split ``tailsieve plan`` picks from a logged stock-verl run of the cell's preset."""
-    preset, perf, n_replicas = cell_parts(job["cell"])
-    logged = generate_trace(preset, job["log_steps"] * job["batch"], job["n"], seed=job["seed"])
-    plan = plan_from_trace(logged, n_replicas, perf, batch_size=job["batch"], steps=job["steps"])
+    """The fixed split ``tailsieve plan`` picks from a logged stock-verl run of the cell's preset (with ``dapo``:
+    signal_gap's cell, its response cap and verl's rollout defaults)."""
+    if job.get("dapo"):
+        cfg, perf, preset, cap = cell_setting({**job, "shape": job["dapo"]}, ("verl",))
+        logged = generate_trace(get_preset(preset, max_response_length=cap), job["log_steps"] * cfg.batch_size,
+                                cfg.n, seed=job["seed"])
+        plan = plan_from_trace(logged, cfg.n_replicas, perf, batch_size=cfg.batch_size, steps=job["steps"],
+                               engine=cfg.engine)
+    else:
+        preset, perf, n_replicas = cell_parts(job["cell"])
+        logged = generate_trace(preset, job["log_steps"] * job["batch"], job["n"], seed=job["seed"])
+        plan = plan_from_trace(logged, n_replicas, perf, batch_size=job["batch"], steps=job["steps"])
     return {"cell": job["cell"], "trace_seed": job["seed"], "log_steps": job["log_steps"], "split": f"{plan.fixed_q},{plan.fixed_m}",
             "predicted": plan.fixed_speedup}
 
@@ -64,12 +91,11 @@ def summarise(rows: list[dict], picks: list[dict]) -> None:
     for cell in dict.fromkeys(r["cell"] for r in rows):
         cr = [r for r in rows if r["cell"] == cell]
         draws = sorted({int(k.split("|")[1]) for k in cr[0]["speedup"]})
-        if len(draws) < 2:
-            raise SystemExit("need --draws >= 2: draw 0 chooses, the others score")
+        scoring = draws[1:] or draws  # one draw: the per-seed best is scored in hindsight, on its own draw
         splits = [k.split("|")[0] for k in cr[0]["speedup"] if k.endswith("|0") and not k.startswith("adaptive")]
         chosen_on = np.array([[r["speedup"][f"{s}|0"] for s in splits] for r in cr])  # seeds × splits
-        scored = np.array([[np.mean([r["speedup"][f"{s}|{k}"] for k in draws[1:]]) for s in splits] for r in cr])
-        adaptive = np.array([np.mean([r["speedup"][f"adaptive|{k}"] for k in draws[1:]]) for r in cr])
+        scored = np.array([[np.mean([r["speedup"][f"{s}|{k}"] for k in scoring]) for s in splits] for r in cr])
+        adaptive = np.array([np.mean([r["speedup"][f"adaptive|{k}"] for k in scoring]) for r in cr])
         own = chosen_on.argmax(axis=1)
         others = [np.delete(chosen_on, i, axis=0).mean(axis=0).argmax() for i in range(len(cr))]
         per_seed, cross = scored[np.arange(len(cr)), own], scored[np.arange(len(cr)), others]
@@ -78,7 +104,8 @@ def summarise(rows: list[dict], picks: list[dict]) -> None:
             x = a / b
             return f"{x.mean():.3f} ± {x.std(ddof=1) / np.sqrt(len(x)):.3f}"
 
-        print(f"{cell}, {len(cr)} seeds, {len(splits)} splits, scored on draws {draws[1:]}: speedup vs stock verl")
+        print(f"{' '.join(filter(None, (cell, cr[0].get('dapo'))))}, {len(cr)} seeds, {len(splits)} splits, scored on draws {scoring}"
+              f"{' (per-seed best in hindsight)' if len(draws) == 1 else ''}: speedup vs stock verl")
         print(f"  per-seed best static {per_seed.mean():.3f} (on its own draw {chosen_on.max(axis=1).mean():.3f}); "
               f"cross-validated static {cross.mean():.3f} (splits {sorted({splits[i] for i in others})}); "
               f"adaptive {adaptive.mean():.3f}")
@@ -88,6 +115,10 @@ def summarise(rows: list[dict], picks: list[dict]) -> None:
             print(f"    seed {r['seed']:>4}: best {splits[own[i]]:>6} {per_seed[i]:.3f}, cross-validated "
                   f"{splits[others[i]]:>6} {cross[i]:.3f}, adaptive {adaptive[i]:.3f}")
         for pick in (p for p in picks if p["cell"] == cell):
+            if pick["split"] not in splits:
+                print(f"  `tailsieve plan` on logged run {pick['trace_seed']}: pin {pick['split']} (predicted "
+                      f"{pick['predicted']:.3f}), not among the scored splits")
+                continue
             pinned = scored[:, splits.index(pick["split"])]
             print(f"  `tailsieve plan` on logged run {pick['trace_seed']} ({pick['log_steps']} steps): pin {pick['split']:>6} (predicted "
                   f"{pick['predicted']:.3f}): {pinned.mean():.3f}, / per-seed best {ratio(pinned, per_seed)}")
@@ -100,7 +131,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--n", type=int, default=16)
-    ap.add_argument("--pool", type=int, default=4096)
+    ap.add_argument("--pool", type=int, default=0, help="prompts in the pool (default 4096, with --dapo 17,000)")
     ap.add_argument("--draws", type=int, default=3, help="sets of regeneration draws (draw 0 chooses)")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--out", default="")
@@ -108,11 +139,17 @@ def main() -> None:
                     "from this many logged stock-verl runs of each cell (prompt pools 1000, 1001, ...)")
     ap.add_argument("--plan-log-steps", type=int, default=4, help="steps of each logged run (of --batch prompts)")
     ap.add_argument("--table-only", default="", help="summarise a saved JSON (and plan picks) and exit")
+    ap.add_argument("--dapo", default="", metavar="SHAPE@CAP", help="signal_gap.py's DAPO-sized cells at this shape, "
+                    "e.g. 512x16@32768 (a 17,000-prompt pool unless --pool; --batch and --n are ignored)")
+    ap.add_argument("--tail-sizes", default="", help="only the static splits with these tail sizes m (comma-separated; m = 0 is always kept)")
     args = ap.parse_args()
     cells = args.cells.split(",")
-    jobs = [dict(cell=c, seed=int(s), steps=args.steps, batch=args.batch, n=args.n, pool=args.pool, draws=args.draws)
-            for c in cells for s in args.seeds.split(",")]
-    plans = [dict(cell=c, seed=1000 + k, steps=args.steps, batch=args.batch, n=args.n, log_steps=args.plan_log_steps)
+    pool = args.pool or (17000 if args.dapo else 4096)
+    sizes = [int(m) for m in args.tail_sizes.split(",") if m]
+    jobs = [dict(cell=c, seed=int(s), steps=args.steps, batch=args.batch, n=args.n, pool=pool, draws=args.draws,
+                 dapo=args.dapo, tail_sizes=sizes) for c in cells for s in args.seeds.split(",")]
+    plans = [dict(cell=c, seed=1000 + k, steps=args.steps, batch=args.batch, n=args.n, log_steps=args.plan_log_steps,
+                  dapo=args.dapo)
              for c in cells for k in range(args.plan_traces)]
     with ProcessPoolExecutor(args.jobs) as ex:
         picks = list(ex.map(plan_pick, plans))
