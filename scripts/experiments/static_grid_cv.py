@@ -37,15 +37,21 @@ from controller_v2_eval import cell_parts, cell_setup  # scripts/experiments/ is
 from signal_gap import cell_setting
 from tailsieve_verl.core.simulation import sim
 from tailsieve_verl.core.simulation.planner import plan_from_trace
-from tailsieve_verl.core.data.workload import PromptPool, generate_trace, get_preset
+from tailsieve_verl.core.data.workload import PromptPool, WorkloadSpec, generate_trace, get_preset
+
+
+def dapo_cell(job: dict) -> tuple[sim.SimConfig, object, WorkloadSpec]:
+    """signal_gap's DAPO-sized cell at ``job["dapo"]`` (its shape): config, perf model and capped workload."""
+    cfg, perf, preset, cap = cell_setting({**job, "shape": job["dapo"]}, ("verl",))
+    return cfg, perf, get_preset(preset, max_response_length=cap)
 
 
 def setup(job: dict) -> tuple[sim.SimConfig, PromptPool, object, list[tuple[int, int]]]:
     """The job's config, pool, perf model and static splits: controller_v2_eval's cells, or signal_gap's
     DAPO-sized ones on the coarse grid (``job["dapo"]`` = its shape), m cut to ``job["tail_sizes"]``."""
     if job.get("dapo"):
-        cfg, perf, preset, cap = cell_setting({**job, "shape": job["dapo"]}, ("verl",))
-        pool = PromptPool(get_preset(preset, max_response_length=cap), job["pool"], seed=job["seed"])
+        cfg, perf, workload = dapo_cell(job)
+        pool = PromptPool(workload, job["pool"], seed=job["seed"])
     else:
         cfg, pool, perf = cell_setup(job, policies=("verl",))
     grid = sim.static_grid(cfg.n_replicas, cfg.batch_size, cfg.controller.max_q_fraction, coarse=bool(job.get("dapo")))
@@ -74,9 +80,8 @@ def plan_pick(job: dict) -> dict:
     """The fixed split ``tailsieve plan`` picks from a logged stock-verl run of the cell's preset (with ``dapo``:
     signal_gap's cell, its response cap and verl's rollout defaults)."""
     if job.get("dapo"):
-        cfg, perf, preset, cap = cell_setting({**job, "shape": job["dapo"]}, ("verl",))
-        logged = generate_trace(get_preset(preset, max_response_length=cap), job["log_steps"] * cfg.batch_size,
-                                cfg.n, seed=job["seed"])
+        cfg, perf, workload = dapo_cell(job)
+        logged = generate_trace(workload, job["log_steps"] * cfg.batch_size, cfg.n, seed=job["seed"])
         plan = plan_from_trace(logged, cfg.n_replicas, perf, batch_size=cfg.batch_size, steps=job["steps"],
                                engine=cfg.engine)
     else:
