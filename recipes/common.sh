@@ -229,7 +229,7 @@ tailsieve_on() {
 
 # TailSieve routing-only: the controller adapts q (tail groups) and m (tail replicas).
 tailsieve_adaptive() {
-  tailsieve_on adaptive "${TAILSIEVE_M0:-1}"
+  tailsieve_on adaptive "${TAILSIEVE_M0:-0}"
 }
 
 # TailSieve fixed allocation: the replica split is held at R/2 : R/2 (2:2 or 4:4).
@@ -290,7 +290,7 @@ tailsieve_dflash_tail() {
     echo "${RECIPE_NAME}: set DFLASH_DRAFT_PATH to a DFlash drafter trained for ${MODEL_PATH}" >&2
     exit 2
   fi
-  tailsieve_adaptive
+  tailsieve_on adaptive "${TAILSIEVE_M0:-1}"  # the tail engine is set at launch: a tail pool from the start
   ARGS+=("+tailsieve.tail.engine_kwargs={speculative_config:{method:dflash,model:'${DFLASH_DRAFT_PATH}',num_speculative_tokens:${DFLASH_TOKENS}}}")
 }
 

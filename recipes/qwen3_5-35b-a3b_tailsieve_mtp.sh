@@ -13,7 +13,7 @@
 #   MTP_BULK_TOKENS=6 bash recipes/qwen3_5-35b-a3b_verl_mtp.sh
 # This recipe runs the plan's best TailSieve configuration, tailsieve-dynsd: vLLM's documented schedule
 # (MTP_SCHEDULE) on every replica, adaptive; the plan's runs ended at one shared pool (q = 0, m = 0), and
-# the trainer starts there and adapts; predicted 0.863x the pick (10-90 % band 0.854-0.871x), 1.86x stock
+# the trainer starts there and adapts; predicted 0.885x the pick (10-90 % band 0.882-0.887x), 1.90x stock
 # verl.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"

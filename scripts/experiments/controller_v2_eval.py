@@ -76,14 +76,11 @@ def run(job: dict) -> dict:
         override = dict(override)
         if override.get("m_init") == "half":
             override.update(m_init=cfg.n_replicas // 2, q_init=job["batch"] // 8)
-        ctl = replace(cfg.controller, fixed_tail_replicas=None, **override)
-        runners.append(sim.TailSieveRunner(cfg, pool, perf, ctl, name))
+        runners.append(sim.adaptive_runner(cfg, pool, perf, name, replace(cfg.controller, **override)))
     for k in range(1, job["regeneration_draws"]):
-        runners.append(sim.TailSieveRunner(replace(cfg, regeneration_draws=k), pool, perf,
-                                           replace(cfg.controller, fixed_tail_replicas=None), f"tailsieve (regen {k})"))
+        runners.append(sim.adaptive_runner(replace(cfg, regeneration_draws=k), pool, perf, f"tailsieve (regen {k})"))
     if job["no_record"]:
-        runners.append(sim.TailSieveRunner(replace(cfg, prompt_record=False), pool, perf,
-                                           replace(cfg.controller, fixed_tail_replicas=None), "tailsieve (no record)"))
+        runners.append(sim.adaptive_runner(replace(cfg, prompt_record=False), pool, perf, "tailsieve (no record)"))
     t0 = time.time()
     for t in range(cfg.steps):
         for r in runners:

@@ -85,8 +85,8 @@ def run(job: dict) -> dict:
     for name, (override, controller) in VARIANTS.items():
         override = {k: cfg.n_replicas - 1 if v == "R-1" else v for k, v in override.items()}
         for k in range(job["draws"]):
-            runner = sim.TailSieveRunner(replace(cfg, regeneration_draws=k), pool, perf,
-                                         replace(cfg.controller, fixed_tail_replicas=None, **override), f"{name}|{k}")
+            runner = sim.adaptive_runner(replace(cfg, regeneration_draws=k), pool, perf, f"{name}|{k}",
+                                         replace(cfg.controller, **override))
             if controller:
                 runner.cycle.controller = controller(runner.cycle.controller, perf, stock_s)
             runners.append(runner)

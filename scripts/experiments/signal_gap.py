@@ -112,12 +112,13 @@ def run_ablation(job: dict) -> dict:
             cfg = replace(cfg, policies=cfg.policies + ("best-static",))
         runners = sim.build_runners(cfg, pool, perf)
         if label:
-            runners.append(sim.TailSieveRunner(replace(cfg, record_replaces_aborts=True), pool, perf, cfg.controller,
+            runners.append(sim.adaptive_runner(replace(cfg, record_replaces_aborts=True), pool, perf,
                                                "tailsieve, record replaces aborts"))
         else:
-            runners.append(TrueRankTailSieveRunner(cfg, pool, perf, cfg.controller, "tailsieve, true candidate ranking"))
-            runners.append(sim.TailSieveRunner(cfg, pool, perf, replace(cfg.controller, candidate_factor=1.0),
-                                               "tailsieve, candidate_factor 1"))
+            runners.append(TrueRankTailSieveRunner(cfg, pool, perf, cfg.controller, "tailsieve, true candidate ranking",
+                                                   planner=sim.planner_for(cfg.controller, cfg, perf)))
+            runners.append(sim.adaptive_runner(cfg, pool, perf, "tailsieve, candidate_factor 1",
+                                               replace(cfg.controller, candidate_factor=1.0)))
         for t in range(cfg.steps):
             for r in runners:
                 r.step(t, keep=False)
@@ -145,8 +146,7 @@ def run_predictor(job: dict) -> dict:
     for sigma in PRIOR_SIGMAS:
         for replaces in (False, True):
             c = replace(cfg, length_prior_sigma=sigma, record_replaces_aborts=replaces)
-            runners.append(sim.TailSieveRunner(c, pool, perf, c.controller,
-                                               f"prior sigma {sigma}" + (", no aborts" if replaces else " + carry")))
+            runners.append(sim.adaptive_runner(c, pool, perf, f"prior sigma {sigma}" + (", no aborts" if replaces else " + carry")))
     for t in range(cfg.steps):
         for r in runners:
             r.step(t, keep=False)

@@ -64,8 +64,7 @@ def run(job: dict) -> dict:
     runners = sim.build_runners(cfg, pool, perf)
     for k in range(job["draws"]):
         drawn = replace(cfg, regeneration_draws=k)
-        runners.append(sim.TailSieveRunner(drawn, pool, perf, replace(cfg.controller, fixed_tail_replicas=None),
-                                           f"adaptive|{k}"))
+        runners.append(sim.adaptive_runner(drawn, pool, perf, f"adaptive|{k}"))
         runners += [sim.static_split_runner(drawn, pool, perf, split, f"{split[0]},{split[1]}|{k}") for split in splits]
     for t in range(cfg.steps):
         for runner in runners:

@@ -77,8 +77,7 @@ def run(job: dict) -> dict:
     # TailSieve's routing on every replica, m free — what routing adds on top of it — and the ceiling of a
     # split over it (lengths known)
     best = replace(cfg, engine=engine if best_stock == "verl" else sim.stock_engines(cfg)[results[best_stock].choice])
-    on_best = [sim.TailSieveRunner(best, pool, perf, replace(cfg.controller, fixed_tail_replicas=None),
-                                   "tailsieve on best stock"), sim.ClairvoyantSplitRunner(best, pool, perf)]
+    on_best = [sim.adaptive_runner(best, pool, perf, "tailsieve on best stock"), sim.ClairvoyantSplitRunner(best, pool, perf)]
     for t in range(cfg.steps):
         for r in on_best:
             r.step(t, keep=False)

@@ -59,6 +59,7 @@ from verl.utils.transferqueue_utils import KVBatchMeta
 
 from tailsieve_verl.core.tailsieve.bias import LengthBiasMonitor
 from tailsieve_verl.core.kinds import Pool
+from tailsieve_verl.core.simulation.split_planner import run_planner
 from tailsieve_verl.core.tailsieve.controller import GroupRecord
 from tailsieve_verl.core.tailsieve.cycle import TailSieveCycle
 from tailsieve_verl.core.tailsieve.selector import StepOutcome, StepPlan, fresh_cutoff, group_work
@@ -241,11 +242,13 @@ class TailSieveTrainer(PPOTrainerSync):
         # the pools' engine models (admission caps), for the controller's model and the step metrics' predictions
         self.pool_engines = pool_engine_models(self.settings, int(config.actor_rollout_ref.rollout.max_num_seqs))
         # selector, controller and per-prompt length record: the step logic the simulator runs too
-        self.cycle = TailSieveCycle(self.batch_size, self.n_replicas, self.settings.controller_config(),
-                                    self.settings.perf(), per_sample=not self.settings.group_atomic,
+        controller, perf, per_sample = self.settings.controller_config(), self.settings.perf(), not self.settings.group_atomic
+        planner = run_planner(controller, self.n_replicas, self.batch_size, self.samples_per_group, perf,
+                              self.pool_engines, per_sample) if self.settings.active else None
+        self.cycle = TailSieveCycle(self.batch_size, self.n_replicas, controller, perf, per_sample=per_sample,
                                     adaptive=self.settings.active, prompt_key=lambda identity: self.prompt_keys[identity],
-                                    engines=self.pool_engines,
-                                    record_replaces_aborts=self.settings.record_replaces_aborts)
+                                    engines=self.pool_engines, record_replaces_aborts=self.settings.record_replaces_aborts,
+                                    planner=planner)
         self.carried_rows: dict[str, TensorDict] = {}
         self.prompt_keys: dict[str, str] = {}  # identity -> prompt_key of its row, for the carried and this step
         self.step_state: ActiveStep | None = None

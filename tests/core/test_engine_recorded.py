@@ -11,7 +11,7 @@ preemptions, recomputed and prefilled tokens, tokens at a time) equal; times wit
 
 Re-record only when the model is meant to change: ``PYTHONPATH=. python tests/core/test_engine_recorded.py``.
 The closed-loop cells (``sim``) also follow the controller's rules: they were re-recorded alone, the replica
-and fuzz runs kept, when those rules changed (issue 33: the probe margin and the way back to one shared pool)."""
+and fuzz runs kept, when those rules changed (issue 33: the probe margin and the way back to one shared pool; the planned probe)."""
 
 from __future__ import annotations
 

@@ -169,7 +169,7 @@ def test_no_prompt_is_deferred_more_than_one_step(workload):
         parse_perf_model("table:h200-dense"), 8)
     cfg = SimConfig(steps=30, n_replicas=replicas, batch_size=64, n=8, seed=0,
                     policies=("verl", "tailsieve-fixed", "tailsieve"),
-                    controller=ControllerConfig(switch_threshold=0.0))  # probes on any predicted gain: q moves
+                    controller=ControllerConfig(switch_threshold=0.0, plan_probe=False))  # probes on any predicted gain: q moves
     result = simulate(cfg, pool, perf)
     for name in ("tailsieve-fixed", "tailsieve"):
         r = result.policies[name]

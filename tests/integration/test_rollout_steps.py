@@ -99,6 +99,10 @@ def test_adaptive_mode_starts_at_one_shared_pool(harness_factory, tmp_path):
     stats = h.server_stats()
     assert sum(s["completed"] for s in stats) == B * N and sum(s["aborted"] for s in stats) == 0
     assert min(s["completed"] for s in stats) > 0  # every replica served the step: one shared pool
+    h.step()  # two measured steps of one shared pool: the controller plans its probe from their groups
+    planned, decision = h.trainer.cycle.controller.state.planned, h.trainer.cycle.decision
+    assert planned is not None and 0 <= planned.m <= R // 2 and planned.relative > 0
+    assert decision.m in (0, planned.m) and (decision.m == 0) == (decision.q == 0)
 
 
 def test_carried_groups_are_regenerated_and_survive_checkpoint_resume(harness_factory, tmp_path):

@@ -45,7 +45,8 @@ from ..engine.perf import PerfModel
 from .forked import forked_map
 from .sim import (LAUNCH_SPEC_POLICIES, STOCK_POLICIES, SimConfig, SimResult, engine_label, simulate,
                   static_split_runner, tailsieve_spec_config)
-from ..data.trace import Group, Trace
+from .split_planner import prompt_copies, prompt_pool
+from ..data.trace import Trace
 from ..data.workload import PromptPool
 
 
@@ -190,25 +191,6 @@ def _simulate_seeds(configs: list[SimConfig], trace: Trace, perf: PerfModel, job
         return simulate(cfg, prompt_pool(trace, cfg.batch_size, cfg.seed), perf, workload_name=trace.name)
 
     return forked_map(one, len(configs), jobs)
-
-
-def prompt_copies(prompts: int, batch: int) -> int:
-    """Copies of each logged group the simulated steps draw from: a prompt is in flight at most once
-    and TailSieve carries up to a batch of them into the next step, so a step needs 2 × batch
-    prompts to draw fresh ones from."""
-    return max(1, -(-2 * batch // prompts))
-
-
-def prompt_pool(trace: Trace, batch: int, seed: int) -> PromptPool:
-    """The trace's prompts as the pool of a plan with steps of ``batch`` groups, each regeneration
-    resampling the prompt's observed lengths. A trace of fewer than 2 × batch groups — one logged step
-    planned at its own batch size — gives each group :func:`prompt_copies` copies (``PROMPT~c``): the
-    next steps' fresh prompts are that step's groups again, their lengths drawn afresh."""
-    copies = prompt_copies(len(trace), batch)
-    if copies > 1:
-        trace = Trace(tuple(Group(f"{g.prompt_id}~{c}", g.lengths, g.prompt_len) for c in range(copies) for g in trace),
-                      name=trace.name)
-    return PromptPool.from_trace(trace, seed=seed)
 
 
 def _band(samples) -> tuple[float, float]:

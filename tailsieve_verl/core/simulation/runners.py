@@ -12,7 +12,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ..tailsieve.controller import ControllerConfig, GroupRecord
+from ..tailsieve.controller import ControllerConfig, GroupRecord, SplitPlanner
 from ..tailsieve.cycle import TailSieveCycle
 from ..engine.engine import EngineConfig
 from ..tailsieve.fallback import Arm, FallbackConfig, StockFallback
@@ -229,13 +229,14 @@ class TailSieveRunner(_Runner):
     """Selector + controller in closed loop; the controller sees only measurable quantities."""
 
     def __init__(self, cfg: SimConfig, pool: PromptPool, perf: PerfModel, controller_cfg: ControllerConfig,
-                 name: str, execute: Execute | None = None):
+                 name: str, execute: Execute | None = None, planner: SplitPlanner | None = None):
+        """``planner``: the controller's split planner (:func:`core.simulation.split_planner.planner_for`)."""
         self.name = name
         super().__init__(cfg, pool, perf, execute)
         self.cycle = TailSieveCycle(cfg.batch_size, cfg.n_replicas, controller_cfg, perf,
                                     per_sample=not cfg.group_atomic, record=cfg.prompt_record, prompt_key=prompt_of,
                                     record_replaces_aborts=cfg.record_replaces_aborts,
-                                    engines=cfg.tail_and_bulk_engines)
+                                    engines=cfg.tail_and_bulk_engines, planner=planner)
         if cfg.length_prior_sigma is not None:
             self.cycle.record.seed(predicted_work(pool, cfg.n, cfg.length_prior_sigma, cfg.seed))
         self.generated: dict[str, int] = {}

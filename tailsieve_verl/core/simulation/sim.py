@@ -75,6 +75,7 @@ from dataclasses import replace
 from typing import Callable
 
 from ..engine.perf import PerfModel
+from ..tailsieve.controller import ControllerConfig
 from ..data.workload import PromptPool
 from .forked import forked_map
 from .config import (ALL_POLICIES, BASELINE, Execute, LAUNCH_SPEC_POLICIES, POLICIES, POOL_ENGINE_POLICIES,
@@ -84,6 +85,7 @@ from .runners import (_Runner, FallbackRunner, Ledger, prompt_of, PromptStream, 
                       TailSieveRunner)
 from .references import (BestStaticRunner, ClairvoyantSplitRunner, GroupOracleSplitRunner, HindsightRunner,
                          PromptOracleSplitRunner, static_grid, static_split_runner, stock_spec_runner)
+from .split_planner import planner_for
 from .speculation import (DEFAULT_SPECULATION, engine_label, schedule_grid, schedule_text, SPEC_DEPTHS, spec_label,
                           stock_engines, tailsieve_spec_config, vllm_doc_schedule, with_speculation)
 
@@ -94,7 +96,7 @@ __all__ = ["ALL_POLICIES", "BASELINE", "BestStaticRunner", "ClairvoyantSplitRunn
            "SimError", "SimResult", "StaticRunner", "StepRecord", "TailSieveRunner", "engine_label", "prompt_of",
            "schedule_grid", "schedule_text", "spec_label", "static_grid", "static_split_runner", "step_times",
            "stock_engines", "stock_spec_runner", "tailsieve_spec_config", "vllm_doc_schedule", "with_speculation",
-           "build_runners", "simulate"]
+           "adaptive_runner", "build_runners", "planner_for", "simulate"]
 
 
 def build_runners(cfg: SimConfig, pool: PromptPool, perf: PerfModel,
@@ -119,8 +121,7 @@ def build_runners(cfg: SimConfig, pool: PromptPool, perf: PerfModel,
             runners.append(BestStaticRunner(cfg, pool, perf, name, execute))
         elif name in ("tailsieve", "tailsieve-dynsd"):
             run_cfg = cfg if name == "tailsieve" else tailsieve_spec_config(cfg, name)
-            runners.append(TailSieveRunner(run_cfg, pool, perf, replace(cfg.controller, fixed_tail_replicas=None),
-                                           name, execute))
+            runners.append(adaptive_runner(run_cfg, pool, perf, name, execute=execute))
             runners[-1].result.choice = "" if name == "tailsieve" else spec_label(run_cfg)
         else:  # tailsieve-fixed, and tailsieve-spec: per-pool engines are set at launch, so the split is pinned
             fixed = replace(cfg.controller, fixed_tail_replicas=cfg.fixed_m,
@@ -129,6 +130,13 @@ def build_runners(cfg: SimConfig, pool: PromptPool, perf: PerfModel,
             runners.append(TailSieveRunner(run_cfg, pool, perf, fixed, name, execute))
             runners[-1].result.choice = spec_label(run_cfg) if name == "tailsieve-spec" else ""
     return runners
+
+
+def adaptive_runner(cfg: SimConfig, pool: PromptPool, perf: PerfModel, name: str, controller: ControllerConfig | None = None,
+                    execute: Execute | None = None) -> TailSieveRunner:
+    """Adaptive TailSieve (m free) on ``controller`` (default: ``cfg.controller``), with its split planner."""
+    adaptive = replace(controller or cfg.controller, fixed_tail_replicas=None)
+    return TailSieveRunner(cfg, pool, perf, adaptive, name, execute, planner_for(adaptive, cfg, perf))
 
 
 def simulate(cfg: SimConfig, pool: PromptPool, perf: PerfModel, workload_name: str = "",

@@ -27,6 +27,17 @@ response lengths and finish times, abort counts — never future lengths.
   work and a step of regenerated tails). Both rules together took the DAPO-sized and 64 × 8 cells
   below 0.99× stock verl from 7 of 27 to none (``scripts/experiments/probe_margin.py``).
 
+**The planned probe** (the default wherever the rollout layer passes a split planner, as the simulator's
+and the trainer's TailSieve do). The fluid prior ranks splits well but picks their q badly (it assumes a
+perfect tail signal), and the inner loop's balance rule then wanders q on a makespan that rises steeply
+above the best q. So after measuring one shared pool the controller asks the planner
+(:class:`core.simulation.split_planner.OnlineSplitPlanner`: pinned splits simulated on the groups just
+measured) for a split, probes it where the plan predicts ``plan_margin`` over one shared pool, holds its q
+(no inner loop) and leaves it only for one shared pool, when one shared pool measures better than the
+split's record weighed against the plan's prediction (``plan_weight``). It plans once per run. On the four
+weak DAPO-sized cells this reaches 95-119 % of the per-prompt oracle's gain, against 50-100 % for the
+prior and both loops (``scripts/experiments/probe_margin.py``; docs/results.md).
+
 Why measured and not modelled: the fluid model assumes perfect tail precision and a noiseless step;
 the rollout layer's tail signal is a low-precision filter and steps are noisy, so the prior ranks
 splits but misjudges their gains (``scripts/experiments/controller_v2_eval.py --ablation`` measures both).
@@ -45,7 +56,7 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -118,6 +129,17 @@ class ControllerConfig:
     """Ablation switch: False ranks splits by the bias-corrected prior alone (controller v1's outer loop)."""
     candidate_factor: float = 2.0
     """Bulk groups aborted (tail candidates) per isolated group; see :mod:`core.tailsieve.selector`."""
+    plan_probe: bool = True
+    """With a split planner (the simulator's and the trainer's TailSieve get one): the first probe is the split
+    the planner's pinned-split simulations of the measured shared-pool steps rank best, probed where it
+    beats one shared pool by ``plan_margin``; a planned split holds its q (no inner loop) and leaves only for
+    one shared pool. False (or no planner): the fluid prior picks the probe and both loops search. On the
+    four weak DAPO-sized cells it took TailSieve from 1.040-1.138 to 1.094-1.172 (``online_plan.py``)."""
+    plan_margin: float = 0.03
+    """The planned split is probed only where the plan predicts it beating one shared pool by this fraction."""
+    plan_weight: float = 2.0
+    """How many measured steps the plan's prediction is worth when a planned split is weighed against one
+    shared pool (the way back): one step's measurement varies by about ±0.09 (``split_window``)."""
 
     def validate(self, n_replicas: int, batch_size: int) -> None:
         if n_replicas < 1 or batch_size < 2:
@@ -137,8 +159,8 @@ class ControllerConfig:
             raise ControllerError(f"candidate_factor must be >= 1, got {self.candidate_factor}")
         if not 0 < self.max_q_fraction < 1 or self.balance_tolerance < 0 or self.switch_threshold < 0:
             raise ControllerError("max_q_fraction must be in (0, 1); balance_tolerance and switch_threshold >= 0")
-        if self.exploration_bonus < 0 or self.prior_weight < 0:
-            raise ControllerError("exploration_bonus and prior_weight must be >= 0")
+        if self.exploration_bonus < 0 or self.prior_weight < 0 or self.plan_weight < 0 or not 0 <= self.plan_margin < 1:
+            raise ControllerError("exploration_bonus, prior_weight and plan_weight must be >= 0, plan_margin in [0, 1)")
         if self.split_window < 1:
             raise ControllerError(f"split_window must be >= 1, got {self.split_window}")
         if (self.max_replica_step < 1 or self.search_radius < self.max_replica_step or self.settle_steps < 0
@@ -164,6 +186,20 @@ def initial_split(config: ControllerConfig, n_replicas: int, batch_size: int) ->
         return 0, 0
     q = batch_size // 8 if config.q_init is None else config.q_init
     return _bounded_q(q, m, max_q(config.max_q_fraction, batch_size)), m
+
+
+@dataclass(frozen=True)
+class PlannedSplit:
+    """A split planner's pick: (q, m) and its predicted makespan relative to one shared pool's."""
+
+    q: int
+    m: int
+    relative: float
+
+
+SplitPlanner = Callable[[Sequence["ConsumedBatch"], float], PlannedSplit]
+"""(consumed batches of the measured steps, mean prompt tokens) -> the split to probe
+(:class:`core.simulation.planner.OnlineSplitPlanner`)."""
 
 
 @dataclass(frozen=True)
@@ -266,6 +302,7 @@ class _State:
     splits: dict = field(default_factory=dict)  # m -> _SplitRecord
     prior_bias: _Smoothed | None = None  # measured / prior relative makespan, over the splits run
     history: list = field(default_factory=list)  # last consumed batches (ConsumedBatch)
+    planned: PlannedSplit | None = None  # the split planner's pick, once it has planned
 
 
 def _work_arrays(groups: Sequence[GroupRecord]) -> tuple[np.ndarray, np.ndarray]:
@@ -279,10 +316,13 @@ class HierarchicalController:
     """Chooses (q, m) for the next step from measurements of the last steps."""
 
     def __init__(self, config: ControllerConfig, n_replicas: int, batch_size: int, perf: PerfModel,
-                 per_sample: bool = True, engines: tuple[EngineConfig, EngineConfig] | None = None):
+                 per_sample: bool = True, engines: tuple[EngineConfig, EngineConfig] | None = None,
+                 planner: SplitPlanner | None = None):
         """``per_sample``: the pools route samples by least in flight (else whole groups round-robin).
-        ``engines``: the (tail, bulk) pools' engines, for the prior and the yardstick (None: no limit)."""
+        ``engines``: the (tail, bulk) pools' engines, for the prior and the yardstick (None: no limit).
+        ``planner``: plans the first probe where ``config.plan_probe`` is set."""
         config.validate(n_replicas, batch_size)
+        self.planner = planner if config.plan_probe else None
         self.engines = engines or NO_LIMITS
         self.config = config
         self.per_sample = per_sample
@@ -323,7 +363,7 @@ class HierarchicalController:
                 moved = self._outer(obs)
                 if moved is not None:
                     return moved
-        if s.m > 0 and cfg.inner_loop:
+        if s.m > 0 and cfg.inner_loop and s.planned is None:
             return self._inner(obs)
         return Decision(s.q, s.m, "hold", DecisionKind.HOLD)
 
@@ -335,7 +375,8 @@ class HierarchicalController:
             smoothed["pool_times"] = smoothed["pool_times"].tolist()
         state = {"q": s.q, "m": s.m, "steps": s.steps, "steps_at_split": s.steps_at_split, **smoothed,
                  "splits": {str(m): [r.relative_makespan.value, r.visits] for m, r in s.splits.items()},
-                 "history": [[batch.lengths.tolist(), batch.sizes.tolist()] for batch in s.history]}
+                 "history": [[batch.lengths.tolist(), batch.sizes.tolist()] for batch in s.history],
+                 "planned": asdict(s.planned) if s.planned else None}
         return {"config": asdict(self.config), "n_replicas": self.n_replicas, "batch_size": self.batch_size,
                 "state": state}
 
@@ -361,7 +402,8 @@ class HierarchicalController:
             bulk_finish_curve=smoothed("bulk_finish_curve"), prior_bias=smoothed("prior_bias"),
             splits={int(m): _SplitRecord(_Smoothed(w, value), int(visits)) for m, (value, visits) in st["splits"].items()},
             history=[ConsumedBatch(np.asarray(lengths, dtype=np.int64), np.asarray(sizes, dtype=np.int64))
-                     for lengths, sizes in st["history"]])
+                     for lengths, sizes in st["history"]],
+            planned=PlannedSplit(**st["planned"]) if st.get("planned") else None)  # absent before the planner
 
     # ------------------------------------------------------------------ measurements
     def _check(self, obs: StepObservation) -> None:
@@ -477,8 +519,39 @@ class HierarchicalController:
             estimate = (cfg.prior_weight * modelled + visits * record.relative_makespan.value) / (cfg.prior_weight + visits)
         return estimate, estimate * (1 - cfg.exploration_bonus / math.sqrt(1 + visits))
 
+    def _move(self, q: int, m: int, reason: str) -> Decision:
+        """Go to (q, m) (q bounded; 0 at one shared pool); the split's settling and pool times restart."""
+        s = self.state
+        s.m, s.q = m, (_bounded_q(q, m, self.q_max) if m else 0)
+        s.steps_at_split = 0
+        s.pool_times = None
+        return Decision(s.q, s.m, reason.format(split=(s.q, s.m)), DecisionKind.OUTER)
+
+    def _planned_outer(self, obs: StepObservation) -> Decision | None:
+        """The outer loop with a split planner: plan once from the measured shared-pool steps and probe the
+        pick where it pays the margin; a planned split leaves only for one shared pool, when one shared pool
+        measures better than the split's record weighed against the plan's prediction."""
+        s, cfg = self.state, self.config
+        if s.planned is None:
+            s.planned = plan = self.planner(s.history, obs.prompt_len)
+            if plan.m > 0 and plan.relative < 1.0 - cfg.plan_margin:
+                return self._move(plan.q, plan.m, f"outer: probe the planned split {{split}} (predicted {plan.relative:.3f} "
+                                  "of one shared pool)")
+            return None
+        here, shared = s.splits.get(s.m), s.splits.get(0)
+        if s.m == 0 or here is None or not here.visits or shared is None:
+            return None
+        shared_value = shared.relative_makespan.value
+        w = cfg.plan_weight
+        estimate = (w * s.planned.relative * shared_value + here.visits * here.relative_makespan.value) / (w + here.visits)
+        if shared_value < estimate:
+            return self._move(0, 0, f"outer: {(s.q, s.m)} -> {{split}} (measured {estimate / shared_value:.3f} of one shared pool)")
+        return None
+
     def _outer(self, obs: StepObservation) -> Decision | None:
         s, cfg, R = self.state, self.config, self.n_replicas
+        if self.planner is not None and (s.planned is not None or set(s.splits) == {0}):
+            return self._planned_outer(obs)
         lo, hi = max(0, s.m - cfg.search_radius), min(R - 1, s.m + cfg.search_radius)
         neighbours = sorted(set(range(lo, hi + 1)) | {0})
         probe_range = self._probe_range() if s.m == 0 and set(s.splits) == {0} else range(0)  # only (0, 0) measured
@@ -492,11 +565,7 @@ class HierarchicalController:
         # move; else search step by step.
         probe = min(probe_range, key=lambda m: prior[m][0], default=None)
         if probe is not None and prior[probe][0] < 1.0 - cfg.switch_threshold:
-            s.m, s.q = probe, _bounded_q(prior[probe][1], probe, self.q_max)
-            s.steps_at_split = 0
-            s.pool_times = None
-            return Decision(s.q, s.m, f"outer: probe (q, m) = {(s.q, s.m)} after measuring one shared pool",
-                            DecisionKind.OUTER)
+            return self._move(prior[probe][1], probe, "outer: probe (q, m) = {split} after measuring one shared pool")
         here, _ = self._estimate(s.m, prior[s.m][0])
         scores = {m: self._estimate(m, prior[m][0])[1] for m in neighbours if m != s.m}
         target = min(scores, key=scores.get, default=None)
@@ -514,12 +583,7 @@ class HierarchicalController:
             new_q = round(s.q * new_m / s.m)
         else:
             new_q = prior[new_m][1]
-        old = s.q, s.m
-        s.m, s.q = new_m, _bounded_q(new_q, new_m, self.q_max) if new_m else 0
-        s.steps_at_split = 0
-        s.pool_times = None
-        return Decision(s.q, s.m, f"outer: (q, m) {old} -> {(s.q, s.m)} (score {scores[target]:.3f} vs {here:.3f})",
-                        DecisionKind.OUTER)
+        return self._move(new_q, new_m, f"outer: (q, m) {(s.q, s.m)} -> {{split}} (score {scores[target]:.3f} vs {here:.3f})")
 
     def _feasible(self, m: int, deadline: float, model: "FluidModel") -> bool:
         """The enlarged pool absorbs, by the deadline, at least the groups the reduced pool releases."""

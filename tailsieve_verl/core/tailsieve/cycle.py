@@ -20,7 +20,8 @@ from __future__ import annotations
 
 from typing import Callable, Mapping, Sequence
 
-from .controller import ControllerConfig, Decision, GroupRecord, HierarchicalController, StepObservation
+from .controller import (ControllerConfig, Decision, GroupRecord, HierarchicalController, SplitPlanner,
+                         StepObservation)
 from ..engine.engine import EngineConfig
 from ..kinds import DecisionKind
 from ..engine.perf import PerfModel
@@ -36,16 +37,17 @@ class TailSieveCycle:
     def __init__(self, batch_size: int, n_replicas: int, controller: ControllerConfig, perf: PerfModel, *,
                  per_sample: bool = True, adaptive: bool = True, record: bool = True,
                  prompt_key: Callable[[str], str] = str, engines: tuple[EngineConfig, EngineConfig] | None = None,
-                 record_replaces_aborts: bool = False):
+                 record_replaces_aborts: bool = False, planner: SplitPlanner | None = None):
         """``adaptive`` False keeps one shared pool (q = m = 0; the trainer's stop-only mode);
         ``record`` False plans from abort scores alone (the partial-rollout signal only); ``engines``:
         the (tail, bulk) pools' engines, for the controller's model (None: no limit).
         ``record_replaces_aborts``: abort only for the share of fresh prompts the record cannot predict
         (that share of the last step's pull): in a later epoch the record names the tail at the step's
-        start and the partial rollout's aborted work falls with the share it knows."""
+        start and the partial rollout's aborted work falls with the share it knows. ``planner``: the
+        controller's split planner (:class:`core.simulation.split_planner.OnlineSplitPlanner`)."""
         self.selector = TailSelector(batch_size, controller.candidate_factor)
         self.controller = (HierarchicalController(controller, n_replicas, batch_size, perf, per_sample=per_sample,
-                                                  engines=engines)
+                                                  engines=engines, planner=planner)
                            if adaptive else None)
         self.decision = self.controller.decision if self.controller else SHARED_POOL
         self.record = PromptLengthRecord() if record else None
