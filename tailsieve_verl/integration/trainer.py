@@ -58,7 +58,7 @@ from verl.utils import tensordict_utils as tu
 from verl.utils.transferqueue_utils import KVBatchMeta
 
 from tailsieve_verl.core.tailsieve.bias import LengthBiasMonitor
-from tailsieve_verl.core.kinds import Pool
+from tailsieve_verl.core.kinds import DecisionKind, Pool
 from tailsieve_verl.core.simulation.split_planner import run_planner
 from tailsieve_verl.core.tailsieve.controller import GroupRecord
 from tailsieve_verl.core.tailsieve.cycle import TailSieveCycle
@@ -745,6 +745,8 @@ class TailSieveTrainer(PPOTrainerSync):
             plan, [identity[u] for u in consumed_bulk], scores, tail=tail, bulk=bulk, m=state.m_used,
             cutoff_s=max((g.finish_s for _, g in bulk), default=0.0), prompt_len=self._mean_prompt_len(batch),
             policy_version=self.global_steps)
+        if self.cycle.decision.kind == DecisionKind.OUTER:  # the split moves: say why (a plan, a probe, the way back)
+            logger.info("TailSieve step %d: %s", self.global_steps, self.cycle.decision.reason)
         self.last_outcome = outcome
         self.carried_rows = {pid: rows[pid] for pid in outcome.carried_ids}
         self.prompt_keys = {pid: self.prompt_keys[pid] for pid in outcome.carried_ids}

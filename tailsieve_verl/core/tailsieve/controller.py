@@ -134,7 +134,7 @@ class ControllerConfig:
     the planner's pinned-split simulations of the measured shared-pool steps rank best, probed where it
     beats one shared pool by ``plan_margin``; a planned split holds its q (no inner loop) and leaves only for
     one shared pool. False (or no planner): the fluid prior picks the probe and both loops search. On the
-    four weak DAPO-sized cells it took TailSieve from 1.040-1.138 to 1.094-1.172 (``online_plan.py``)."""
+    four weak DAPO-sized cells it took TailSieve from 1.057-1.143 to 1.108-1.177 (``probe_margin.py``)."""
     plan_margin: float = 0.03
     """The planned split is probed only where the plan predicts it beating one shared pool by this fraction."""
     plan_weight: float = 2.0
