@@ -51,7 +51,8 @@ class OnlineSplitPlanner:
     on ``cfg``'s replicas and engines; the split with the least mean makespan after its first step (which
     aborts without a tail pool) wins, its makespan relative to one shared pool's.
 
-    Cost: 29 splits × 2 seeds × 10 steps at 512 × 16 on 8 replicas, about 40 CPU-seconds, once per run.
+    Cost: 33 splits × 2 seeds × 10 steps at 512 × 16 on 8 replicas, 40-55 CPU-seconds, once per run; it
+    grows with R/2 × batch (64 splits and about 100 CPU-seconds on 16 replicas).
     No per-prompt record (a first epoch); the stream seeds are fixed, so a plan is reproducible."""
 
     def __init__(self, cfg: SimConfig, perf: PerfModel, steps: int = 10, seeds: int = 2):
