@@ -141,7 +141,7 @@ def static_split_runner(cfg: SimConfig, pool: PromptPool, perf: PerfModel, split
     q, m = split
     pinned = (replace(cfg.controller, fixed_tail_replicas=m, q_init=q, inner_loop=False) if m else
               replace(cfg.controller, fixed_tail_replicas=None, m_init=0, q_init=0, inner_loop=False,
-                      settle_steps=10 ** 9, plan_probe=False))  # (0, 0): the outer loop never decides
+                      settle_steps=10 ** 9))  # (0, 0): the outer loop never decides
     return TailSieveRunner(cfg, pool, perf, pinned, name, execute)
 
 

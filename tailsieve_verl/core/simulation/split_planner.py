@@ -42,7 +42,6 @@ def prompt_pool(trace: Trace, batch: int, seed: int) -> PromptPool:
     return PromptPool.from_trace(trace, seed=seed)
 
 
-
 class OnlineSplitPlanner:
     """The controller's split planner (:class:`core.tailsieve.controller.SplitPlanner`): ``tailsieve plan``'s
     fixed-split search run online on the consumed groups of the steps just measured. Those groups become a

@@ -199,7 +199,7 @@ class PlannedSplit:
 
 SplitPlanner = Callable[[Sequence["ConsumedBatch"], float], PlannedSplit]
 """(consumed batches of the measured steps, mean prompt tokens) -> the split to probe
-(:class:`core.simulation.planner.OnlineSplitPlanner`)."""
+(:class:`core.simulation.split_planner.OnlineSplitPlanner`)."""
 
 
 @dataclass(frozen=True)
