@@ -1,10 +1,14 @@
 """The README and docs/ stay true to the tree: a short README, links and script paths that exist, every
-CLI flag documented, and every recorded result named in docs/results.md."""
+CLI flag documented, every recorded result named in docs/results.md, every quoted figure equal to what
+its result file renders, and no work-log counts."""
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -99,60 +103,62 @@ def test_a_result_file_added_without_a_mention_is_caught(tmp_path):
                                                                                  "question/run/cal.json"]
 
 
-def _headline_cells() -> dict[str, dict[str, float]]:
-    """Per cell of the headline table, the numbers its files hold: mean (and worst seed) speedup over stock
-    verl of verl-redraw, tailsieve-fixed and tailsieve, best-static re-run on other draws, and the
-    clairvoyant references."""
-    import json
-
-    import numpy as np
-
-    folder = ROOT / "scripts" / "results" / "controller_vs_stock_verl"
-    cells = {}
-    for scale, name in (("64x8", "no_starvation_64x8.json"), ("256x16", "no_starvation_256x16.json"),
-                        ("oracle", "controller_v2_64x8_oracle_crn.json")):
-        rows = json.loads((folder / name).read_text())
-        for cell in {r["cell"] for r in rows}:
-            speedups = [r["speedup"] for r in rows if r["cell"] == cell]
-            stats = cells.setdefault(f"{'64x8' if scale == 'oracle' else scale} {cell}", {})
-            policies = (("clairvoyant-group", "clairvoyant-sample") if scale == "oracle" else
-                        ("verl-redraw", "tailsieve-fixed", "tailsieve"))
-            for policy in policies:
-                    stats[policy] = float(np.mean([s[policy] for s in speedups]))
-                    stats[policy + " worst"] = float(np.min([s[policy] for s in speedups]))
-            if scale != "oracle":
-                stats["best-static"] = float(np.mean([np.mean([v for k, v in s.items() if k.startswith("best-static (regen")])
-                                                      for s in speedups]))
-    return cells
+def _docs_numbers():
+    """``scripts/docs_numbers.py``, the one generator of every figure the README and docs/ quote."""
+    spec = importlib.util.spec_from_file_location("docs_numbers", ROOT / "scripts" / "docs_numbers.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-def test_the_headline_table_is_computed_from_its_files():
-    """Every number of the README's and docs/results.md's table against stock verl, from the JSON rows."""
-    cells = _headline_cells()
+def test_every_generated_figure_matches_its_result_file():
+    """README.md and docs/ quote figures only through generated blocks, each equal to what its source
+    renders now (run ``python scripts/docs_numbers.py --write`` after a new result)."""
+    completed = subprocess.run([sys.executable, str(ROOT / "scripts" / "docs_numbers.py"), "--check"],
+                               capture_output=True, text=True, cwd=ROOT)
+    assert completed.returncode == 0, completed.stdout + completed.stderr
 
-    def mean_worst(cell, policy):
-        return f"{cells[cell][policy]:.3f} [{cells[cell][policy + ' worst']:.3f}]"
 
+def test_the_readme_shows_the_current_table():
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    results = (ROOT / "docs" / "results.md").read_text(encoding="utf-8")
-    labels = {"dense-weak": "dense 8 replicas, 64 × 8, weak", "dense-real": "dense, 64 × 8, real",
-              "dense-strong": "dense, 64 × 8, strong", "moe-weak": "MoE 4 replicas, 64 × 8, weak",
-              "moe-real": "MoE, 64 × 8, real", "moe-strong": "MoE, 64 × 8, strong"}
-    for name, label in labels.items():
-        c = f"64x8 {name}"
-        redraw, adaptive = mean_worst(c, "verl-redraw"), mean_worst(c, "tailsieve")
-        best, group, sample = (f"{cells[c][k]:.3f}" for k in ("best-static", "clairvoyant-group", "clairvoyant-sample"))
-        assert f"| {label} | {redraw} | **{adaptive.split()[0]}** {adaptive.split()[1]} | {best} | {sample} |" in readme
-        fixed = mean_worst(c, "tailsieve-fixed")
-        assert (f"| {label} | {redraw} | {fixed} | **{adaptive.split()[0]}** {adaptive.split()[1]} | {best} | {group} "
-                f"| {sample} |") in results
-    for setup in ("dense", "moe"):
-        c = [f"256x16 {setup}-{tails}" for tails in ("weak", "real", "strong")]
+    assert "<!-- numbers:current-table -->" in readme
+    assert "<!-- numbers:current-detail -->" in (ROOT / "docs" / "results.md").read_text(encoding="utf-8")
 
-        def three(key):
-            return " / ".join(f"{cells[x][key]:.3f}" for x in c)
 
-        label = f"{'MoE' if setup == 'moe' else 'dense'}, 256 × 16, weak / real / strong"
-        redraw, adaptive, best = three("verl-redraw"), three("tailsieve"), three("best-static")
-        assert f"| {label} | {redraw} | **{adaptive}** | {best} | |" in readme
-        assert f"| {label} | {redraw} | {three('tailsieve-fixed')} | **{adaptive}** | {best} | | |" in results
+def test_a_hand_edited_figure_is_caught(tmp_path):
+    """One digit changed inside a generated block of a copy of the README fails the check, naming the block."""
+    docs_numbers = _docs_numbers()
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    block = re.search(r"<!-- numbers:current-table -->.*?<!-- /numbers -->", readme, re.S)[0]
+    first = re.search(r"\d\.\d{3}", block)
+    digit = block[first.end() - 1]
+    edited_block = block[:first.end() - 1] + str((int(digit) + 1) % 10) + block[first.end():]
+    copy = tmp_path / "README.md"
+    copy.write_text(readme.replace(block, edited_block), encoding="utf-8")
+    assert docs_numbers.main(["--check", "--pages", str(copy)]) == 1
+    _, problems = docs_numbers.check_page(copy, strict=True)
+    assert [p.split(":")[1] for p in problems] == ["current-table"]
+    copy.write_text(readme, encoding="utf-8")
+    assert docs_numbers.main(["--check", "--pages", str(copy)]) == 0
+
+
+def test_a_figure_typed_outside_a_block_is_caught():
+    docs_numbers = _docs_numbers()
+    assert docs_numbers.hand_figures("TailSieve reads 1.108× stock verl.") != []
+    assert docs_numbers.hand_figures("verl 0.9.1, P90/P50 1.5, <!-- numbers:lowest-cell -->0.981<!-- /numbers -->") == []
+
+
+WORK_LOG_COUNT = re.compile(r"session ?[0-9]+", re.I)
+SOURCE_TREES = ("README.md", "setup.py", "docs", "recipes", "scripts", "tailsieve_verl", "tests")
+
+
+def test_no_work_log_counts_in_the_repository():
+    """The repository speaks of dates, commits and versions; a work-log label means nothing to a reader."""
+    paths = [ROOT / p for p in SOURCE_TREES if (ROOT / p).is_file()]
+    paths += [f for p in SOURCE_TREES if (ROOT / p).is_dir() for f in sorted((ROOT / p).rglob("*"))
+              if f.is_file() and "__pycache__" not in f.parts]
+    hits = [f"{path.relative_to(ROOT)}:{number}: {line.strip()[:80]}" for path in paths
+            for number, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1)
+            if WORK_LOG_COUNT.search(line)]
+    hits += [f"{path.relative_to(ROOT)}: in its path" for path in paths if WORK_LOG_COUNT.search(str(path.relative_to(ROOT)))]
+    assert hits == []

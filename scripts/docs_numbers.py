@@ -1,0 +1,316 @@
+"""Every figure README.md and docs/ quote, rendered from the committed result files.
+
+A page marks a generated figure or table as ``<!-- numbers:NAME -->…<!-- /numbers -->`` (inline, or a
+table on the lines between). ``--check`` renders every block from ``scripts/results/`` (and the tail
+presets from ``core/data/workload.py``) and exits 1 naming each block whose text differs, each unknown
+block name, and each measured figure (a number with three decimals) the README states outside a block;
+``--write`` rewrites the blocks. Figures typed by hand drift from their sources; these cannot.
+
+    python scripts/docs_numbers.py --check
+    python scripts/docs_numbers.py --write
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from functools import cache
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "scripts" / "results"
+PAGES = ("README.md", "docs/results.md", "docs/design.md", "docs/usage.md", "docs/testing.md")
+BLOCK = re.compile(r"<!-- numbers:(?P<name>[\w-]+) -->(?P<body>.*?)<!-- /numbers -->", re.S)
+HAND_FIGURE = re.compile(r"(?<![\w.])\d\.\d{3}(?![\w.])")  # a measured speedup, e.g. 1.108
+CODE_FENCE = re.compile(r"^```.*?^```", re.S | re.M)
+
+SETUP_LABELS = {"dense": "dense Qwen3-1.7B, 8 replicas", "dense8b": "dense Qwen3-8B, 8 replicas",
+                "moe": "MoE Qwen3-30B-A3B, 4 replicas"}
+TAILS = ("weak", "real", "strong")
+DAPO_SHAPES = ("512x16@32768", "256x16@16384")
+
+
+def _jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def _span(values, digits: int = 3, sep: str = "–") -> str:
+    """``lo–hi`` of ``values`` at ``digits`` decimals, one figure when they round alike."""
+    lo, hi = f"{min(values):.{digits}f}", f"{max(values):.{digits}f}"
+    return lo if lo == hi else f"{lo}{sep}{hi}"
+
+
+# --- the default configuration: adaptive controller with the planned probe, verl's rollout defaults ---
+
+@cache
+def planned_probe() -> dict[tuple[str, str], dict]:
+    """Per (cell, shape): seeds, mean and worst whole-run speedup over stock verl, steady state, split steps,
+    and the per-prompt oracle's speedup on the same seeds (``probe_margin.py --report --oracle``'s columns)."""
+    folder = RESULTS / "signal_gap"
+    oracle = {(r["cell"], r["shape"], r["seed"]): r["speedup_vs_verl"]["prompt-oracle-split"]
+              for name in ("signal_gap.jsonl", "signal_gap_64x8.jsonl") for r in _jsonl(folder / name)}
+    rows = _jsonl(folder / "planned_probe.jsonl")
+    cells = {}
+    for key in dict.fromkeys((r["cell"], r["shape"]) for r in rows):
+        rs = [r for r in rows if (r["cell"], r["shape"]) == key]
+        ts = np.array([r["ts"] for r in rs])
+        cells[key] = {"seeds": len(rs), "mean": float(ts.mean()), "worst": float(ts.min()),
+                      "steady": float(np.mean([r["ts_steady"] for r in rs])),
+                      "split_steps": float(np.mean([r["split_steps"] for r in rs])),
+                      "oracle": float(np.mean([oracle[(*key, r["seed"])] for r in rs]))}
+    return cells
+
+
+def _shape_label(shape: str) -> str:
+    batch, cap = shape.split("@")
+    return f"{batch.replace('x', ' × ')}, {int(cap) // 1024}k cap"
+
+
+def current_table() -> str:
+    """The README's one table: setups × tails down, shapes across, mean [worst seed]."""
+    cells = planned_probe()
+    shapes = list(dict.fromkeys(shape for _, shape in cells))
+    lines = ["| setup / tails | " + " | ".join(_shape_label(s) for s in shapes) + " |",
+             "| --- |" + " --- |" * len(shapes)]
+    for setup, label in SETUP_LABELS.items():
+        for tails in TAILS:
+            row = [f"{cells[f'{setup}-{tails}', s]['mean']:.3f} [{cells[f'{setup}-{tails}', s]['worst']:.3f}]"
+                   for s in shapes]
+            row = [f"**{c}**" if tails == "weak" and setup != "moe" else c for c in row]
+            lines.append(f"| {label}, {tails} | " + " | ".join(row) + " |")
+    return "\n" + "\n".join(lines) + "\n"
+
+
+def current_detail() -> str:
+    """docs/results.md's current table: every cell with its seeds, steady state and the per-prompt oracle."""
+    lines = ["| cell | shape | seeds | TailSieve, whole run [worst seed] | steps 10–29 | per-prompt oracle | "
+             "share of the oracle's gain | split steps of 30 |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for (cell, shape), c in planned_probe().items():
+        share = f"{(c['mean'] - 1) / (c['oracle'] - 1) * 100:.0f} %" if c["oracle"] >= 1.05 else "–"
+        lines.append(f"| {cell} | {shape} | {c['seeds']} | {c['mean']:.3f} [{c['worst']:.3f}] | {c['steady']:.3f} | "
+                     f"{c['oracle']:.3f} | {share} | {c['split_steps']:.1f} |")
+    return "\n" + "\n".join(lines) + "\n"
+
+
+def _where(pred) -> list[dict]:
+    return [c for (cell, shape), c in planned_probe().items() if pred(*cell.split("-"), shape)]
+
+
+def weak_dense_dapo() -> str:
+    return _span([c["mean"] for c in _where(lambda s, t, shape: t == "weak" and s != "moe" and shape in DAPO_SHAPES)])
+
+
+def weak_dense_64x8() -> str:
+    return _span([c["mean"] for c in _where(lambda s, t, shape: t == "weak" and s != "moe" and shape.startswith("64x8"))])
+
+
+def _elsewhere() -> list[dict]:
+    return _where(lambda s, t, shape: not (t == "weak" and s != "moe"))
+
+
+def elsewhere_span() -> str:
+    return _span([c["mean"] for c in _elsewhere()])
+
+
+def elsewhere_count() -> str:
+    return f"{len(_elsewhere())} of {len(planned_probe())}"
+
+
+def elsewhere_oracle_gain() -> str:
+    return f"{(max(c['oracle'] for c in _elsewhere()) - 1) * 100:.0f} %"
+
+
+def lowest_cell() -> str:
+    return f"{min(c['worst'] for c in planned_probe().values()):.3f}"
+
+
+def real_tails_dapo() -> str:
+    return _span([c["mean"] for c in _where(lambda s, t, shape: t == "real" and shape in DAPO_SHAPES)])
+
+
+def weak_dense_share() -> str:
+    shares = [(c["mean"] - 1) / (c["oracle"] - 1) for c in
+              _where(lambda s, t, shape: t == "weak" and s != "moe" and shape in DAPO_SHAPES)]
+    return f"{min(shares) * 100:.0f}–{max(shares) * 100:.0f} %"
+
+
+# --- speculation on every replica (simulated, assumed acceptance) ---
+
+@cache
+def strongest_stock() -> list[dict]:
+    return json.loads((RESULTS / "strongest_stock" / "strongest_stock_64x8.json").read_text(encoding="utf-8"))
+
+
+def _per_cell_mean(key) -> list[float]:
+    rows = strongest_stock()
+    return [float(np.mean([key(r) for r in rows if r["cell"] == cell])) for cell in dict.fromkeys(r["cell"] for r in rows)]
+
+
+def mtp_stock_gain() -> str:
+    return _span(_per_cell_mean(lambda r: r["speedup_vs_verl"][r["best_stock"]]), digits=1)
+
+
+def mtp_tailsieve_vs_best_stock() -> str:
+    split = _per_cell_mean(lambda r: r["speedup_vs_best_stock"]["tailsieve-spec"])
+    one = _per_cell_mean(lambda r: r["speedup_vs_best_stock"]["tailsieve-spec m=1"])
+    return _span(split + one, digits=2)
+
+
+# --- the tail presets, from the workload model itself ---
+
+def presets_table() -> str:
+    sys.path.insert(0, str(ROOT))
+    from tailsieve_verl.core.data.workload import PRESETS
+
+    lines = ["| preset | P90/P50 of response length | median | cap (default) |", "| --- | --- | --- | --- |"]
+    for name, spec in PRESETS.items():
+        ratio = spec.tail_ratio if spec.tail_ratio is not None else spec.model_p90_ratio
+        lines.append(f"| `{name}` | {ratio:.1f} | {spec.median_len:.0f} tokens | {spec.max_response_length} tokens |")
+    return "\n" + "\n".join(lines) + "\n"
+
+
+def preset_ratio(name: str) -> str:
+    sys.path.insert(0, str(ROOT))
+    from tailsieve_verl.core.data.workload import PRESETS
+
+    spec = PRESETS[name]
+    return f"{spec.tail_ratio if spec.tail_ratio is not None else spec.model_p90_ratio:.1f}"
+
+
+# --- history: the 2026-12-03 table against stock verl (the controller before the planned probe) ---
+
+@cache
+def headline_2026_12_03() -> dict[str, dict[str, float]]:
+    """Per cell, mean (and worst seed) speedup over stock verl of verl-redraw, tailsieve-fixed and tailsieve,
+    best-static re-run on other draws, and the clairvoyant references."""
+    folder = RESULTS / "controller_vs_stock_verl"
+    cells: dict[str, dict[str, float]] = {}
+    for scale, name in (("64x8", "no_starvation_64x8.json"), ("256x16", "no_starvation_256x16.json"),
+                        ("oracle", "controller_v2_64x8_oracle_crn.json")):
+        rows = json.loads((folder / name).read_text(encoding="utf-8"))
+        for cell in dict.fromkeys(r["cell"] for r in rows):
+            speedups = [r["speedup"] for r in rows if r["cell"] == cell]
+            stats = cells.setdefault(f"{'64x8' if scale == 'oracle' else scale} {cell}", {})
+            policies = (("clairvoyant-group", "clairvoyant-sample") if scale == "oracle" else
+                        ("verl-redraw", "tailsieve-fixed", "tailsieve"))
+            for policy in policies:
+                stats[policy] = float(np.mean([s[policy] for s in speedups]))
+                stats[policy + " worst"] = float(np.min([s[policy] for s in speedups]))
+            if scale != "oracle":
+                stats["best-static"] = float(np.mean([np.mean([v for k, v in s.items() if k.startswith("best-static (regen")])
+                                                      for s in speedups]))
+    return cells
+
+
+def history_table_2026_12_03() -> str:
+    cells = headline_2026_12_03()
+
+    def mw(c, p):
+        return f"{cells[c][p]:.3f} [{cells[c][p + ' worst']:.3f}]"
+
+    lines = ["| setup, B × n / tails | noise floor: stock verl, other draws | TailSieve fixed (m = R/2) | "
+             "TailSieve adaptive | best static (q, m), out of sample | clairvoyant group | clairvoyant sample |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    labels = {"dense": "dense 8 replicas", "moe": "MoE 4 replicas"}
+    for setup in ("dense", "moe"):
+        for tails in TAILS:
+            c = f"64x8 {setup}-{tails}"
+            lines.append(f"| {labels[setup]}, 64 × 8, {tails} | {mw(c, 'verl-redraw')} | {mw(c, 'tailsieve-fixed')} | "
+                         f"{mw(c, 'tailsieve')} | {cells[c]['best-static']:.3f} | {cells[c]['clairvoyant-group']:.3f} | "
+                         f"{cells[c]['clairvoyant-sample']:.3f} |")
+    for setup in ("dense", "moe"):
+        cs = [f"256x16 {setup}-{t}" for t in TAILS]
+
+        def three(key):
+            return " / ".join(f"{cells[x][key]:.3f}" for x in cs)
+
+        lines.append(f"| {labels[setup]}, 256 × 16, weak / real / strong | {three('verl-redraw')} | "
+                     f"{three('tailsieve-fixed')} | {three('tailsieve')} | {three('best-static')} | | |")
+    return "\n" + "\n".join(lines) + "\n"
+
+
+RENDERERS = {
+    "current-table": current_table,
+    "current-detail": current_detail,
+    "weak-dense-dapo": weak_dense_dapo,
+    "weak-dense-64x8": weak_dense_64x8,
+    "weak-dense-share": weak_dense_share,
+    "elsewhere-span": elsewhere_span,
+    "elsewhere-count": elsewhere_count,
+    "elsewhere-oracle-gain": elsewhere_oracle_gain,
+    "lowest-cell": lowest_cell,
+    "real-tails-dapo": real_tails_dapo,
+    "mtp-stock-gain": mtp_stock_gain,
+    "mtp-tailsieve-vs-best-stock": mtp_tailsieve_vs_best_stock,
+    "presets": presets_table,
+    "preset-weak": lambda: preset_ratio("weak"),
+    "preset-real": lambda: preset_ratio("real"),
+    "preset-strong": lambda: preset_ratio("strong"),
+    "history-2026-12-03": history_table_2026_12_03,
+}
+
+
+def render(text: str) -> tuple[str, list[str]]:
+    """``text`` with every block re-rendered, and the problems found: stale or unknown blocks."""
+    problems = []
+
+    def one(match: re.Match) -> str:
+        name, body = match["name"], match["body"]
+        if name not in RENDERERS:
+            problems.append(f"unknown block numbers:{name} (known: {', '.join(RENDERERS)})")
+            return match[0]
+        fresh = RENDERERS[name]()
+        if fresh != body:
+            problems.append(f"stale block numbers:{name}: the text reads {body.strip()[:60]!r}, its source "
+                            f"gives {fresh.strip()[:60]!r}")
+        return f"<!-- numbers:{name} -->{fresh}<!-- /numbers -->"
+
+    return BLOCK.sub(one, text), problems
+
+
+def hand_figures(text: str) -> list[str]:
+    """Measured figures (three decimals) outside generated blocks and code fences: typed by hand."""
+    bare = CODE_FENCE.sub("", BLOCK.sub("", text))
+    return [f"a figure typed by hand: {m[0]!r} in {line.strip()[:70]!r}"
+            for line in bare.splitlines() for m in HAND_FIGURE.finditer(line)]
+
+
+def check_page(path: Path, strict: bool) -> tuple[str, list[str]]:
+    """The page re-rendered and its problems; ``strict`` also flags hand-typed figures (the README)."""
+    text = path.read_text(encoding="utf-8")
+    fresh, problems = render(text)
+    if strict:
+        problems += hand_figures(text)
+    return fresh, problems
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    mode = ap.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--check", action="store_true", help="exit 1 naming every stale block")
+    mode.add_argument("--write", action="store_true", help="rewrite every block from its source")
+    ap.add_argument("--pages", nargs="+", type=Path, default=[ROOT / p for p in PAGES],
+                    help="pages to render (default: the README and docs/)")
+    args = ap.parse_args(argv)
+    failed = False
+    for page in args.pages:
+        if not page.exists():
+            print(f"{page}: no such page", file=sys.stderr)
+            return 2
+        fresh, problems = check_page(page, strict=page.name == "README.md")
+        if args.write and fresh != page.read_text(encoding="utf-8"):
+            page.write_text(fresh, encoding="utf-8")
+            problems = [p for p in problems if not p.startswith("stale")]
+        for problem in problems:
+            print(f"{page.name}: {problem}")
+        failed |= bool(problems)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
