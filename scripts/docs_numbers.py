@@ -3,8 +3,8 @@
 A page marks a generated figure or table as ``<!-- numbers:NAME -->…<!-- /numbers -->`` (inline, or a
 table on the lines between). ``--check`` renders every block from ``scripts/results/`` (and the tail
 presets from ``core/data/workload.py``) and exits 1 naming each block whose text differs, each unknown
-block name, and each measured figure (a number with three decimals) the README states outside a block;
-``--write`` rewrites the blocks. Figures typed by hand drift from their sources; these cannot.
+block name, and each measured figure (a number with three decimals) the README or docs/design.md states
+outside a block; ``--write`` rewrites the blocks. Figures typed by hand drift from their sources; these cannot.
 
     python scripts/docs_numbers.py --check
     python scripts/docs_numbers.py --write
@@ -24,6 +24,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "scripts" / "results"
 PAGES = ("README.md", "docs/results.md", "docs/design.md", "docs/usage.md", "docs/testing.md")
+STRICT_PAGES = ("README.md", "design.md")  # every measured figure on these pages is generated
 BLOCK = re.compile(r"<!-- numbers:(?P<name>[\w-]+) -->(?P<body>.*?)<!-- /numbers -->", re.S)
 HAND_FIGURE = re.compile(r"(?<![\w.])\d\.\d{3}(?![\w.])")  # a measured speedup, e.g. 1.108
 CODE_FENCE = re.compile(r"^```.*?^```", re.S | re.M)
@@ -266,8 +267,10 @@ def render(text: str) -> tuple[str, list[str]]:
             return match[0]
         fresh = RENDERERS[name]()
         if fresh != body:
-            problems.append(f"stale block numbers:{name}: the text reads {body.strip()[:60]!r}, its source "
-                            f"gives {fresh.strip()[:60]!r}")
+            text_line, source_line = next(((a, b) for a, b in zip(body.splitlines() + [""], fresh.splitlines() + [""])
+                                           if a != b), (body, fresh))
+            problems.append(f"stale block numbers:{name}: the text reads {text_line.strip()!r}, its source "
+                            f"gives {source_line.strip()!r}")
         return f"<!-- numbers:{name} -->{fresh}<!-- /numbers -->"
 
     return BLOCK.sub(one, text), problems
@@ -302,7 +305,7 @@ def main(argv: list[str] | None = None) -> int:
         if not page.exists():
             print(f"{page}: no such page", file=sys.stderr)
             return 2
-        fresh, problems = check_page(page, strict=page.name == "README.md")
+        fresh, problems = check_page(page, strict=page.name in STRICT_PAGES)
         if args.write and fresh != page.read_text(encoding="utf-8"):
             page.write_text(fresh, encoding="utf-8")
             problems = [p for p in problems if not p.startswith("stale")]
