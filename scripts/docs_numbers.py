@@ -75,7 +75,8 @@ def current_table() -> str:
     """The README's one table: setups × tails down, shapes across, mean [worst seed]."""
     cells = planned_probe()
     shapes = list(dict.fromkeys(shape for _, shape in cells))
-    lines = ["| setup / tails | " + " | ".join(_shape_label(s) for s in shapes) + " |",
+    seeds = {shape: min(c["seeds"] for (_, s), c in cells.items() if s == shape) for shape in shapes}
+    lines = ["| setup / tails | " + " | ".join(f"{_shape_label(s)}, {seeds[s]} seeds" for s in shapes) + " |",
              "| --- |" + " --- |" * len(shapes)]
     for setup, label in SETUP_LABELS.items():
         for tails in TAILS:
