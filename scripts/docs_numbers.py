@@ -100,19 +100,25 @@ def current_detail() -> str:
 
 
 def _where(pred) -> list[dict]:
+    """The planned probe's cells whose (setup, tails, shape) satisfy ``pred``."""
     return [c for (cell, shape), c in planned_probe().items() if pred(*cell.split("-"), shape)]
 
 
+def _pays(setup: str, tails: str) -> bool:
+    """Where isolation pays: weak tails on dense replicas."""
+    return tails == "weak" and setup != "moe"
+
+
 def weak_dense_dapo() -> str:
-    return _span([c["mean"] for c in _where(lambda s, t, shape: t == "weak" and s != "moe" and shape in DAPO_SHAPES)])
+    return _span([c["mean"] for c in _where(lambda s, t, shape: _pays(s, t) and shape in DAPO_SHAPES)])
 
 
 def weak_dense_64x8() -> str:
-    return _span([c["mean"] for c in _where(lambda s, t, shape: t == "weak" and s != "moe" and shape.startswith("64x8"))])
+    return _span([c["mean"] for c in _where(lambda s, t, shape: _pays(s, t) and shape.startswith("64x8"))])
 
 
 def _elsewhere() -> list[dict]:
-    return _where(lambda s, t, shape: not (t == "weak" and s != "moe"))
+    return _where(lambda s, t, shape: not _pays(s, t))
 
 
 def elsewhere_span() -> str:
@@ -137,7 +143,7 @@ def real_tails_dapo() -> str:
 
 def weak_dense_share() -> str:
     shares = [(c["mean"] - 1) / (c["oracle"] - 1) for c in
-              _where(lambda s, t, shape: t == "weak" and s != "moe" and shape in DAPO_SHAPES)]
+              _where(lambda s, t, shape: _pays(s, t) and shape in DAPO_SHAPES)]
     return f"{min(shares) * 100:.0f}–{max(shares) * 100:.0f} %"
 
 
@@ -165,23 +171,24 @@ def mtp_tailsieve_vs_best_stock() -> str:
 
 # --- the tail presets, from the workload model itself ---
 
-def presets_table() -> str:
+def _preset_ratios() -> dict[str, object]:
+    """Each preset's spec and its P90/P50 (``real`` keeps the length model's own)."""
     sys.path.insert(0, str(ROOT))
     from tailsieve_verl.core.data.workload import PRESETS
 
+    return {name: (spec, spec.tail_ratio if spec.tail_ratio is not None else spec.model_p90_ratio)
+            for name, spec in PRESETS.items()}
+
+
+def presets_table() -> str:
     lines = ["| preset | P90/P50 of response length | median | cap (default) |", "| --- | --- | --- | --- |"]
-    for name, spec in PRESETS.items():
-        ratio = spec.tail_ratio if spec.tail_ratio is not None else spec.model_p90_ratio
+    for name, (spec, ratio) in _preset_ratios().items():
         lines.append(f"| `{name}` | {ratio:.1f} | {spec.median_len:.0f} tokens | {spec.max_response_length} tokens |")
     return "\n" + "\n".join(lines) + "\n"
 
 
 def preset_ratio(name: str) -> str:
-    sys.path.insert(0, str(ROOT))
-    from tailsieve_verl.core.data.workload import PRESETS
-
-    spec = PRESETS[name]
-    return f"{spec.tail_ratio if spec.tail_ratio is not None else spec.model_p90_ratio:.1f}"
+    return f"{_preset_ratios()[name][1]:.1f}"
 
 
 # --- history: the 2026-12-03 table against stock verl (the controller before the planned probe) ---
