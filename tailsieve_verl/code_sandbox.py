@@ -1,12 +1,17 @@
-"""Runs a code-reward candidate isolated from the node, and says whether this node can.
+"""Runs a code-reward candidate under its judge, isolated from the node where it can, and says
+whether this node can.
 
-Each candidate runs under util-linux ``unshare`` in new mount, network, PID, IPC and UTS
-namespaces, as a user id of its own with no capabilities, seeing only a read-only ``/usr`` and
-interpreter install and a private size-capped ``/tmp``; :mod:`tailsieve_verl.sandbox_init` (the
-namespaces' PID 1) sets that up and enforces the limits. Needs Linux, root (to give each candidate
-a fresh unprivileged user id, which bounds its processes) and ``unshare``; where any is missing,
-:func:`isolation_problem` says so in one line, and the reward refuses to run candidates unless the
-user opts into the unisolated runner with ``TAILSIEVE_UNISOLATED_CODE_REWARD=1``.
+Each candidate is judged by :mod:`tailsieve_verl.sandbox_init` (the judge: it runs the candidate in
+a child process, evaluates the tests itself and prints ``PASS <nonce>`` only if every test ran and
+passed; the nonce is a per-run secret of this process). Isolated, the judge runs under util-linux
+``unshare`` in new mount, network, PID, IPC and UTS namespaces, and the candidate sees only a
+read-only ``/usr`` and interpreter install and a private size-capped ``/tmp``. As root each
+candidate gets a fresh user id (no capabilities; its process count is its own); as an ordinary
+user, an unprivileged user namespace (``--user --map-root-user``) gives the same namespaces, and
+the candidate keeps the namespace's root id with every capability dropped (its process count is
+the namespace's own). Where neither works, :func:`isolation_problem` says which in one line, and
+the reward refuses to run candidates unless the user opts into the unisolated runner with
+``TAILSIEVE_UNISOLATED_CODE_REWARD=1`` (the same judge, no namespaces).
 
 ``python -m tailsieve_verl.code_sandbox --check-isolation`` runs that check (the recipes' launch
 preflight for ``WORKLOAD=code``): exit 0 if candidates will run isolated, else 1 and the line.
@@ -16,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import json
 import os
 import secrets
 import shutil
@@ -24,57 +30,93 @@ import sys
 import tempfile
 
 UNISOLATED_ENV = "TAILSIEVE_UNISOLATED_CODE_REWARD"
-# Each candidate runs as a fresh user id drawn from this range (no account needs to exist), so its
-# process count (RLIMIT_NPROC counts per user id) is its own, not shared with the node's or other
-# candidates' processes.
+# As root, each candidate runs as a fresh user id drawn from this range (no account needs to
+# exist), so its process count (RLIMIT_NPROC counts per user id) is its own, not shared with the
+# node's or other candidates' processes.
 SANDBOX_UID_BASE = 0x70000000
 SANDBOX_UID_SPAN = 1 << 24
 SANDBOX_PROCESSES = 32  # processes and threads per candidate
 SANDBOX_WORK_BYTES = 32 << 20  # the candidate's writable /tmp (memory-backed)
-HOST_GRACE_S = 5.0  # the host's own backstop beyond the init's wall-clock limit
+HOST_GRACE_S = 5.0  # the host's own backstop beyond the judge's wall-clock limit
 INIT_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sandbox_init.py")
 NAMESPACES = ("--mount", "--net", "--pid", "--ipc", "--uts", "--fork", "--kill-child")
+USER_NAMESPACE = ("--user", "--map-root-user")
+KEEP_UID = -1  # sandbox_init.KEEP_UID
 
-# Run inside the sandbox by the isolation check: exits 0 only if the sandbox is what we promise.
+# Run inside the sandbox by the isolation check: returns "ok" only if the sandbox is what we promise.
 _PROBE = """\
-import errno, os, socket
-assert os.getuid() != 0 and os.geteuid() != 0, "candidate runs as root"
-assert not os.path.exists({host_path!r}), "host files are visible"
-open("/tmp/probe", "w").write("ok")
-try:
-    socket.create_connection(("127.0.0.1", 9), timeout=1).close()
-except OSError as e:
-    assert e.errno == errno.ENETUNREACH, f"the node's network is reachable ({{e}})"
-else:
-    raise AssertionError("the node's network is reachable")
+def probe():
+    import errno, os, socket
+    try:
+        os.chroot("/tmp")
+    except PermissionError:
+        pass
+    else:
+        raise AssertionError("the candidate has capabilities (it could chroot)")
+    assert not os.path.exists({host_path!r}), "host files are visible"
+    open("/tmp/probe", "w").write("ok")
+    try:
+        socket.create_connection(("127.0.0.1", 9), timeout=1).close()
+    except OSError as e:
+        assert e.errno == errno.ENETUNREACH, f"the node's network is reachable ({{e}})"
+    else:
+        raise AssertionError("the node's network is reachable")
+    return "ok"
 """
 
 
+def _interpreter() -> str:
+    return os.path.realpath(sys.executable)
+
+
 def sandbox_command(root: str) -> list[str]:
-    """The argv that runs one candidate: ``unshare`` starting the init under the base interpreter
-    (``-I -S``: no site-packages, exactly as the unisolated runner)."""
-    return [shutil.which("unshare") or "unshare", *NAMESPACES,
-            os.path.realpath(sys.executable), "-I", "-S", INIT_SCRIPT, root]
+    """The argv that starts one candidate's judge isolated: ``unshare`` (with a user namespace
+    unless root) starting the judge under the base interpreter (``-I -S``: no site-packages)."""
+    user = () if os.geteuid() == 0 else USER_NAMESPACE
+    return [shutil.which("unshare") or "unshare", *user, *NAMESPACES, _interpreter(), "-I", "-S", INIT_SCRIPT, root]
 
 
-def run_isolated(program: str, timeout_s: float, cpu_s: int, memory_bytes: int,
-                 stderr: int = subprocess.DEVNULL) -> subprocess.CompletedProcess:
-    """Run ``program`` in a fresh sandbox; returncode 0 iff it exited 0 within the limits."""
-    limits = [SANDBOX_UID_BASE + secrets.randbelow(SANDBOX_UID_SPAN), round(1000 * timeout_s), cpu_s,
-              memory_bytes, SANDBOX_PROCESSES, SANDBOX_WORK_BYTES]  # sandbox_init.LIMITS
+def run_judged(job: dict, timeout_s: float, cpu_s: int, memory_bytes: int, isolated: bool) -> tuple[bool, str]:
+    """Judge one candidate: (passed, the judge's line). ``job``: the candidate's ``code``, the
+    ``calls`` it evaluates, and the ``setup``, ``modules`` and ``checks`` only the judge evaluates
+    (:func:`tailsieve_verl.rewards.judge_job`). Passed only if the judge printed this run's nonce."""
+    nonce = secrets.token_hex(16)
+    # Isolated, the candidate's process count is its own (a fresh user id as root, else the user
+    # namespace's own count), so RLIMIT_NPROC bounds its tree; unisolated it would count every process
+    # of the trainer's user (and root is exempt), so there is none. Unisolated as root the candidate
+    # keeps uid 0 without capabilities: a fresh id could not reach an interpreter under /root.
+    fresh_uid = SANDBOX_UID_BASE + secrets.randbelow(SANDBOX_UID_SPAN)
+    uid = fresh_uid if isolated and os.geteuid() == 0 else KEEP_UID
+    processes = SANDBOX_PROCESSES if isolated else 0
+    limits = [uid, round(1000 * timeout_s), cpu_s, memory_bytes, processes, SANDBOX_WORK_BYTES]  # sandbox_init.LIMITS
     with tempfile.TemporaryDirectory(prefix="tailsieve_sandbox_") as root:
+        argv = sandbox_command(root) if isolated else [_interpreter(), "-I", "-S", INIT_SCRIPT, "-"]
         try:
-            return subprocess.run([*sandbox_command(root), *map(str, limits)], input=program.encode(),
-                                  stdout=subprocess.DEVNULL, stderr=stderr, timeout=timeout_s + HOST_GRACE_S,
+            done = subprocess.run([*argv, *map(str, limits)], input=json.dumps(dict(job, nonce=nonce)).encode(),
+                                  capture_output=True, timeout=timeout_s + HOST_GRACE_S,
                                   env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")})
-        except subprocess.TimeoutExpired:  # unshare was killed; --kill-child takes its namespace down
-            return subprocess.CompletedProcess([], 124)
+        except subprocess.TimeoutExpired:  # the judge was killed; --kill-child takes its namespace down
+            return False, "the judge timed out"
+    verdict = done.stdout.decode(errors="replace").strip()
+    if verdict == f"PASS {nonce}":
+        return True, "PASS"
+    problem = done.stderr.decode(errors="replace").strip().splitlines()
+    return False, verdict or (problem[-1] if problem else f"the judge exited {done.returncode} without a verdict")
 
 
 def _remedy() -> str:
-    return (f"run the trainer as root on Linux with util-linux `unshare`, in a container allowed to create "
-            f"namespaces and mount (e.g. docker run --privileged), or set {UNISOLATED_ENV}=1 to run model-written "
-            f"code unisolated at your own risk (docs/usage.md, 'Code reward isolation')")
+    return (f"run the trainer on Linux with util-linux `unshare`, as root or as a user allowed to create user "
+            f"namespaces, in a container allowed to create namespaces and mount (e.g. docker run --privileged), "
+            f"or set {UNISOLATED_ENV}=1 to run model-written code unisolated at your own risk "
+            f"(docs/usage.md, 'Code reward isolation')")
+
+
+def _user_namespace_refused() -> str | None:
+    """None if this user may create a user namespace, else unshare's reason."""
+    tried = subprocess.run([shutil.which("unshare") or "unshare", *USER_NAMESPACE, "true"], capture_output=True,
+                           timeout=30)
+    lines = tried.stderr.decode(errors="replace").strip().splitlines()
+    return None if tried.returncode == 0 else (lines[-1] if lines else f"exit {tried.returncode}")
 
 
 @functools.cache
@@ -82,17 +124,19 @@ def isolation_problem() -> str | None:
     """None if candidates run isolated on this node, else one line: why not and what to do."""
     if not sys.platform.startswith("linux"):
         why = f"needs Linux namespaces, this is {sys.platform}"
-    elif os.geteuid() != 0:
-        why = f"needs root to give each candidate its own user id, running as uid {os.geteuid()}"
     elif shutil.which("unshare") is None:
         why = "util-linux `unshare` is not on PATH"
+    elif os.geteuid() != 0 and (refused := _user_namespace_refused()) is not None:
+        why = (f"needs root or unprivileged user namespaces: running as uid {os.geteuid()}, and this node "
+               f"refuses a user namespace ({refused})")
     else:
-        probe = run_isolated(_PROBE.format(host_path=INIT_SCRIPT), timeout_s=10.0, cpu_s=10,
-                             memory_bytes=1 << 30, stderr=subprocess.PIPE)
-        if probe.returncode == 0:
+        probe = {"code": _PROBE.format(host_path=INIT_SCRIPT), "setup": [], "modules": [],
+                 "calls": ["probe()"], "checks": ["_tailsieve_call_0 == 'ok'"]}
+        passed, line = run_judged(probe, timeout_s=10.0, cpu_s=10, memory_bytes=1 << 30, isolated=True)
+        if passed:
             return None
-        lines = (probe.stderr or b"").decode(errors="replace").strip().splitlines()
-        why = f"the sandbox probe failed ({lines[-1] if lines else f'exit {probe.returncode}'})"
+        how = "as root" if os.geteuid() == 0 else f"as uid {os.geteuid()} in a user namespace"
+        why = f"the sandbox probe failed {how} ({line})"
     return f"tailsieve code reward: isolation unavailable: {why}; {_remedy()}"
 
 

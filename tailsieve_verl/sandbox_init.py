@@ -1,44 +1,122 @@
-"""First process (PID 1) of one code-reward candidate's namespaces: builds its file system, drops
-privileges, runs it, and takes the whole namespace down with it.
+"""The trusted side of one code-reward candidate: the judge. It runs the candidate in a child process,
+judges the child's answers itself, and takes the child's whole process tree down.
 
-Started by :mod:`tailsieve_verl.code_sandbox` as ``unshare --mount --net --pid --ipc --uts --fork
---kill-child <base python> -I -S sandbox_init.py <root> <limits>...`` (the integers of
-:data:`LIMITS`, in that order) with the candidate program on stdin, so it uses the standard library
-only, and few modules of it: its start-up is part of every candidate's time. It runs as root inside
-fresh mount, network, PID, IPC and UTS namespaces and:
+Started by :mod:`tailsieve_verl.code_sandbox` under the base interpreter (``-I -S``, so it uses the
+standard library only, and few modules of it: its start-up is part of every candidate's time) with
+the job (JSON) on stdin and the integers of :data:`LIMITS` as arguments, in one of two ways:
 
-1. mounts a small tmpfs on ``<root>`` (an empty host folder) holding only read-only binds of
-   ``/usr``, the interpreter's install and ``/dev/{null,zero,random,urandom}``, plus a private
-   size-capped writable ``/tmp`` (the candidate's folder) owned by the candidate's user id;
-2. moves that tmpfs over ``/`` and chroots into it, so no other host path has a name any more;
-3. forks the candidate, which drops to a user id of its own (no capabilities, no new privileges)
-   with CPU, address-space, process-count and core-size limits and execs the interpreter;
-4. waits at most the wall-clock limit, then exits with the candidate's status (124 at the limit).
-   When PID 1 exits the kernel kills every process left in the PID namespace, and the tmpfs
-   mounts vanish with the mount namespace: the whole process tree and its files are gone.
+* isolated: ``unshare [--user --map-root-user] --mount --net --pid --ipc --uts --fork --kill-child
+  <python> -I -S sandbox_init.py <root> <limits>...``. As the namespaces' PID 1 it mounts a small
+  tmpfs on ``<root>`` (an empty host folder) holding only read-only binds of ``/usr``, the
+  interpreter's install and ``/dev/{null,zero,random,urandom}`` plus a private size-capped ``/tmp``,
+  moves it over ``/`` and chroots into it; the candidate then drops to a user id of its own (as
+  root) or, in a user namespace, keeps the namespace's root user with every capability dropped.
+  When PID 1 exits the kernel kills everything left in the PID namespace.
+* unisolated (``<root>`` is ``-``): a temporary folder as the candidate's working folder, the
+  judge a child subreaper so that whatever the candidate starts, even in a session of its own,
+  stays its descendant and is killed; as root the candidate still gets a user id of its own.
+
+The verdict cannot be forged by the candidate: the job's expected sides never reach the child; the
+child only evaluates each call of the entry point (``calls``) and writes the values, encoded as
+plain data (int, float, complex, str, bytes, bool, None, list, tuple, dict, set), on a pipe; the
+judge decodes them into fresh objects of those types (no candidate-defined ``__eq__`` survives) and
+evaluates every test itself (``checks``, with the calls' values bound to ``_tailsieve_call_<k>``).
+It prints ``PASS <nonce>`` (the host's per-run secret) only when every value came back and every
+check held; anything else (an exit of any kind, a signal, a timeout, a bad reply) is a failure,
+whatever the candidate's exit status or output.
 """
 
 from __future__ import annotations
 
+import builtins
 import ctypes
+import importlib
+import json
 import os
 import resource
+import select
+import shutil
 import signal
 import sys
+import tempfile
+import time
 
-MS_RDONLY, MS_NOSUID, MS_NODEV = 1, 2, 4
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_REMOUNT, MS_BIND, MS_MOVE, MS_REC, MS_PRIVATE = 32, 4096, 8192, 16384, 1 << 18
-PR_SET_NO_NEW_PRIVS = 38
+MS_NOATIME, MS_NODIRATIME, MS_RELATIME = 1024, 2048, 1 << 21
+# statvfs flag -> mount flag: a bind of a mount that has these set must keep them in a user namespace
+LOCKED_MOUNT_FLAGS = {os.ST_NOSUID: MS_NOSUID, os.ST_NODEV: MS_NODEV, os.ST_NOEXEC: MS_NOEXEC,
+                      os.ST_NOATIME: MS_NOATIME, os.ST_NODIRATIME: MS_NODIRATIME, os.ST_RELATIME: MS_RELATIME}
+PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_CAPBSET_DROP, PR_SET_SECUREBITS = 1, 4, 24, 28
+PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS, PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 36, 38, 47, 4
+# noroot, no-setuid-fixup, no-ambient-raise and keep-caps (off), each locked: uid 0 gains nothing by exec
+SECUREBITS_NO_ROOT_POWERS = 0x01 | 0x02 | 0x04 | 0x08 | 0x20 | 0x40 | 0x80
 KEYCTL_JOIN_SESSION_KEYRING = 1
 SYS_KEYCTL = {"x86_64": 250, "aarch64": 219, "ppc64le": 311}  # glibc has no keyctl() wrapper
 DEVICES = ("null", "zero", "random", "urandom")
 TOP_LEVEL_LINKS = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
+REPLY_FD = 3  # the candidate writes its values here; fds 0-2 are /dev/null
+MAX_REPLY_BYTES = 16 << 20
+KEEP_UID = -1  # the ``uid`` limit meaning: run the candidate as the judge's own user
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
-# One candidate's bounds, given as command-line integers in this order: its own user and group id,
-# wall clock (ms), CPU seconds, address space, processes and threads of its user id, size of /tmp.
+# One candidate's bounds, given as command-line integers in this order: its own user and group id
+# (or KEEP_UID), wall clock (ms), CPU seconds, address space, processes and threads of its user id
+# (0: unbounded), size of its /tmp (isolated).
 LIMITS = ("uid", "timeout_ms", "cpu_s", "memory_bytes", "processes", "work_bytes")
+
+# What the candidate's process runs (``python -I -S -c``): the candidate's code, then each call, and
+# one JSON line of encoded values on REPLY_FD. It is untrusted once the candidate's code runs; the
+# judge trusts nothing it writes but plain data.
+RUNNER = r"""
+import json, os, sys
+job = json.load(open("job.json"))
+out = os.fdopen(3, "w")
+
+def plain(v, depth=0):
+    if depth > 100:
+        raise ValueError("nested too deeply")
+    t, d = type(v), depth + 1
+    if v is None or t is bool or t is str or t is float:
+        return v
+    if isinstance(v, int):
+        return int.__index__(v)
+    if isinstance(v, float):
+        return float.__float__(v)
+    if isinstance(v, str):
+        return str.__str__(v)
+    if isinstance(v, complex):
+        return {"complex": [v.real, v.imag]}
+    if isinstance(v, (bytes, bytearray)):
+        return {"bytes": bytes(v).hex()}
+    if isinstance(v, list):
+        return [plain(x, d) for x in list.__iter__(v)]
+    if isinstance(v, tuple):
+        return {"tuple": [plain(x, d) for x in tuple.__iter__(v)]}
+    if isinstance(v, (set, frozenset)):
+        return {"set": [plain(x, d) for x in v]}
+    if isinstance(v, dict):
+        return {"dict": [[plain(k, d), plain(x, d)] for k, x in dict.items(v)]}
+    raise TypeError("returns a %s, not plain data" % t.__name__)
+
+namespace = {"__name__": "candidate"}
+exec(compile(job["code"], "candidate.py", "exec"), namespace)
+for line in job["setup"]:
+    exec(compile(line, "setup", "exec"), namespace)
+replies = []
+for call in job["calls"]:
+    try:
+        replies.append({"value": plain(eval(call, namespace))})
+    except Exception as error:
+        replies.append({"error": "%s: %s" % (type(error).__name__, error)})
+out.write(json.dumps(replies) + "\n")
+out.flush()
+"""
+
+
+# ---------------------------------------------------------------------------------------------
+# the isolated file system (as the namespaces' root)
 
 
 def _mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
@@ -55,7 +133,9 @@ def _bind_read_only(source: str, target: str) -> None:
         os.makedirs(os.path.dirname(target), exist_ok=True)
         open(target, "a").close()
     _mount(source, target, None, MS_BIND)  # not recursive: mounts below ``source`` stay hidden
-    _mount(None, target, None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID)
+    kept = os.statvfs(source).f_flag
+    flags = sum(mount for stat, mount in LOCKED_MOUNT_FLAGS.items() if kept & stat)
+    _mount(None, target, None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | flags)
 
 
 def read_only_paths() -> list[str]:
@@ -66,7 +146,7 @@ def read_only_paths() -> list[str]:
     return list(dict.fromkeys(paths))
 
 
-def build_root(root: str, uid: int, work_bytes: int, program: bytes) -> None:
+def build_root(root: str, owner: int, work_bytes: int) -> None:
     _mount(None, "/", None, MS_REC | MS_PRIVATE)
     _mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=0755")
     for name in TOP_LEVEL_LINKS:  # merged-/usr systems: /lib -> usr/lib and so on
@@ -82,10 +162,7 @@ def build_root(root: str, uid: int, work_bytes: int, program: bytes) -> None:
     os.symlink("/tmp", os.path.join(root, "dev", "shm"))  # POSIX shared memory and semaphores
     work = os.path.join(root, "tmp")
     os.mkdir(work)
-    _mount("tmpfs", work, "tmpfs", MS_NOSUID | MS_NODEV, f"size={work_bytes},mode=0700,uid={uid},gid={uid}")
-    with open(os.path.join(work, "candidate.py"), "wb") as f:
-        f.write(program)
-    os.chown(os.path.join(work, "candidate.py"), uid, uid)
+    _mount("tmpfs", work, "tmpfs", MS_NOSUID | MS_NODEV, f"size={work_bytes},mode=0700,uid={owner},gid={owner}")
     os.chdir(root)
     _mount(root, "/", None, MS_MOVE)
     os.chroot(".")
@@ -93,44 +170,196 @@ def build_root(root: str, uid: int, work_bytes: int, program: bytes) -> None:
     _mount(None, "/", None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
 
 
-def exec_candidate(limits: dict[str, int]) -> None:  # in the forked child; never returns
+# ---------------------------------------------------------------------------------------------
+# the candidate's process (forked by the judge; never returns)
+
+
+def _drop_every_capability() -> None:
+    """For a candidate that stays uid 0 of a user namespace: no capability now or after exec."""
+    cap = 0
+    while _libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) == 0:
+        cap += 1
+    if cap == 0 or _libc.prctl(PR_SET_SECUREBITS, SECUREBITS_NO_ROOT_POWERS, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_CAPBSET_DROP / PR_SET_SECUREBITS)")
+    _libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
+    header = (ctypes.c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this process
+    if _libc.capset(header, (ctypes.c_uint32 * 6)()) != 0:
+        raise OSError(ctypes.get_errno(), "capset")
+
+
+def exec_candidate(limits: dict[str, int], reply_fd: int, workdir: str, isolated: bool) -> None:
+    null = os.open("/dev/null", os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(null, fd)
+    os.dup2(reply_fd, REPLY_FD)
+    os.closerange(REPLY_FD + 1, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+    os.setsid()
+    _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     uid = limits["uid"]
-    null = os.open("/dev/null", os.O_RDONLY)
-    os.dup2(null, 0)
-    os.setgroups([])
-    os.setresgid(uid, uid, uid)
-    os.setresuid(uid, uid, uid)  # leaves root: every capability is gone
+    if uid != KEEP_UID:
+        os.setgroups([])
+        os.setresgid(uid, uid, uid)
+        os.setresuid(uid, uid, uid)  # leaves root: every capability is gone
+    elif os.geteuid() == 0:  # root of a user namespace, or unisolated root: the id, not the powers
+        _drop_every_capability()
     if _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")
-    # a new, empty session keyring: the inherited one is the trainer's, and possessing it is access
-    if _libc.syscall(SYS_KEYCTL[os.uname().machine], KEYCTL_JOIN_SESSION_KEYRING, None) < 0:
-        raise OSError(ctypes.get_errno(), "keyctl(KEYCTL_JOIN_SESSION_KEYRING)")
-    for kind, value in ((resource.RLIMIT_CPU, limits["cpu_s"]), (resource.RLIMIT_AS, limits["memory_bytes"]),
-                        (resource.RLIMIT_NPROC, limits["processes"]), (resource.RLIMIT_CORE, 0)):
+    if isolated:  # a new, empty session keyring: the inherited one is the trainer's, and possessing it is access
+        if _libc.syscall(SYS_KEYCTL[os.uname().machine], KEYCTL_JOIN_SESSION_KEYRING, None) < 0:
+            raise OSError(ctypes.get_errno(), "keyctl(KEYCTL_JOIN_SESSION_KEYRING)")
+    bounds = [(resource.RLIMIT_CPU, limits["cpu_s"]), (resource.RLIMIT_AS, limits["memory_bytes"]),
+              (resource.RLIMIT_CORE, 0)]
+    if limits["processes"] > 0:
+        bounds.append((resource.RLIMIT_NPROC, limits["processes"]))
+    for kind, value in bounds:
         resource.setrlimit(kind, (value, value))
-    os.chdir("/tmp")
-    os.execve(sys.executable, [sys.executable, "-I", "-S", "/tmp/candidate.py"],
+    os.chdir(workdir)
+    os.execve(sys.executable, [sys.executable, "-I", "-S", "-c", RUNNER],
               {"PATH": "/usr/bin:/bin", "PYTHONHASHSEED": "0"})
+
+
+# ---------------------------------------------------------------------------------------------
+# the judge
+
+
+def from_plain(data: object) -> object:
+    """Fresh objects of the plain types from the candidate's JSON; ValueError for anything else."""
+    if data is None or type(data) in (bool, int, float, str):
+        return data
+    if type(data) is list:
+        return [from_plain(x) for x in data]
+    if type(data) is dict and len(data) == 1:
+        (tag, body), = data.items()
+        if tag == "tuple" and type(body) is list:
+            return tuple(from_plain(x) for x in body)
+        if tag == "set" and type(body) is list:
+            return {from_plain(x) for x in body}
+        if tag == "dict" and type(body) is list and all(type(p) is list and len(p) == 2 for p in body):
+            return {from_plain(k): from_plain(v) for k, v in body}
+        if tag == "bytes" and type(body) is str:
+            return bytes.fromhex(body)
+        if tag == "complex" and type(body) is list and len(body) == 2 and all(type(x) is float for x in body):
+            return complex(*body)
+    raise ValueError(f"not plain data: {str(data)[:80]}")
+
+
+def read_reply(fd: int, deadline: float) -> bytes:
+    """The candidate's first line, or what came before EOF, the deadline or the size bound."""
+    reply = b""
+    while b"\n" not in reply and len(reply) < MAX_REPLY_BYTES:
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([fd], [], [], left)[0]:
+            break
+        chunk = os.read(fd, 1 << 16)
+        if not chunk:
+            break
+        reply += chunk
+    return reply.split(b"\n", 1)[0] if b"\n" in reply else b""
+
+
+def judge(job: dict, reply: bytes) -> str | None:
+    """None if every call returned plain data and every check holds, else why not."""
+    if not reply:
+        return "no reply (the candidate exited, was killed or timed out before answering every call)"
+    try:
+        answers = json.loads(reply)
+    except (ValueError, RecursionError):
+        return "the reply is not JSON"
+    if type(answers) is not list or len(answers) != len(job["calls"]):
+        return "the reply does not answer every call"
+    namespace: dict = {"__builtins__": builtins}
+    for k, answer in enumerate(answers):
+        if type(answer) is not dict or "value" not in answer:
+            error = answer.get("error") if type(answer) is dict else None
+            return f"call {job['calls'][k]} failed: {str(error)[:200]}"
+        try:
+            namespace[f"_tailsieve_call_{k}"] = from_plain(answer["value"])
+        except (ValueError, TypeError, RecursionError) as error:
+            return f"call {job['calls'][k]}: {error}"
+    try:
+        for line in job["setup"]:
+            exec(line, namespace)
+        for name in job["modules"]:  # modules the checks name but the setup does not import
+            namespace.setdefault(name, importlib.import_module(name))
+        for check in job["checks"]:
+            if not eval(check, namespace):
+                return f"check failed: {check[:200]}"
+    except Exception as error:
+        return f"a check raised {type(error).__name__}: {str(error)[:200]}"
+    return None
+
+
+def _descendants() -> list[int]:
+    parents = {}
+    for stat in os.listdir("/proc"):
+        if stat.isdigit():
+            try:
+                with open(f"/proc/{stat}/stat", "rb") as f:
+                    parents[int(stat)] = int(f.read().rsplit(b")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+    found, frontier = [], [os.getpid()]
+    while frontier:
+        children = [pid for pid, parent in parents.items() if parent in frontier]
+        found += children
+        frontier = children
+    return found
+
+
+def kill_tree(isolated: bool) -> None:
+    """Kill every process the candidate started and reap them. Isolated, the judge is the PID
+    namespace's init (kill(-1) reaches all of it and nothing else); unisolated, it is their
+    subreaper, so each round kills every descendant until none is left."""
+    while True:
+        for pid in ([-1] if isolated else _descendants()):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        try:
+            while os.waitpid(-1, os.WNOHANG)[0] > 0:
+                pass
+        except ChildProcessError:
+            return
+        time.sleep(0.001)
 
 
 def main(root: str, *limit_values: str) -> int:
     limits = dict(zip(LIMITS, map(int, limit_values), strict=True))
-    program = sys.stdin.buffer.read()
-    build_root(root, limits["uid"], limits["work_bytes"], program)
-    child = os.fork()
-    if child == 0:
-        try:
-            exec_candidate(limits)
-        except BaseException as error:  # say why (the isolation check prints it), never run unbounded
-            print(f"sandbox_init: cannot start the candidate: {error!r}", file=sys.stderr)
-        os._exit(127)
-    signal.signal(signal.SIGALRM, lambda *_: os._exit(124))
-    signal.setitimer(signal.ITIMER_REAL, limits["timeout_ms"] / 1000)
-    while True:  # as PID 1, also reap whatever the candidate orphans
-        pid, status = os.wait()
-        if pid == child:
-            code = os.waitstatus_to_exitcode(status)
-            return code if code >= 0 else 128 - code  # killed by a signal: 128 + its number
+    deadline = time.monotonic() + limits["timeout_ms"] / 1000
+    job = json.loads(sys.stdin.buffer.read())
+    _libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)  # no ptrace, no /proc/<pid>/mem or fd for its own user
+    isolated = root != "-"
+    owner = os.geteuid() if limits["uid"] == KEEP_UID else limits["uid"]
+    if isolated:
+        build_root(root, owner, limits["work_bytes"])
+        workdir = "/tmp"
+    else:
+        _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+        workdir = tempfile.mkdtemp(prefix="tailsieve_code_")
+    try:
+        with open(os.path.join(workdir, "job.json"), "w") as f:  # what the candidate may know
+            json.dump({"code": job["code"], "setup": job["setup"], "calls": job["calls"]}, f)
+        if owner != os.geteuid():
+            os.chown(workdir, owner, owner)
+            os.chown(os.path.join(workdir, "job.json"), owner, owner)
+        reply_read, reply_write = os.pipe()
+        child = os.fork()
+        if child == 0:
+            try:
+                exec_candidate(limits, reply_write, workdir, isolated)
+            except BaseException as error:  # say why (the isolation check prints it), never run unbounded
+                print(f"sandbox_init: cannot start the candidate: {error!r}", file=sys.stderr)
+            os._exit(127)
+        os.close(reply_write)
+        reply = read_reply(reply_read, deadline)
+        kill_tree(isolated)
+    finally:
+        if not isolated:
+            shutil.rmtree(workdir, ignore_errors=True)
+    why_not = judge(job, reply)
+    print(f"PASS {job['nonce']}" if why_not is None else f"FAIL {why_not}", flush=True)
+    return 0
 
 
 if __name__ == "__main__":
