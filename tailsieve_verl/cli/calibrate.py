@@ -1,7 +1,9 @@
 """`tailsieve calibrate`: measure a live vLLM OpenAI server's decode step time over concurrency ×
 context and write the calibration JSON that ``table:PATH`` / ``fitted:PATH`` read, with the engine's
-facts (KV cache from /metrics, prefill rate, speculation's k and accepted tokens per step by batch)
-that :func:`tailsieve_verl.core.engine.engine.engine_from_calibration` turns into the engine model."""
+facts (KV cache from /metrics, prefill rate, speculation's k, accepted tokens per step by batch and
+acceptance per draft position at ``--temperature``) that
+:func:`tailsieve_verl.core.engine.engine.engine_from_calibration` turns into the engine model and
+``--spec-acceptance FILE`` reads."""
 
 from __future__ import annotations
 
@@ -65,8 +67,8 @@ def register(subparsers) -> None:
     p.add_argument("--prefill-batch", type=int, default=2,
                    help="requests per prefill sample (0: do not measure the prefill rate)")
     p.add_argument("--temperature", type=float, default=1.0,
-                   help="sampling temperature of every request (verl's rollout default 1; it sets "
-                        "speculation's acceptance)")
+                   help="sampling temperature of every request (RL's: verl's rollout default 1); speculation's "
+                        "acceptance per draft position is measured at it and recorded with it")
     p.add_argument("--device", help="hardware description stored in the file (default: this host's CPU)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per HTTP request")
     p.add_argument("--json", action="store_true", help="print the calibration document as JSON")
@@ -113,7 +115,16 @@ def describe_engine(facts: dict, engine) -> str:
         lines.append(f"KV cache: unknown ({facts.get('kv_note', 'not measured')})")
     if "prefill" in facts:
         lines.append(f"prefill: {engine.prefill_s_per_token * 1e6:.2f} us/token")
-    for row in (facts.get("speculative") or {}).get("rows", []):
+    spec = facts.get("speculative") or {}
+    for row in spec.get("rows", []):
+        accepted = ", ".join("-" if a is None else f"{a:.2f}" for a in row["acceptance"])
         lines.append(f"speculation at batch {row['batch']:>4} ctx {row['context']:>6.0f}: k {row['k']:.2f}, "
-                     f"{row['tokens_per_step']:.2f} tokens/step, {row['step_ms']:.2f} ms/step")
+                     f"{row['tokens_per_step']:.2f} tokens/step, {row['step_ms']:.2f} ms/step, acceptance {accepted}")
+    if engine.speculative is not None:
+        temperature = spec.get("temperature")
+        at = "an unrecorded temperature" if temperature is None else f"temperature {temperature:g}"
+        lines.append(f"acceptance per draft position at {at}: "
+                     + ", ".join(f"{a:.3f}" for a in engine.speculative.acceptance)
+                     + f" (k = {engine.speculative.num_speculative_tokens}, {spec.get('drafts', 0):.0f} drafts); "
+                     "`tailsieve simulate`/`plan` take it as --spec-acceptance FILE")
     return "\n".join(lines)

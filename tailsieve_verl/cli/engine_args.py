@@ -3,12 +3,18 @@
 ``--spec-schedule``), shared by every subcommand that evaluates replicas: one
 :class:`core.engine.engine.EngineConfig` for all of them. Without any flag the engine binds nothing
 (today's model). The ``--spec-*`` flags also describe the speculation of ``simulate``'s speculation
-policies (:data:`core.simulation.sim.SPEC_POLICIES`), MTP-like assumptions where a flag is not given."""
+policies (:data:`core.simulation.sim.SPEC_POLICIES`), MTP-like assumptions where a flag is not given.
+``--spec-acceptance`` takes the numbers or a ``tailsieve calibrate`` file, whose measured acceptance
+is used; the speculation policies' config records where its acceptance came from, and without a
+measured or given one no speculation is recommended (:func:`acceptance_source`)."""
 
 from __future__ import annotations
 
 import argparse
-from dataclasses import replace
+import json
+from dataclasses import dataclass, replace
+from pathlib import Path
+
 from ..core.engine.engine import (H200_MODELS, EngineConfig, EngineConfigError, SpeculativeConfig, measured_engine_fields,
                            parse_spec_schedule, prefill_cost_from_perf)
 from ..core.engine.perf import BUNDLED_TABLES, Calibration, PerfModel
@@ -46,8 +52,9 @@ def add_engine_args(parser: argparse.ArgumentParser, defaults: str | None = None
                    help="token budget per step with chunked prefill, prefill priced from --perf-model (verl: 8192)")
     g.add_argument("--num-speculative-tokens", type=IntRule(1, 64),
                    help="draft tokens verified per request per step (needs --spec-acceptance)")
-    g.add_argument("--spec-acceptance", type=_acceptance, metavar="A1[,A2,...]",
-                   help="acceptance of draft position 1, 2, ... given the earlier ones (the last repeats)")
+    g.add_argument("--spec-acceptance", type=_acceptance, metavar="A1[,A2,...]|CAL.json",
+                   help="acceptance of draft position 1, 2, ... given the earlier ones (the last repeats), or the "
+                        "acceptance a `tailsieve calibrate` file measured (its k unless --num-speculative-tokens)")
     g.add_argument("--spec-schedule", type=_schedule, metavar="B1-B2:K,...",
                    help="vLLM dynamic SD: k by running batch size, e.g. 1-64:3,65-128:1,129-256:0")
     g.add_argument("--spec-draft-cost", type=FloatRule(0.0, 10.0, lo_open=False),
@@ -62,7 +69,44 @@ def add_engine_args(parser: argparse.ArgumentParser, defaults: str | None = None
 
 
 
-def _acceptance(text: str) -> tuple[float, ...]:
+@dataclass(frozen=True)
+class MeasuredAcceptance:
+    """The per-position acceptance a ``tailsieve calibrate`` file measured (``--spec-acceptance CAL.json``)."""
+
+    values: tuple[float, ...]
+    k: int  # the deepest k the server drafted
+    temperature: float | None  # the sampling temperature of the measurement (None: not recorded)
+    path: str
+
+    @property
+    def source(self) -> str:
+        at = "an unrecorded temperature" if self.temperature is None else f"T={self.temperature:g}"
+        return f"measured by tailsieve calibrate at {at} ({self.path}, k={self.k})"
+
+
+def measured_acceptance(path: str) -> MeasuredAcceptance:
+    """The acceptance of a calibration's ``engine.speculative`` rows, pooled as the engine model reads it."""
+    try:
+        doc = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise argparse.ArgumentTypeError(f"{path}: cannot read the calibration ({exc})") from None
+    facts = doc.get("engine") if isinstance(doc, dict) else None
+    spec_facts = facts.get("speculative") if isinstance(facts, dict) else None
+    if not spec_facts:
+        raise argparse.ArgumentTypeError(f"{path} measured no speculation: run `tailsieve calibrate --temperature T` "
+                                         "against a server started with a speculative_config")
+    try:
+        spec = measured_engine_fields({"speculative": spec_facts}, name=path)["speculative"]
+    except (EngineConfigError, KeyError, TypeError, ValueError) as exc:
+        raise argparse.ArgumentTypeError(f"{path}: unreadable speculation rows ({exc})") from None
+    temperature = spec_facts.get("temperature", (doc.get("plan") or {}).get("temperature"))
+    return MeasuredAcceptance(spec.acceptance, spec.num_speculative_tokens,
+                              None if temperature is None else float(temperature), path)
+
+
+def _acceptance(text: str) -> tuple[float, ...] | MeasuredAcceptance:
+    if text.endswith(".json") or Path(text).is_file():
+        return measured_acceptance(text)
     try:
         values = tuple(float(v) for v in text.split(","))
     except ValueError:
@@ -94,6 +138,8 @@ def engine_config_from_args(args: argparse.Namespace, perf: PerfModel | None, sp
     k = args.num_speculative_tokens
     if k is None and args.spec_schedule:
         k = max(entry[2] for entry in args.spec_schedule)
+    if k is None and isinstance(args.spec_acceptance, MeasuredAcceptance) and not spec_policies:
+        k = args.spec_acceptance.k
     if k is None and any(v is not None for v in spec_flags) and not spec_policies:
         raise CLIError("--spec-acceptance/--spec-schedule/--spec-draft-cost/--spec-acceptance-half-life/"
                        "--spec-verify-table need "
@@ -105,7 +151,7 @@ def engine_config_from_args(args: argparse.Namespace, perf: PerfModel | None, sp
         if k == 0:
             raise CLIError("--spec-schedule has k = 0 everywhere: leave speculation off instead")
         fields["speculative"] = SpeculativeConfig(
-            k, args.spec_acceptance, args.spec_schedule or (), args.spec_acceptance_half_life,
+            k, _acceptance_values(args.spec_acceptance), args.spec_schedule or (), args.spec_acceptance_half_life,
             args.spec_draft_cost or 0.0, _verify_table(args))
     return replace(base, **fields)
 
@@ -198,21 +244,60 @@ def _verify_table(args: argparse.Namespace) -> VerifyTable | None:
     return VerifyTable.load(args.spec_verify_table) if args.spec_verify_table else None
 
 
+def _acceptance_values(value: tuple[float, ...] | MeasuredAcceptance) -> tuple[float, ...]:
+    return value.values if isinstance(value, MeasuredAcceptance) else value
+
+
+@dataclass(frozen=True)
+class SpeculationWithSource(SpeculativeConfig):
+    """The speculation policies' speculation with an acceptance someone stated (measured by ``tailsieve
+    calibrate``, or given as numbers), and where it came from; a plain :class:`SpeculativeConfig` there
+    is the assumption :data:`core.simulation.sim.DEFAULT_SPECULATION`."""
+
+    acceptance_source: str = ""
+
+
+def acceptance_source(speculation: SpeculativeConfig) -> str | None:
+    """Where the speculation policies' acceptance came from, for the recommendation line; None: assumed,
+    and then no speculation is recommended (:func:`assumed_acceptance_refusal`)."""
+    return speculation.acceptance_source if isinstance(speculation, SpeculationWithSource) else None
+
+
+def assumed_acceptance_refusal() -> str:
+    """Why no speculation is recommended on the assumed acceptance, and how to measure one. The assumed
+    figures are public MTP figures (DeepSeek-V3's report, vLLM PR #48892) not measured under sampling at
+    temperature 1.0; no published per-position figure that is carries over to a policy in training
+    (acceptance falls as its entropy rises: Qwen's Bebop, arXiv 2606.12370), and verl's own MTP guide
+    (docs/advance/mtp.md) measured rollout throughput falling ~50 % with MTP (mimo-7B, SGLang, H20)."""
+    assumed = ",".join(f"{a:g}" for a in DEFAULT_SPECULATION.acceptance)
+    return (f"speculation not recommended: its acceptance is assumed ({assumed} per draft position, public MTP "
+            "figures not measured at your temperature; verl's MTP guide measured rollout throughput -50 % with MTP); "
+            "measure it with `tailsieve calibrate --temperature T` on a speculating vLLM server and pass "
+            "--spec-acceptance CAL.json")
+
+
 def speculation_from_args(args: argparse.Namespace) -> SpeculativeConfig:
     """The speculation of ``simulate``'s speculation policies: the ``--spec-*`` flags, and where one is
     not given the MTP-like assumption :data:`core.simulation.sim.DEFAULT_SPECULATION` (acceptance 0.85,0.8,0.75,
-    draft cost 1/28, k = 3, no decay)."""
+    draft cost 1/28, k = 3, no decay). A measured acceptance (``--spec-acceptance CAL.json``) brings its k
+    unless ``--num-speculative-tokens`` or a schedule gives one; a stated acceptance is a
+    :class:`SpeculationWithSource`."""
     base = DEFAULT_SPECULATION
+    given = args.spec_acceptance
     k = args.num_speculative_tokens
     if k is None and args.spec_schedule:
         k = max(entry[2] for entry in args.spec_schedule)
+    if k is None and isinstance(given, MeasuredAcceptance):
+        k = given.k
+    fields = dict(acceptance_half_life=(args.spec_acceptance_half_life if args.spec_acceptance_half_life is not None
+                                        else base.acceptance_half_life),
+                  draft_cost=args.spec_draft_cost if args.spec_draft_cost is not None else base.draft_cost,
+                  verify_table=_verify_table(args))
     try:
-        return SpeculativeConfig(k or base.num_speculative_tokens,
-                                 args.spec_acceptance if args.spec_acceptance is not None else base.acceptance,
-                                 acceptance_half_life=(args.spec_acceptance_half_life
-                                                       if args.spec_acceptance_half_life is not None
-                                                       else base.acceptance_half_life),
-                                 draft_cost=args.spec_draft_cost if args.spec_draft_cost is not None else base.draft_cost,
-                                 verify_table=_verify_table(args))
+        if given is None:
+            return SpeculativeConfig(k or base.num_speculative_tokens, base.acceptance, **fields)
+        source = given.source if isinstance(given, MeasuredAcceptance) else "given by --spec-acceptance"
+        return SpeculationWithSource(k or base.num_speculative_tokens, _acceptance_values(given), **fields,
+                                     acceptance_source=source)
     except EngineConfigError as exc:
         raise CLIError(str(exc)) from None

@@ -10,7 +10,8 @@ chunk) cancels in the difference, so
 is the time of one decode step with b requests active at a mean context of p + (D1 + D2)/2 tokens
 (the context the requests hold during the D1..D2 window). With speculation on, that difference is
 the time per generated token; the spec-decode counters of ``/metrics`` read around each sample give
-k and the tokens a request gains per step at that batch, hence the engine's verify step time.
+k and the tokens a request gains per step at that batch, hence the engine's verify step time, and the
+acceptance per draft position at the requests' sampling temperature (``--temperature``, recorded).
 
 The engine facts go under ``"engine"`` (read by :func:`core.engine.engine.engine_from_calibration`): the KV
 cache (``vllm:cache_config_info``), a prefill rate — b requests of one generated token with a long
@@ -32,6 +33,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..core.errors import TailSieveError
+from ..core.engine.engine import measured_engine_fields
 from ..core.engine.perf import Calibration
 from .openai_client import EndpointError, ForcedRequest, OpenAIServer, synthetic_prompt
 from .vllm_metrics import MetricsError, SpecCounters, kv_capacity, parse_metrics
@@ -181,8 +183,11 @@ def speculation_rows(model_rows: list[dict], windows: dict[tuple[int, int], Spec
     return out
 
 
-def engine_facts(metrics: dict | None, prefill: dict | None, spec_rows: list[dict] | None) -> dict:
-    """The ``"engine"`` section: what the server's engine is, as the engine model reads it."""
+def engine_facts(metrics: dict | None, prefill: dict | None, spec_rows: list[dict] | None,
+                 temperature: float | None = None) -> dict:
+    """The ``"engine"`` section: what the server's engine is, as the engine model reads it. With
+    speculation, the acceptance per draft position pooled over the points (as the engine model pools
+    it) and the sampling temperature it was measured at: acceptance depends on it."""
     facts: dict = {}
     if metrics is None:
         facts["kv_note"] = "the server has no /metrics: KV capacity unknown"
@@ -195,8 +200,13 @@ def engine_facts(metrics: dict | None, prefill: dict | None, spec_rows: list[dic
     if prefill:
         facts.update(prefill)
     if spec_rows:
-        facts["speculative"] = {"rows": spec_rows,
-                                "method": "vllm:spec_decode_* counter differences over each point's measured runs"}
+        measured = measured_engine_fields({"speculative": {"rows": spec_rows}})["speculative"]
+        facts["speculative"] = {"temperature": temperature, "k": measured.num_speculative_tokens,
+                                "acceptance": [round(a, 4) for a in measured.acceptance],
+                                "drafts": sum(r["drafts"] for r in spec_rows), "rows": spec_rows,
+                                "method": "vllm:spec_decode_* counter differences over each point's measured runs; "
+                                          "acceptance: conditional per draft position, pooled over the points "
+                                          "that drafted the deepest k"}
     return facts
 
 
@@ -239,7 +249,7 @@ def calibrate(server: OpenAIServer, plan: SweepPlan, device: str | None = None,
                  "prefill_lens": list(plan.prefill_lens), "prefill_batch": plan.prefill_batch,
                  "temperature": server.temperature},
         "rows": rows,
-        "engine": engine_facts(metrics, prefill, speculation_rows(rows, windows)),
+        "engine": engine_facts(metrics, prefill, speculation_rows(rows, windows), server.temperature),
     }
 
 

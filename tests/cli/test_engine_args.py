@@ -108,7 +108,7 @@ def test_speculation_policies_report_the_best_stock_configuration(tmp_path, caps
     assert report["speedup_vs_best_stock"]["tailsieve"] == pytest.approx(means[best] / means["tailsieve"])
     assert report["policies"]["verl-spec"]["choice"].startswith("k=")
     rec = report["recommendation"]
-    assert rec.startswith("recommendation: stock verl with MTP ")
+    assert rec.startswith("recommendation: stock verl with MTP ") and "acceptance given by --spec-acceptance" in rec
     assert "actor_rollout_ref.model.mtp.enable=true actor_rollout_ref.model.mtp.enable_rollout=true " \
            "actor_rollout_ref.model.mtp.num_speculative_tokens=" in rec
     if best == "verl-dynsd":
@@ -192,3 +192,68 @@ def test_record_replaces_aborts_without_a_tailsieve_policy_would_be_ignored_and_
     assert status == 2
     err = capsys.readouterr().err.strip()
     assert "--record-replaces-aborts changes TailSieve's aborts" in err and "\n" not in err
+
+
+def _calibration_with_speculation(tmp_path, accepted_per_pos=(95, 90, 85), temperature=1.0):
+    """A `tailsieve calibrate` file whose server speculated at k = 3: 100 drafts per point."""
+    rows = [{"batch": b, "context": 40.0, "k": 3.0, "tokens_per_step": 1 + sum(accepted_per_pos) / 100, "drafts": 100,
+             "draft_tokens": 300, "accepted": sum(accepted_per_pos), "accepted_per_pos": list(accepted_per_pos),
+             "step_ms": 30.0} for b in (1, 2)]
+    path = tmp_path / "cal.json"
+    path.write_text(json.dumps({"plan": {"temperature": temperature},
+                                "engine": {"speculative": {"temperature": temperature, "rows": rows}}}))
+    return path
+
+
+def test_spec_acceptance_reads_a_calibrations_measured_acceptance_and_its_k(tmp_path):
+    from tailsieve_verl.cli.engine_args import acceptance_source, speculation_from_args
+    path = _calibration_with_speculation(tmp_path, (80, 50, 20))
+    measured = engine("--spec-acceptance", str(path)).speculative  # the measured k unless one is given
+    assert measured.num_speculative_tokens == 3
+    assert measured.acceptance == pytest.approx((0.8, 0.625, 0.4))  # conditional: 50 of the 80 that reached position 2
+    assert engine("--spec-acceptance", str(path), "--num-speculative-tokens", "1").speculative.num_speculative_tokens == 1
+    spec = speculation_from_args(build_parser().parse_args(["simulate", "--policies", "verl,verl-spec",
+                                                            "--spec-acceptance", str(path)]))
+    assert spec.acceptance == measured.acceptance and spec.num_speculative_tokens == 3
+    assert acceptance_source(spec) == f"measured by tailsieve calibrate at T=1 ({path}, k=3)"
+    given = speculation_from_args(build_parser().parse_args(["simulate", "--spec-acceptance", "0.7"]))
+    assert acceptance_source(given) == "given by --spec-acceptance" and given.acceptance == (0.7,)
+    assert acceptance_source(speculation_from_args(build_parser().parse_args(["simulate"]))) is None  # assumed
+
+
+def test_no_speculation_is_recommended_on_the_assumed_acceptance(tmp_path, capsys):
+    """Without a stated acceptance the speculation policies still run (the simulator's assumption), but
+    the recommendation refuses them and says how to measure one; a measured one is recommended, named."""
+    assert main(["simulate", *SPEC, "--policies", "verl,verl-spec", "--out", str(tmp_path / "a"), "--json"]) == 0
+    assumed = json.loads(capsys.readouterr().out)
+    assert assumed["policies"]["verl-spec"]["mean_makespan_s"] < assumed["policies"]["verl"]["mean_makespan_s"]
+    rec = assumed["recommendation"]
+    assert rec.startswith("recommendation: stay with stock verl") and "MTP k=" not in rec
+    assert rec.endswith("speculation not recommended: its acceptance is assumed (0.85,0.8,0.75 per draft position, "
+                        "public MTP figures not measured at your temperature; verl's MTP guide measured rollout "
+                        "throughput -50 % with MTP); measure it with `tailsieve calibrate --temperature T` on a "
+                        "speculating vLLM server and pass --spec-acceptance CAL.json")
+    path = _calibration_with_speculation(tmp_path)
+    assert main(["simulate", *SPEC, "--policies", "verl,verl-spec", "--spec-acceptance", str(path),
+                 "--out", str(tmp_path / "m"), "--json"]) == 0
+    measured = json.loads(capsys.readouterr().out)
+    assert measured["speculation"]["acceptance_source"] == f"measured by tailsieve calibrate at T=1 ({path}, k=3)"
+    rec = measured["recommendation"]
+    assert rec.startswith("recommendation: stock verl with MTP k=")
+    assert f"acceptance measured by tailsieve calibrate at T=1 ({path}, k=3)" in rec and "not recommended" not in rec
+
+
+@pytest.mark.parametrize("content, needle", [
+    (None, "cannot read the calibration"),
+    ({"engine": {"num_gpu_blocks": 10}}, "measured no speculation: run `tailsieve calibrate --temperature T`"),
+    ({"engine": {"speculative": {"rows": [{"batch": 1, "drafts": 0}]}}}, "record no drafts"),
+])
+def test_a_calibration_without_measured_speculation_is_one_line(tmp_path, capsys, content, needle):
+    path = tmp_path / "c.json"
+    if content is not None:
+        path.write_text(json.dumps(content))
+    with pytest.raises(SystemExit) as exit_:
+        main(["simulate", *SPEC, "--policies", "verl,verl-spec", "--spec-acceptance", str(path), "--out", str(tmp_path)])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert needle in err and str(path) in err

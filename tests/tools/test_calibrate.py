@@ -151,3 +151,24 @@ def test_cli_temperature_reaches_every_request_and_prints_the_engine(tmp_path, c
     with pytest.raises(SystemExit):  # the CLI's range check: one line, exit status 2
         build_parser().parse_args(["calibrate", "--url", "http://x", "--temperature", "-1"])
     assert "--temperature: expected a number >= 0 and <= 10, got -1" in capsys.readouterr().err
+
+
+def test_speculation_facts_record_the_acceptance_per_position_at_the_temperature():
+    """The counters of two points at k = 3 pool into one conditional acceptance per draft position, which
+    the engine section records with the sampling temperature and calibrate prints."""
+    from tailsieve_verl.core.engine.engine import engine_from_calibration
+    from tailsieve_verl.tools.calibrate import engine_facts, speculation_rows
+    from tailsieve_verl.tools.vllm_metrics import SpecCounters
+
+    plan = SweepPlan(batches=(1, 2), prompt_lens=(4,))
+    rows = [{"batch": b, "prompt_len": 4, "context": plan.context_of(4), "step_ms": 10.0} for b in (1, 2)]
+    windows = {(1, 4): SpecCounters(60, 180, 60, (40, 15, 5)), (2, 4): SpecCounters(40, 120, 55, (30, 20, 5))}
+    facts = engine_facts(None, None, speculation_rows(rows, windows), temperature=1.0)
+    spec = facts["speculative"]
+    assert (spec["temperature"], spec["k"], spec["drafts"]) == (1.0, 3, 100)
+    assert spec["acceptance"] == [0.7, round(35 / 70, 4), round(10 / 35, 4)]  # pooled, conditional on the position before
+    assert [r["acceptance"] for r in spec["rows"]] == [[round(40 / 60, 4), 0.375, 0.3333], [0.75, round(20 / 30, 4), 0.25]]
+    out = cli_calibrate.describe_engine(facts, engine_from_calibration({"engine": facts}))
+    assert "acceptance per draft position at temperature 1: 0.700, 0.500, 0.286 (k = 3, 100 drafts)" in out
+    assert "--spec-acceptance FILE" in out
+    assert engine_facts(None, None, None, temperature=1.0).get("speculative") is None  # a server that did not speculate
