@@ -2,9 +2,15 @@
 
 Each RUN is what verl's trackers wrote for one run: the `file` logger's JSONL
 (VERL_FILE_LOGGER_ROOT/<project>/<experiment>.jsonl), a tensorboard directory
-(tensorboard_log/<project>/<experiment>/), a saved console log, or a directory holding one of them.
+(tensorboard_log/<project>/<experiment>/), a W&B offline run folder (wandb/offline-run-*/) or
+wandb://ENTITY/PROJECT/RUN_ID, an MLflow run as STORE#RUN (sqlite:///mlflow.db#PROJECT/EXPERIMENT,
+file:mlruns#RUN_ID, or an mlruns/<experiment id>/<run id> folder), a saved console log, or a
+directory holding one of them.
 The baseline is the first stock-verl run (one without tailsieve/* metrics), else the first run,
 or --baseline NAME; it is listed first. Means are over the steps every run logged.
+Each speedup (baseline mean / run mean, generation and step time) comes with a paired bootstrap
+interval over those steps: "faster" or "slower" when the interval excludes 1, else "not resolved",
+with the number of further steps that would resolve the observed difference at its observed noise.
 A step logged twice (a run resumed from a checkpoint repeats the steps after it) keeps its last
 record, in file order; a warning line on stderr names the run and the steps."""
 
@@ -16,14 +22,16 @@ import math
 import sys
 
 from ..tools.run_logs import CompareError, RunLog, compare_runs, default_baseline, parse_step_range, read_run
-from .checks import IMAGE_SUFFIXES, output_file
+from .checks import IMAGE_SUFFIXES, FloatRule, output_file
 
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "compare", help="compare verl runs (generation/step time, speedup, reward, response length, validation scores) from their logs",
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("runs", nargs="+", metavar="RUN", help="run log: file-logger JSONL, tensorboard dir, console log")
+    p.add_argument("runs", nargs="+", metavar="RUN",
+                   help="run log: file-logger JSONL, tensorboard dir, W&B run folder or wandb://ENTITY/PROJECT/RUN_ID, "
+                        "MLflow STORE#RUN, console log")
     p.add_argument("--names", help="comma-separated display names, one per run (default: file or directory name)")
     p.add_argument("--baseline", default=None, help="name of the baseline run (default: the first stock-verl run, else the first)")
     p.add_argument("--skip-steps", type=int, default=0, help="drop each run's first K logged steps (warm-up)")
@@ -32,6 +40,8 @@ def register(subparsers) -> None:
                    help="also average this logged metric (repeatable), e.g. tailsieve/q")
     p.add_argument("--plot", default=None, metavar="PNG",
                    help="write per-step curves to this image (" + ", ".join("." + s for s in IMAGE_SUFFIXES) + ")")
+    p.add_argument("--confidence", type=FloatRule(0.0, 0.9999), default=0.95,
+                   help="confidence level of the speedup intervals (default 0.95)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     p.set_defaults(func=run)
 
@@ -52,7 +62,8 @@ def run(args: argparse.Namespace) -> int:
             raise CompareError(f"--baseline {args.baseline!r} matches {len(matches)} runs; names: "
                                f"{', '.join(r.name for r in runs)}")
         baseline = matches[0]
-    steps, summaries = compare_runs(runs, baseline, args.skip_steps, parse_step_range(args.steps), args.metric)
+    steps, summaries = compare_runs(runs, baseline, args.skip_steps, parse_step_range(args.steps), args.metric,
+                                    args.confidence)
     for run in runs:  # after every check, so that a bad input still reads as one error line
         warn_repeated_steps(run)
     plot = None
@@ -62,10 +73,11 @@ def run(args: argparse.Namespace) -> int:
         order = [baseline] + [i for i in range(len(runs)) if i != baseline]
         plot = str(plot_compare([runs[i] for i in order], [summaries[i] for i in order], steps, args.plot))
     if args.json:
-        print(json.dumps({"baseline": runs[baseline].name, "steps": steps,
+        print(json.dumps({"baseline": runs[baseline].name, "steps": steps, "confidence": args.confidence,
                           "runs": [s.to_json() for s in summaries], "plot": plot}))
         return 0
     _print_table(summaries, baseline, steps, args.metric)
+    _print_intervals(summaries, baseline, args.confidence)
     if plot:
         print(f"plot: {plot}")
     return 0
@@ -106,4 +118,32 @@ def _print_table(summaries, baseline: int, steps: list[int], extra: list[str]) -
         table.add_row(s.name, s.fmt, _fmt(s.gen_s), _fmt(s.step_s), f"{_fmt(s.gen_speedup, 3)}x",
                       f"{_fmt(s.step_speedup, 3)}x", _fmt(s.reward, 4), _fmt(s.response_length, 1),
                       *(_fmt(s.extra[k], 3) for k in extra), *(_validation_cell(s.validation.get(k)) for k in held_out))
+    Console(width=160).print(table)
+
+
+def _interval_cells(interval) -> tuple[str, str, str, str]:
+    """Speedup, interval, verdict, and the paired steps that would resolve the difference."""
+    if interval.steps < 2:
+        return f"{_fmt(interval.ratio, 3)}x", "n/a", f"{interval.verdict} ({interval.steps} paired step(s))", "n/a"
+    if interval.verdict != "not resolved":
+        to_resolve = "resolved"
+    elif interval.more_steps is None:
+        to_resolve = "n/a (no difference)" if interval.ratio == 1 else "n/a"
+    else:
+        to_resolve = f"~{interval.more_steps} more ({interval.steps_needed} in all)"
+    return (f"{_fmt(interval.ratio, 3)}x", f"[{_fmt(interval.low, 3)}, {_fmt(interval.high, 3)}]", interval.verdict,
+            to_resolve)
+
+
+def _print_intervals(summaries, baseline: int, confidence: float) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    level = f"{confidence * 100:.4g}%"
+    table = Table(title=f"speedup vs {summaries[baseline].name}: paired bootstrap over the common steps, {level} interval")
+    for column in ("run", "time", "speedup", f"{level} interval", "verdict", "steps to resolve"):
+        table.add_column(column, justify="left" if column in ("run", "time", "verdict") else "right")
+    for s in (x for i, x in enumerate(summaries) if i != baseline):
+        table.add_row(s.name, "generation", *_interval_cells(s.gen_interval))
+        table.add_row(s.name, "step", *_interval_cells(s.step_interval))
     Console(width=160).print(table)

@@ -12,6 +12,8 @@ Formats, as written by ``verl/utils/tracking.py`` (``trainer.logger``):
   the run's stdout.
 * ``tensorboard``: ``SummaryWriter`` event files under ``$TENSORBOARD_DIR``, else
   ``tensorboard_log/<project_name>/<experiment_name>/``; one scalar per metric and step.
+* ``wandb`` and ``mlflow``: read in ``tracker_logs`` (an offline W&B run folder or
+  ``wandb://ENTITY/PROJECT/RUN_ID``; an MLflow store with the run: ``sqlite:///mlflow.db#RUN``).
 
 The metrics compared are verl's own: ``timing_s/gen`` (the V1 trainer times the replay-buffer
 sample, i.e. the whole rollout, as "gen"), ``timing_s/step``, ``critic/score/mean`` (reward before
@@ -35,6 +37,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from ..core.errors import TailSieveError
+from .speedup_interval import SpeedupInterval, paired_speedup
 
 GEN_TIME = "timing_s/gen"
 STEP_TIME = "timing_s/step"
@@ -195,8 +198,17 @@ def _looks_like_file_logger(path: Path) -> bool:
 
 
 def read_run(path: str | os.PathLike, name: str | None = None) -> RunLog:
-    """One run's metrics from a file-logger JSONL, a saved console log, a tensorboard event file or
-    a directory holding exactly one of these (file logger, then tensorboard, then console)."""
+    """One run's metrics from a file-logger JSONL, a saved console log, a tensorboard event file, a
+    W&B run (offline folder, ``.wandb`` file or ``wandb://ENTITY/PROJECT/RUN_ID``), an MLflow run
+    (``STORE#RUN``, see ``tracker_logs.mlflow_store``) or a directory holding exactly one of these
+    (file logger, then tensorboard, W&B, MLflow, console)."""
+    from . import tracker_logs
+
+    text = os.fspath(path)
+    if text.startswith(tracker_logs.WANDB_URL):
+        return _named(tracker_logs.read_wandb_online(text), text, name)
+    if not os.path.exists(text) and (text.startswith(tracker_logs.MLFLOW_SCHEMES) or "#" in text):
+        return _named(tracker_logs.read_mlflow(text), text, name)
     path = Path(path)
     if not path.exists():
         raise CompareError(f"{path}: no such file or directory")
@@ -205,6 +217,10 @@ def read_run(path: str | os.PathLike, name: str | None = None) -> RunLog:
     if path.is_file():
         if "tfevents" in path.name:
             run = read_tensorboard(path.parent)
+        elif path.suffix == ".wandb":
+            run = tracker_logs.read_wandb_file(path)
+        elif path.suffix == ".db":
+            run = tracker_logs.read_mlflow(text)
         elif path.suffix == ".jsonl" or _looks_like_file_logger(path):
             run = read_file_logger(path)
         else:
@@ -218,13 +234,22 @@ def read_run(path: str | os.PathLike, name: str | None = None) -> RunLog:
             run = read_file_logger(jsonl[0])
         elif any(path.rglob("events.out.tfevents.*")):
             run = read_tensorboard(path)
+        elif wandb_file := tracker_logs.wandb_run_file(path):
+            run = tracker_logs.read_wandb_file(wandb_file, wandb_file.parent)
+        elif tracker_logs.is_mlflow_run_folder(path) or tracker_logs.is_mlflow_store(path):
+            run = tracker_logs.read_mlflow(text)
         else:
             logs = [p for p in sorted(path.rglob("*")) if p.is_file() and p.suffix in (".log", ".txt", ".out")]
             runs = [r for r in (read_console_log(p) for p in logs) if r.series]
             if len(runs) != 1:
                 raise CompareError(f"{path}: found {'no' if not runs else 'several'} verl logs; expected one file-logger "
-                                   "JSONL (trainer.logger has 'file'), tensorboard event files, or one saved console log")
+                                   "JSONL (trainer.logger has 'file'), tensorboard event files, a W&B run folder "
+                                   "(run-*.wandb), an MLflow mlruns folder, or one saved console log")
             run = runs[0]
+    return _named(run, path, name)
+
+
+def _named(run: RunLog, path: str | os.PathLike, name: str | None) -> RunLog:
     if not run.series:
         raise CompareError(f"{path}: no metrics found in verl's {run.fmt} format (step lines / records with numbers)")
     if name:
@@ -249,9 +274,13 @@ class RunSummary:
     extra: dict[str, float] = field(default_factory=dict)
     # held-out scores: metric (without "val-core/") -> [first step, its value, last step, its value]
     validation: dict[str, list] = field(default_factory=dict)
+    # the speedups' paired bootstrap intervals against the baseline (None for the baseline itself)
+    gen_interval: SpeedupInterval | None = None
+    step_interval: SpeedupInterval | None = None
 
     def to_json(self) -> dict:
-        return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in self.__dict__.items()}
+        return {k: (v.to_json() if isinstance(v, SpeedupInterval) else
+                    None if isinstance(v, float) and math.isnan(v) else v) for k, v in self.__dict__.items()}
 
 
 def parse_step_range(text: str | None) -> tuple[int | None, int | None]:
@@ -307,8 +336,11 @@ def default_baseline(runs: Sequence[RunLog]) -> int:
 
 def compare_runs(runs: Sequence[RunLog], baseline: int = 0, skip: int = 0,
                  step_range: tuple[int | None, int | None] = (None, None),
-                 extra_keys: Iterable[str] = ()) -> tuple[list[int], list[RunSummary]]:
-    """Means over the common steps and speedups against ``runs[baseline]``."""
+                 extra_keys: Iterable[str] = (), confidence: float = 0.95) -> tuple[list[int], list[RunSummary]]:
+    """Means over the common steps and speedups against ``runs[baseline]``, each speedup with its
+    paired bootstrap interval on those steps (``speedup_interval.paired_speedup``)."""
+    if not 0 < confidence < 1:
+        raise CompareError(f"--confidence {confidence}: must lie strictly between 0 and 1 (e.g. 0.95)")
     if len(runs) < 2:
         raise CompareError("give at least two runs (a baseline and a run to compare with it)")
     if not 0 <= baseline < len(runs):
@@ -321,12 +353,16 @@ def compare_runs(runs: Sequence[RunLog], baseline: int = 0, skip: int = 0,
     means = [{key: _mean(run.values(key, steps)) for key in (*COMPARED, *extra_keys)} for run in runs]
     base = means[baseline]
     summaries = []
-    for run, m in zip(runs, means):
+    for i, (run, m) in enumerate(zip(runs, means)):
+        gen, step = ((None, None) if i == baseline else
+                     (paired_speedup(runs[baseline].values(key, steps), run.values(key, steps), confidence)
+                      for key in (GEN_TIME, STEP_TIME)))
         summaries.append(RunSummary(
             name=run.name, fmt=run.fmt, steps=len(steps), gen_s=m[GEN_TIME], step_s=m[STEP_TIME],
             reward=m[REWARD], response_length=m[RESPONSE_LENGTH],
             gen_speedup=base[GEN_TIME] / m[GEN_TIME] if m[GEN_TIME] > 0 else math.nan,
             step_speedup=base[STEP_TIME] / m[STEP_TIME] if m[STEP_TIME] > 0 else math.nan,
             extra={key: m[key] for key in extra_keys}, validation=validation_scores(run),
+            gen_interval=gen, step_interval=step,
         ))
     return steps, summaries

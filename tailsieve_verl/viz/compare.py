@@ -17,7 +17,8 @@ TITLES = {
 
 def plot_compare(runs: Sequence[RunLog], summaries: Sequence[RunSummary], steps: Sequence[int],
                  path: str | Path) -> Path:
-    """A 2×2 figure of the compared metrics over the common steps; legends carry the speedups."""
+    """A 2×2 figure of the compared metrics over the common steps; legends carry the speedups and
+    their intervals."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -30,7 +31,11 @@ def plot_compare(runs: Sequence[RunLog], summaries: Sequence[RunSummary], steps:
             label = run.name
             if key in (GEN_TIME, STEP_TIME):
                 speedup = summary.gen_speedup if key == GEN_TIME else summary.step_speedup
-                label = f"{run.name} ({speedup:.2f}x)"
+                interval = summary.gen_interval if key == GEN_TIME else summary.step_interval
+                label = f"{run.name} ({speedup:.2f}x"
+                if interval is not None and interval.steps >= 2:
+                    label += f", {interval.confidence * 100:.4g}% [{interval.low:.2f}, {interval.high:.2f}] {interval.verdict}"
+                label += ")"
             ax.plot(list(steps), run.values(key, steps), marker="o", markersize=3, label=label)
         ax.set_title(TITLES[key], fontsize=10)
         ax.grid(alpha=0.3)

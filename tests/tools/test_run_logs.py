@@ -222,7 +222,7 @@ def test_validation_scores_are_shown_first_and_last_next_to_the_generation_time(
     assert steps == [1, 2]  # the step-0 validation is not a training step
     assert summaries[1].validation == {"tailsieve_math/reward/mean@1": [0, 0.25, 2, 0.375]}
     compare_cli.run(argparse.Namespace(runs=paths, names=None, baseline=None, skip_steps=0, steps=None, metric=[],
-                                       plot=None, json=False))
+                                       plot=None, json=False, confidence=0.95))
     out = capsys.readouterr().out
     assert "val tailsieve_math/reward/mean@1" in out
     assert "0.250 (step 0) -> 0.500 (step 2)" in out and "0.250 (step 0) -> 0.375 (step 2)" in out
