@@ -66,16 +66,14 @@ class GroupContext:
 
 
 def refusal_reason(exc: BaseException) -> str | None:
-    """The engine's reason when the server's ``generate`` rejected the request itself — an input it
-    refuses, which no retry fixes: verl's prompt-length check and vLLM's parameter checks raise
-    ``ValueError`` / ``TypeError`` / vLLM's ``VLLMClientError`` — else None (a dead replica, a server
-    fault: a retry elsewhere may succeed)."""
+    """The engine's reason when it explicitly refused the request — vLLM's request validation raises a
+    ``VLLMClientError`` (``VLLMValidationError`` and kin), which no retry fixes — else None. Anything
+    else, verl's own checks included (its ``ValueError`` when a multi-turn loop outgrows
+    ``max_model_len``), fails the group as stock verl fails it: kept, trained with what succeeded."""
     import ray
 
     cause = exc.cause if isinstance(exc, ray.exceptions.RayTaskError) else None
-    if cause is None:
-        return None
-    if not (isinstance(cause, (ValueError, TypeError)) or "VLLMClientError" in {c.__name__ for c in type(cause).__mro__}):
+    if cause is None or "VLLMClientError" not in {c.__name__ for c in type(cause).__mro__}:
         return None
     return " ".join(f"{type(cause).__name__}: {cause}".split())[:300]
 

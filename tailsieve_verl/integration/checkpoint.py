@@ -1,8 +1,9 @@
 """``tailsieve.pt``: TailSieve's carried queue and learned state, saved next to verl's checkpoint.
 
-The file holds the prompt rows of the carried groups (fetched from the dataset but not yet trained:
-verl's dataloader state has moved past them), the selector's queue, the controller's learned (q, m)
-and the per-prompt length record. Three promises:
+The file holds the prompt rows of the carried groups and of the prompts drawn from verl's loader but
+not yet dispatched (both fetched from the dataset but not yet trained: verl's dataloader state has
+moved past them), the selector's queue, the controller's learned (q, m) and the per-prompt length
+record. Three promises:
 
 * **Atomic.** It is written to a temporary file in the same folder, flushed to disk and renamed
   over the old one: a kill mid-save leaves the previous complete file (or none), never half a file.
@@ -112,6 +113,7 @@ class Restore:
 
     cycle_state: dict
     carried_rows: dict
+    drawn_rows: tuple = ()  # the loader's next prompts, in order: they go first whatever else differs
 
 
 # ---- writing -----------------------------------------------------------------------------------
@@ -137,9 +139,10 @@ def write_atomically(path: str, write: Callable[[BinaryIO], None]) -> None:
         os.close(directory)
 
 
-def checkpoint_state(cycle_state: Mapping, carried_rows: Mapping, shape: RunShape) -> dict:
-    """The content of ``tailsieve.pt``: the cycle's state dict, the carried rows, a header."""
-    return {"format_version": FORMAT_VERSION, "run": asdict(shape), **cycle_state, "carried_rows": dict(carried_rows)}
+def checkpoint_state(cycle_state: Mapping, carried_rows: Mapping, shape: RunShape, drawn_rows=()) -> dict:
+    """The content of ``tailsieve.pt``: the cycle's state dict, the carried and drawn rows, a header."""
+    return {"format_version": FORMAT_VERSION, "run": asdict(shape), **cycle_state, "carried_rows": dict(carried_rows),
+            "drawn_rows": list(drawn_rows)}
 
 
 def save_state(folder: str, state: Mapping) -> str:
@@ -222,6 +225,7 @@ def plan_restore(state: Mapping, path: str, shape: RunShape, policy: str) -> Res
     try:
         version, saved = _saved_shape(state, path)
         selector, rows = _carried(state, path)
+        drawn = tuple(state.get("drawn_rows", ()))  # absent in files written before the loader kept stock batches
     except (KeyError, TypeError, ValueError) as exc:
         if isinstance(exc, CheckpointMismatchError):
             problem = str(exc)
@@ -240,7 +244,8 @@ def plan_restore(state: Mapping, path: str, shape: RunShape, policy: str) -> Res
                            shape.split[1], "on" if shape.split[2] else "off",
                            f"the pinned split {saved.split[:2]}" if saved.split else "adaptive", len(carried))
         return Restore({"selector": selector, "controller": controller,
-                        "prompt_record": state.get("prompt_record"), "abort_share": state.get("abort_share", 1.0)}, rows)
+                        "prompt_record": state.get("prompt_record"), "abort_share": state.get("abort_share", 1.0)},
+                       rows, drawn)
     if policy == "stop":
         as_saved = shape.how_to_resume_as_saved(saved)
         raise CheckpointMismatchError(
@@ -262,7 +267,12 @@ def plan_restore(state: Mapping, path: str, shape: RunShape, policy: str) -> Res
                    "keeps its learned state" if controller is not None else "restarts from q0 / tail_replicas")
     # the queue is a list of prompts: it fits any batch it is shorter than (checked above)
     return Restore({"selector": dict(selector, batch_size=shape.batch_size), "controller": controller,
-                    "prompt_record": state.get("prompt_record")}, rows)
+                    "prompt_record": state.get("prompt_record")}, rows, drawn)
+
+
+def _unrecoverable(shape: RunShape) -> int:
+    """Prompts an unreadable file can hold: fewer than a step carried, fewer than a loader draw drawn."""
+    return 2 * (shape.batch_size - 1)
 
 
 def _unusable(problem: str, path: str, shape: RunShape, policy: str) -> Restore:
@@ -272,10 +282,10 @@ def _unusable(problem: str, path: str, shape: RunShape, policy: str) -> Restore:
                    if earlier else "")
         raise CheckpointMismatchError(
             f"{problem}; its carried prompts cannot be recovered from it: {instead}set {_POLICY_KEY}=drop_carried "
-            f"to go on without them (up to {shape.batch_size - 1} prompts of this epoch untrained)")
+            f"to go on without them (up to {_unrecoverable(shape)} prompts of this epoch untrained)")
     logger.warning("TailSieve: %s; %s=drop_carried: going on with an empty carried queue (up to %d prompts of "
                    "this epoch are not regenerated; the per-prompt record restarts too)", problem, _POLICY_KEY,
-                   shape.batch_size - 1)
+                   _unrecoverable(shape))
     return Restore({"selector": {"batch_size": shape.batch_size, "step": 0, "carried": [], "scores": []},
                     "controller": None, "prompt_record": None}, {})
 

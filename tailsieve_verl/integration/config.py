@@ -90,6 +90,9 @@ class SimBackendConfig:
     prompt_sigma: float = 1.0  # spread of per-prompt mean lengths (log space): the prompt effect
     sample_sigma: float = 0.5  # spread of samples around their prompt's mean: the sampling effect
     seed: int = 0
+    # The engine's own request validation: a longer prompt is refused with vLLM's VLLMValidationError,
+    # the explicit refusal tailsieve.on_refused_request acts on (None: the engine refuses nothing).
+    max_prompt_tokens: int | None = None
 
 
 @dataclass(frozen=True)
@@ -113,7 +116,11 @@ class TailSieveConfig:
     # Time limit of every engine call the trainer makes (per-group abort, liveness probe, verl's sleep,
     # the weight update); a replica that does not answer within it stops the run, named.
     engine_call_timeout_s: float = 600.0
-    poll_interval_s: float = 0.05  # TransferQueue status polling while waiting for groups
+    poll_interval_s: float = 0.05  # TransferQueue status polling while a step waits for its cutoff
+    # How often a step checks whether its last groups have finished, once nothing is left to cut off:
+    # None is stock verl's own replay-buffer poll (2 s in verl 0.9.1), so that timing_s/gen of a TailSieve
+    # or same-path arm is quantised exactly as the stock arm's is; lower it only where no A/B is measured.
+    step_end_poll_s: float | None = None
     log_bias: bool = True  # length-bias monitor metrics
     # Warn when the length-bias KS exceeds its noise level this many steps in a row (0: never warn).
     bias_warning_steps: int = 5
@@ -258,6 +265,8 @@ def _check_types(cfg: TailSieveConfig) -> None:
         _check_positive(getattr(cfg, name), f"tailsieve.{name}")
     _check_int(cfg.bias_warning_steps, "tailsieve.bias_warning_steps", 0)
     _check_positive(cfg.poll_interval_s, "tailsieve.poll_interval_s")
+    if cfg.step_end_poll_s is not None:
+        _check_positive(cfg.step_end_poll_s, "tailsieve.step_end_poll_s")
     for pool in ("tail", "bulk"):
         pool_cfg: PoolEngineConfig = getattr(cfg, pool)
         if pool_cfg.max_num_seqs is not None:
@@ -389,6 +398,10 @@ def validate_verl_config(config: Any) -> TailSieveConfig:
             f"TailSieve trainer picks each step's groups itself; unset it, or train with it in stock verl "
             f"(trainer.v1.trainer_mode=sync)"
         )
+    if bool(_select(config, "skip.rollout_tq.enable", False)):
+        raise TailSieveConfigError(
+            "skip.rollout_tq.enable=true would be ignored: verl's rollout skip replays stock sync's submit and sample "
+            "calls, which the TailSieve step replaces; disable it, or use it in stock verl (trainer.v1.trainer_mode=sync)")
     if int(_select(config, "trainer.v1.tailsieve.parameter_sync_step", 1)) != 1:
         raise TailSieveConfigError("trainer.v1.tailsieve.parameter_sync_step must be 1: TailSieve is synchronous")
     _refuse_ignored_settings(cfg, rollout_name)

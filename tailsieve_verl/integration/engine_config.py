@@ -28,7 +28,7 @@ free-form field of verl's RolloutConfig), written by :func:`tailsieve_verl.integ
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from tailsieve_verl.core.engine.engine import EngineConfig
 from tailsieve_verl.core.kinds import Pool
@@ -47,6 +47,13 @@ def settings_from_rollout_config(rollout_config: Any) -> TailSieveConfig:
 def launch_pool(replica_rank: int, settings: TailSieveConfig) -> Pool:
     """Pool a replica belongs to at launch: ranks ``0 .. initial_m - 1`` form the tail pool."""
     return Pool.TAIL if replica_rank < settings.initial_m else Pool.BULK
+
+
+def launched_tail(replicas: Sequence, settings: TailSieveConfig) -> list[str]:
+    """The addresses of the replicas launched with the tail pool's engine: with per-pool engine
+    settings these, not the placement rule's picks, are the tail pool (a bulk-engine replica must never
+    serve it, wherever it runs)."""
+    return [r.server_address for r in replicas if launch_pool(r.replica_rank, settings) is Pool.TAIL]
 
 
 def pool_engine(replica_rank: int, settings: TailSieveConfig) -> PoolEngineConfig:

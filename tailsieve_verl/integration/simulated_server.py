@@ -49,6 +49,15 @@ def _seed(*parts: object) -> int:
     return int.from_bytes(digest, "little")
 
 
+class VLLMClientError(Exception):
+    """Named as vLLM's base of the request errors it refuses with (``vllm.exceptions``), which
+    ``integration.agent_loop.refusal_reason`` recognises by name: vLLM is not installed beside verl here."""
+
+
+class VLLMValidationError(VLLMClientError):
+    """vLLM's refusal of a request its validation rejects."""
+
+
 @dataclass(frozen=True)
 class LengthModel:
     """Deterministic response lengths: ``mean · exp(σp·zp − σp²/2) · exp(σs·zs − σs²/2)`` where
@@ -144,6 +153,9 @@ class SimServer:
             self.stats.aborted += 1
             return self._token_output(token_ids=[], stop_reason="aborted", extra_fields={"global_steps": self.global_steps})
         prompt_ids = [int(t) for t in prompt_ids]
+        if self.sim.max_prompt_tokens is not None and len(prompt_ids) > self.sim.max_prompt_tokens:
+            raise VLLMValidationError(f"The prompt (length {len(prompt_ids)}) is longer than the engine accepts "
+                                      f"({self.sim.max_prompt_tokens} tokens)")
         room = self.max_model_len - len(prompt_ids)
         if room < 1:
             raise ValueError(f"Prompt length ({len(prompt_ids)}) leaves no room to generate within "

@@ -30,8 +30,19 @@ same path runs with (q, m) = (0, 0): one pool of all replicas, B fresh groups, n
 stock verl's routing on TailSieve's code path (uniform group routing with ``group_atomic``). The
 baseline to compare against is stock verl itself (``trainer.v1.trainer_mode=sync``).
 
-Carried prompt rows and the selector/controller/record state are saved next to verl's checkpoint
-(``global_step_N/tailsieve.pt``) and restored on resume.
+Everywhere verl 0.9.1 branches on its trainer mode, TailSieve is the ``sync`` trainer, so an A/B
+against stock sync differs in routing only:
+
+* **the same prompt stream**: verl's loader draws ``data.train_batch_size`` prompts at a time, dropping
+  each epoch's last partial batch (other modes force one prompt a draw and see every prompt); a step
+  takes its fresh prompts from that stream in order, and prompts drawn but not yet dispatched (when
+  carried groups fill part of the batch) wait for the next step and are saved with the checkpoint;
+* **the same clock**: once nothing is left to cut off, a step checks for its last groups on stock
+  verl's replay-buffer poll (``tailsieve.step_end_poll_s``), validation included, so ``timing_s/gen``
+  is quantised alike in both arms;
+* **the same checkpoints**: no TransferQueue snapshot is saved or restored and nothing is re-sent on
+  resume; TailSieve adds only ``global_step_N/tailsieve.pt`` (carried and drawn prompt rows, the
+  selector/controller/record state), restored on resume.
 """
 
 from __future__ import annotations
@@ -66,7 +77,8 @@ from tailsieve_verl.core.tailsieve.selector import StepOutcome, StepPlan, fresh_
 from tailsieve_verl.integration.checkpoint import (Restore, RunShape, checkpoint_state, restore_for_resume,
                                                     resume_folder, save_state)
 from tailsieve_verl.integration.config import TRAINER_MODE, TailSieveConfig, rollout_replica_count, wire_verl_config
-from tailsieve_verl.integration.engine_config import install_tailsieve_vllm, pool_engine_models
+from tailsieve_verl.integration.engine_config import (has_pool_engine_settings, install_tailsieve_vllm,
+                                                       launched_tail, pool_engine_models)
 from tailsieve_verl.integration.group_status import GroupStatus
 from tailsieve_verl.integration.metrics import StepMeasurement, step_metrics
 from tailsieve_verl.integration.prompts import plain, prompt_key
@@ -79,6 +91,7 @@ PARTITION = "train"
 MAX_DISPATCH_ATTEMPTS = 3
 PROBE_TIMEOUT_S = 10.0  # liveness and progress probes of one replica
 ROLLOUT_N_KEY = "__rollout_n__"  # verl's per-row sample count (agent_loop_tq)
+VERL_MODE = "sync"  # what verl's own mode branches see (the module docstring)
 T = TypeVar("T")
 
 
@@ -236,11 +249,13 @@ class TailSieveTrainer(PPOTrainerSync):
         if config.actor_rollout_ref.rollout.name == "vllm":
             install_tailsieve_vllm()  # per-group abort, progress, per-pool engine settings
         super().__init__(config)
+        self.trainer_mode = VERL_MODE  # read by verl from its loader set-up on, after our replay buffer is built
         self.batch_size = int(config.data.train_batch_size)
         self.n_replicas = rollout_replica_count(config)
         self.samples_per_group = int(config.actor_rollout_ref.rollout.n)
         # the pools' engine models (admission caps), for the controller's model and the step metrics' predictions
         self.pool_engines = pool_engine_models(self.settings, int(config.actor_rollout_ref.rollout.max_num_seqs))
+        self.engines_per_pool = has_pool_engine_settings(self.settings)
         # selector, controller and per-prompt length record: the step logic the simulator runs too
         controller, perf, per_sample = self.settings.controller_config(), self.settings.perf(), not self.settings.group_atomic
         planner = run_planner(controller, self.n_replicas, self.batch_size, self.samples_per_group, perf,
@@ -250,6 +265,7 @@ class TailSieveTrainer(PPOTrainerSync):
                                     engines=self.pool_engines, record_replaces_aborts=self.settings.record_replaces_aborts,
                                     planner=planner)
         self.carried_rows: dict[str, TensorDict] = {}
+        self.drawn_rows: list[TensorDict] = []  # prompts drawn from verl's loader, not yet dispatched, in order
         self.prompt_keys: dict[str, str] = {}  # identity -> prompt_key of its row, for the carried and this step
         self.step_state: ActiveStep | None = None
         self.settling_aborts: set[str] = set()  # aborted attempt uids still running when their step closed
@@ -266,22 +282,25 @@ class TailSieveTrainer(PPOTrainerSync):
             self, trainer_mode=self.trainer_mode, trainer_config={},
             max_off_policy_threshold=sampler.max_off_policy_threshold,
             max_off_policy_strategy=sampler.max_off_policy_strategy, sampler_kwargs=sampler.sampler_kwargs,
-            poll_interval=self.settings.poll_interval_s, refill_fn=self._add_prompts_to_generate,
-            train_batch_size=int(self.config.data.train_batch_size), gen_batch_size=1)
+            refill_fn=self._add_prompts_to_generate, train_batch_size=int(self.config.data.train_batch_size),
+            gen_batch_size=int(self.config.data.get("gen_batch_size", None) or self.config.data.train_batch_size))
 
     def get_llm_client(self):
         from tailsieve_verl.integration.agent_loop import GroupTaggedClient  # see _dispatch
 
         return self.llm_server_manager.get_client(client_cls=GroupTaggedClient)
 
-    def on_train_begin(self):
-        """Drop TransferQueue leftovers of a restored checkpoint (the batch trained at that step);
-        TailSieve never checkpoints in-flight groups — its carried queue lives in tailsieve.pt."""
-        listing = tq.kv_list(PARTITION) or {}
-        leftovers = list(listing.get(PARTITION, {}))
-        if leftovers:
-            tq.kv_clear(keys=leftovers, partition_id=PARTITION)
-            logger.info("TailSieve: cleared %d TransferQueue keys restored from the checkpoint", len(leftovers))
+    def _next_train_batch(self, num_prompts: int | None = None) -> TensorDict:
+        """The next ``num_prompts`` prompts of stock sync's stream: verl's loader draws whole
+        ``gen_batch_size`` batches; the prompts a step does not take wait, in order, for the next."""
+        count = self.batch_size if num_prompts is None else num_prompts
+        while len(self.drawn_rows) < count:
+            drawn = self._fetch_one_gen_batch()
+            self.drawn_rows.extend(_row(drawn, i) for i in range(len(drawn)))
+        rows, self.drawn_rows = self.drawn_rows[:count], self.drawn_rows[count:]
+        batch = rows[0] if len(rows) == 1 else tu.concat_tensordict(rows)
+        tu.assign_non_tensor_data(batch, "global_steps", self.global_steps)
+        return batch
 
     def prepare_step(self) -> dict:
         with self._naming_a_lost_actor():
@@ -394,8 +413,11 @@ class TailSieveTrainer(PPOTrainerSync):
         self.prompt_keys.update({identity: prompt_key(row) for identity, row in fresh_rows.items()})
         addresses = list(self._replicas_by_address())
         plan, m = self.cycle.plan(list(fresh_rows), len(addresses))
-        tail_addresses = choose_tail(self.llm_server_manager.get_replicas(), m, self.settings.tail_on_one_node,
-                                     PROBE_TIMEOUT_S)  # integration.placement: whole replicas, by node
+        replicas = self.llm_server_manager.get_replicas()
+        if self.engines_per_pool:  # engines are set at launch: the tail pool is where its engine runs
+            tail_addresses = launched_tail(replicas, self.settings)[:m]
+        else:  # integration.placement: whole replicas, by node
+            tail_addresses = choose_tail(replicas, m, self.settings.tail_on_one_node, PROBE_TIMEOUT_S)
         m = len(tail_addresses)  # tail_on_one_node caps m at the fullest node's replicas
         ray.get(self.router.set_pools.remote(tail_addresses, self.settings.group_atomic,
                                              bool(self.config.actor_rollout_ref.rollout.full_determinism)))
@@ -438,12 +460,18 @@ class TailSieveTrainer(PPOTrainerSync):
         and every aborted group settled, or ``tailsieve.drain_timeout_s`` passed since the abort: one still
         running then (a tool call the abort cannot interrupt) is carried without waiting and cleared from
         TransferQueue once it settles (:meth:`_let_settle`). No overall time limit: a healthy step takes as
-        long as it needs; a stuck replica (:meth:`_check_progress`) and a dead agent-loop worker stop it."""
+        long as it needs; a stuck replica (:meth:`_check_progress`) and a dead agent-loop worker stop it.
+
+        The step polls every ``tailsieve.poll_interval_s`` while a cutoff is due, and checks for its end
+        on stock verl's poll (``tailsieve.step_end_poll_s``, else the replay buffer's): the first check
+        at once, then one a poll after the last, as verl's sync replay buffer checks."""
         state = self.step_state
         if state is None:
             raise RolloutStepError("replay_buffer.sample called before prepare_step")
         if batch_size != self.batch_size:
             raise RolloutStepError(f"TailSieve samples whole steps of {self.batch_size} groups, asked for {batch_size}")
+        end_poll_s = self.settings.step_end_poll_s or buffer.poll_interval
+        next_end_check = time.monotonic()
         while True:
             statuses = self._redispatch_failed(state, self._statuses(state))
             now = time.monotonic()
@@ -452,12 +480,22 @@ class TailSieveTrainer(PPOTrainerSync):
                     state.finished_at.setdefault(uid, now - state.started)
             if state.cutoff_s is None:
                 self._cut_off_when_due(state, statuses)
-            elif self._step_complete(state, statuses):
-                break
+            cutoff_pending = self._cutoff_pending(state)
+            if not cutoff_pending and now >= next_end_check:
+                if state.cutoff_s is not None and self._step_complete(state, statuses):
+                    break
+                next_end_check = time.monotonic() + end_poll_s
             self._check_agent_loop_workers()
             self._check_progress(state)
-            time.sleep(self.settings.poll_interval_s)
+            time.sleep(self.settings.poll_interval_s if cutoff_pending else max(0.0, next_end_check - time.monotonic()))
         return self._close_step(buffer, state)
+
+    @staticmethod
+    def _cutoff_pending(state: ActiveStep) -> bool:
+        """Whether the bulk cutoff has yet to fall on groups it could abort: with no more fresh bulk
+        groups than the step consumes (one shared pool, nothing carried) there is nothing to cut off."""
+        fresh_bulk = sum(1 for g in state.groups.values() if g.pool == Pool.BULK and not g.committed)
+        return state.cutoff_s is None and fresh_bulk > state.plan.fresh_quota
 
     def _cut_off_when_due(self, state: ActiveStep, statuses: dict[str, str]) -> None:
         """The cutoff rule (core.tailsieve.selector.fresh_cutoff, the simulator's too) on the fresh bulk groups seen
@@ -830,12 +868,13 @@ class TailSieveTrainer(PPOTrainerSync):
         return RunShape.of(self.config, self.settings)
 
     def tailsieve_state(self) -> dict:
-        return checkpoint_state(self.cycle.state_dict(), self.carried_rows, self.run_shape)
+        return checkpoint_state(self.cycle.state_dict(), self.carried_rows, self.run_shape, self.drawn_rows)
 
     def load_tailsieve_state(self, restore: Restore) -> None:
         """Put back a checked :class:`Restore` (``integration.checkpoint.plan_restore``)."""
         self.cycle.load_state_dict(restore.cycle_state)
         self.carried_rows = dict(restore.carried_rows)
+        self.drawn_rows = list(restore.drawn_rows)
         self.prompt_keys = {identity: prompt_key(row) for identity, row in self.carried_rows.items()}
 
     def _save_checkpoint(self):

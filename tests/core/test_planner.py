@@ -34,7 +34,7 @@ def test_the_fixed_split_is_never_worse_than_one_shared_pool_on_the_planned_stre
 
 def test_the_planned_runs_do_not_use_the_per_prompt_record(monkeypatch):
     """A logged run's prompts recur every few steps in the planner's pool, far more often than in training;
-    the record would exploit that (scripts/results/controller_vs_stock_verl/controller_v2_log.md, session 9),
+    the record would exploit that (scripts/results/controller_vs_stock_verl/controller_v2_log.md, 2026-12-01, f610ae8),
     so the plan is a first epoch."""
     from tailsieve_verl.core.simulation import planner
 

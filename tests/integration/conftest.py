@@ -94,7 +94,7 @@ def compose(assets, overrides: list[str]):
         "trainer.v1.trainer_mode=tailsieve", "trainer.device=cpu",
         f"trainer.default_local_dir={assets.root}/ckpt",
         "+tailsieve.perf_model='linear:a=0.002,c=0.0002'", "+tailsieve.sim.mean_response_len=16",
-        "+tailsieve.sim.prompt_sigma=0.8", "+tailsieve.sim.sample_sigma=0.2", "+tailsieve.poll_interval_s=0.02",
+        "+tailsieve.sim.prompt_sigma=0.8", "+tailsieve.sim.sample_sigma=0.2", "+tailsieve.poll_interval_s=0.02", "+tailsieve.step_end_poll_s=0.02",
         "+tailsieve.drain_timeout_s=120", "+tailsieve.sim.time_scale=10",
     ]
     given = {o.split("=", 1)[0] for o in overrides}

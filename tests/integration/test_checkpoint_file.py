@@ -110,7 +110,7 @@ def test_a_truncated_file_stops_with_one_line_and_drop_carried_goes_on(tmp_path,
         restore_for_resume(str(folder), SHAPE, "keep_carried")  # nothing to keep: the rows are in the lost part
     restore = restore_for_resume(str(folder), SHAPE, "drop_carried")
     assert restore.cycle_state["selector"]["carried"] == [] and restore.carried_rows == {}
-    assert "up to 3 prompts of this epoch are not regenerated" in caplog.text
+    assert "up to 6 prompts of this epoch are not regenerated" in caplog.text
 
 
 @pytest.mark.parametrize("field,value,named,fix", [

@@ -18,9 +18,19 @@ BASE = ["trainer.n_gpus_per_node=4", "trainer.nnodes=1", "actor_rollout_ref.roll
         "actor_rollout_ref.rollout.name=vllm", "data.train_batch_size=32"]
 
 
-def shipped(overrides: list[str]):
+def shipped(overrides: list[str], tail_replicas: int = 1):
+    """The shipped config; these cases start with a tail pool of ``tail_replicas`` unless they set it."""
+    if not any(o.startswith("tailsieve.tail_replicas=") for o in overrides):
+        overrides = [*overrides, f"tailsieve.tail_replicas={tail_replicas}"]
     with initialize_config_module("tailsieve_verl.config", version_base=None):
         return compose("tailsieve_trainer", overrides=BASE + overrides)
+
+
+def test_the_shipped_config_starts_at_one_shared_pool_where_the_measured_results_start():
+    with initialize_config_module("tailsieve_verl.config", version_base=None):
+        settings = validate_verl_config(compose("tailsieve_trainer", overrides=BASE))
+    assert settings.active and (settings.q0, settings.tail_replicas) == (0, 0)
+    assert settings.controller_config().plan_probe
 
 
 def stock(overrides: list[str]):

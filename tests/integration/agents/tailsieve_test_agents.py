@@ -74,7 +74,7 @@ class ToolError(RuntimeError):
 
 
 def one_sample_fails(number: int) -> bool:
-    """Session 0's tool call raises for these prompts."""
+    """The first sample's tool call raises for these prompts."""
     return number % 5 == 2 and not every_sample_fails(number)
 
 
