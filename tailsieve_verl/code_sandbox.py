@@ -25,9 +25,11 @@ import json
 import os
 import secrets
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 
 UNISOLATED_ENV = "TAILSIEVE_UNISOLATED_CODE_REWARD"
 # As root, each candidate runs as a fresh user id drawn from this range (no account needs to
@@ -65,6 +67,100 @@ def probe():
 """
 
 
+CGROUP_RETRY_S = 2.0  # a cgroup is removed once the kernel has let its last process go
+
+
+def _cgroup_mounts() -> dict[str, tuple[str, str]]:
+    """Controller ("memory", "pids"; "" for cgroup v2) -> (mount point, the mount's root path)."""
+    mounts = {}
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            fields, (fstype, _source, options) = line.split(" - ")[0].split(), line.split(" - ")[1].split()[:3]
+            if fstype == "cgroup2":
+                mounts.setdefault("", (fields[4], fields[3]))
+            elif fstype == "cgroup":
+                for controller in set(options.split(",")) & {"memory", "pids"}:
+                    mounts[controller] = (fields[4], fields[3])
+    return mounts
+
+
+def _own_cgroup_folder(controller: str, mounts: dict[str, tuple[str, str]]) -> str | None:
+    with open("/proc/self/cgroup") as f:
+        for line in f:
+            _, controllers, path = line.rstrip("\n").split(":", 2)
+            if controller in (controllers.split(",") if controllers else [""]) and controller in mounts:
+                mount, root = mounts[controller]
+                relative = path[len(root):] if path.startswith(root) and root != "/" else path
+                return mount + relative.rstrip("/")
+    return None
+
+
+@functools.cache
+def cgroup_parents() -> tuple[str, tuple[str, ...]] | tuple[None, str]:
+    """Where each candidate gets cgroups bounding its whole tree's memory and processes: ("v2", (the
+    folder,)) for a cgroup v2 folder whose children get the memory and pids controllers (the parent of
+    this process's cgroup: the one it is in holds processes, so its children cannot), ("v1", (memory
+    folder, pids folder)) for writable v1 hierarchies (this process's own cgroups), else (None, why)."""
+    try:
+        mounts = _cgroup_mounts()
+        own = _own_cgroup_folder("", mounts)
+        if own is not None:
+            parent = own if own == mounts[""][0] else os.path.dirname(own)
+            with open(os.path.join(parent, "cgroup.subtree_control")) as f:
+                if {"memory", "pids"} <= set(f.read().split()) and os.access(parent, os.W_OK):
+                    return "v2", (parent,)
+        folders = tuple(_own_cgroup_folder(c, mounts) for c in ("memory", "pids"))
+        if all(folders) and all(os.access(folder, os.W_OK) for folder in folders):
+            return "v1", folders
+    except (OSError, ValueError, IndexError, KeyError) as error:
+        return None, f"cannot read this process's cgroups ({error})"
+    return None, "no writable cgroup with the memory and pids controllers"
+
+
+def candidate_cgroups(memory_bytes: int, processes: int) -> list[str]:
+    """New cgroups for one candidate, their limits set ([] where this node offers none)."""
+    kind, parents = cgroup_parents()
+    if kind is None:
+        return []
+    name = f"tailsieve-candidate-{os.getpid()}-{secrets.token_hex(4)}"
+    limits = ({"memory.max": memory_bytes, "memory.swap.max": 0, "pids.max": processes} if kind == "v2" else
+              {"memory.limit_in_bytes": memory_bytes, "memory.memsw.limit_in_bytes": memory_bytes, "pids.max": processes})
+    folders = [os.path.join(parent, name) for parent in parents]
+    try:
+        for folder in folders:
+            os.mkdir(folder)
+            for key, value in limits.items():
+                if os.path.exists(os.path.join(folder, key)):  # memsw/swap files exist only with swap accounting
+                    with open(os.path.join(folder, key), "w") as f:
+                        f.write(str(value))
+    except OSError:
+        remove_cgroups(folders)
+        raise
+    return folders
+
+
+def remove_cgroups(folders: list[str]) -> None:
+    """Kill whatever is left in them, then remove them."""
+    deadline = time.monotonic() + CGROUP_RETRY_S
+    for folder in folders:
+        while os.path.isdir(folder):
+            try:
+                if os.path.exists(os.path.join(folder, "cgroup.kill")):
+                    with open(os.path.join(folder, "cgroup.kill"), "w") as f:
+                        f.write("1")
+                else:
+                    with open(os.path.join(folder, "cgroup.procs")) as f:
+                        for pid in f.read().split():
+                            os.kill(int(pid), signal.SIGKILL)
+                os.rmdir(folder)
+            except FileNotFoundError:
+                break
+            except OSError:  # busy until the kernel has let its last process go
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.005)
+
+
 def _interpreter() -> str:
     return os.path.realpath(sys.executable)
 
@@ -89,14 +185,19 @@ def run_judged(job: dict, timeout_s: float, cpu_s: int, memory_bytes: int, isola
     uid = fresh_uid if isolated and os.geteuid() == 0 else KEEP_UID
     processes = SANDBOX_PROCESSES if isolated else 0
     limits = [uid, round(1000 * timeout_s), cpu_s, memory_bytes, processes, SANDBOX_WORK_BYTES]  # sandbox_init.LIMITS
-    with tempfile.TemporaryDirectory(prefix="tailsieve_sandbox_") as root:
-        argv = sandbox_command(root) if isolated else [_interpreter(), "-I", "-S", INIT_SCRIPT, "-"]
-        try:
-            done = subprocess.run([*argv, *map(str, limits)], input=json.dumps(dict(job, nonce=nonce)).encode(),
-                                  capture_output=True, timeout=timeout_s + HOST_GRACE_S,
-                                  env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")})
-        except subprocess.TimeoutExpired:  # the judge was killed; --kill-child takes its namespace down
-            return False, "the judge timed out"
+    cgroups = candidate_cgroups(memory_bytes, SANDBOX_PROCESSES)
+    job = dict(job, nonce=nonce, cgroup_procs=[os.path.join(folder, "cgroup.procs") for folder in cgroups])
+    try:
+        with tempfile.TemporaryDirectory(prefix="tailsieve_sandbox_") as root:
+            argv = sandbox_command(root) if isolated else [_interpreter(), "-I", "-S", INIT_SCRIPT, "-"]
+            try:
+                done = subprocess.run([*argv, *map(str, limits)], input=json.dumps(job).encode(),
+                                      capture_output=True, timeout=timeout_s + HOST_GRACE_S,
+                                      env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")})
+            except subprocess.TimeoutExpired:  # the judge was killed; --kill-child takes its namespace down
+                return False, "the judge timed out"
+    finally:
+        remove_cgroups(cgroups)
     verdict = done.stdout.decode(errors="replace").strip()
     if verdict == f"PASS {nonce}":
         return True, "PASS"

@@ -187,7 +187,9 @@ def _drop_every_capability() -> None:
         raise OSError(ctypes.get_errno(), "capset")
 
 
-def exec_candidate(limits: dict[str, int], reply_fd: int, workdir: str, isolated: bool) -> None:
+def exec_candidate(limits: dict[str, int], reply_fd: int, workdir: str, isolated: bool, cgroups: list[int]) -> None:
+    for procs in cgroups:  # its cgroups (opened before the chroot): the bounds over its whole tree
+        os.write(procs, str(os.getpid()).encode())
     null = os.open("/dev/null", os.O_RDWR)
     for fd in (0, 1, 2):
         os.dup2(null, fd)
@@ -331,6 +333,7 @@ def main(root: str, *limit_values: str) -> int:
     _libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)  # no ptrace, no /proc/<pid>/mem or fd for its own user
     isolated = root != "-"
     owner = os.geteuid() if limits["uid"] == KEEP_UID else limits["uid"]
+    cgroups = [os.open(path, os.O_WRONLY) for path in job["cgroup_procs"]]
     if isolated:
         build_root(root, owner, limits["work_bytes"])
         workdir = "/tmp"
@@ -347,7 +350,7 @@ def main(root: str, *limit_values: str) -> int:
         child = os.fork()
         if child == 0:
             try:
-                exec_candidate(limits, reply_write, workdir, isolated)
+                exec_candidate(limits, reply_write, workdir, isolated, cgroups)
             except BaseException as error:  # say why (the isolation check prints it), never run unbounded
                 print(f"sandbox_init: cannot start the candidate: {error!r}", file=sys.stderr)
             os._exit(127)

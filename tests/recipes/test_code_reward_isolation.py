@@ -8,6 +8,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -135,7 +136,9 @@ def forking(children: int | bool) -> str:
                      imports="import os, time")
 
 
-def test_forking_is_bounded_and_cleaned_up():
+def test_forking_is_bounded_and_cleaned_up(runner):
+    if runner == "unisolated" and code_sandbox.cgroup_parents()[0] is None:
+        pytest.skip(f"unisolated, only a cgroup bounds the candidate's processes: {code_sandbox.cgroup_parents()[1]}")
     assert score(forking(8)) == 1.0  # a few processes are fine (and killed when the candidate ends)
     assert score(forking(code_sandbox.SANDBOX_PROCESSES)) == 0.0
     assert score(forking(True)) == 0.0
@@ -148,7 +151,7 @@ def processes_named(name: str) -> list[int]:
             if comm.exists() and comm.read_text().strip() == name]
 
 
-def test_sleeping_past_the_limit_is_killed_with_its_whole_tree():
+def test_sleeping_past_the_limit_is_killed_with_its_whole_tree(runner):
     name = f"ts{time.time_ns() % 10**12}"  # the sleepers rename themselves (comm) so the test can find them
     sleeper = candidate(
         f"ctypes.CDLL(None).prctl(15, {name.encode()!r})",
@@ -162,8 +165,25 @@ def test_sleeping_past_the_limit_is_killed_with_its_whole_tree():
     assert processes_named(name) == []
 
 
-def test_allocating_past_the_memory_limit_scores_zero():
+def test_allocating_past_the_memory_limit_scores_zero(runner):
     assert score(candidate(f"x = bytearray({2 * rewards.CODE_MEMORY_LIMIT_BYTES})")) == 0.0
+
+
+def test_memory_is_bounded_over_the_whole_tree(runner):
+    """Three children holding 0.6 GiB each at once: each is within the per-process bound, the tree is not."""
+    if code_sandbox.cgroup_parents()[0] is None:
+        pytest.skip(f"no cgroup: memory is bounded per process only ({code_sandbox.cgroup_parents()[1]})")
+    share = int(0.6 * rewards.CODE_MEMORY_LIMIT_BYTES)
+    together = candidate("children = []", "for _ in range(3):", "    pid = os.fork()", "    if pid == 0:",
+                         f"        x = b'x' * {share}", "        time.sleep(1.5)", "        os._exit(0)",
+                         "    children.append(pid)",
+                         "if any(os.waitpid(pid, 0)[1] != 0 for pid in children):", "    return a - b",
+                         imports="import os, time")
+    one_at_a_time = together.replace("time.sleep(1.5)", "pass").replace("    children.append(pid)",
+                                                                         "    os.waitpid(pid, 0)")
+    one_test = json.dumps({"entry_point": "add", "tests": TESTS[:1]})  # 1.8 GiB to write: keep to one call
+    assert rewards.compute_score(rewards.CODE_DATA_SOURCE, together, one_test) == 0.0
+    assert rewards.compute_score(rewards.CODE_DATA_SOURCE, one_at_a_time, one_test) == 1.0
 
 
 def test_signalling_its_parent_or_the_trainer_scores_zero_and_reaches_neither():
@@ -358,3 +378,54 @@ def test_code_recipe_stops_at_launch_without_isolation(node_without_unshare):
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1 and "isolation unavailable" in proc.stderr
     assert "Traceback" not in proc.stderr and proc.stdout == ""
+
+
+# ---------------------------------------------------------------------------------------------
+# an ordinary user: isolated in an unprivileged user namespace, with the same guarantees
+
+NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+AS_NOBODY = """\
+import json, os, sys
+sys.path.insert(0, {root!r})
+from tailsieve_verl import code_sandbox, rewards
+responses, truth = json.load(sys.stdin)
+scores = {{name: rewards.compute_score(rewards.CODE_DATA_SOURCE, response, truth) for name, response in responses.items()}}
+print(json.dumps({{"uid": os.getuid(), "problem": code_sandbox.isolation_problem(), "scores": scores}}))
+"""
+
+
+def interpreter_for_nobody() -> str | None:
+    """A base interpreter (3.10+) that uid 65534 can run: this one, else the system's."""
+    for python in (os.path.realpath(sys.executable), "/usr/bin/python3"):
+        probe = subprocess.run([*NOBODY, python, "-I", "-S", "-c", "import os, sys; assert sys.version_info >= (3, 10) "
+                                "and os.access(os.path.realpath(sys.executable), os.X_OK)"],
+                               capture_output=True)
+        if probe.returncode == 0:
+            return python
+    return None
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None, reason="needs root and setpriv to become uid 65534")
+def test_an_ordinary_user_runs_candidates_isolated_in_a_user_namespace():
+    python = interpreter_for_nobody()
+    if python is None:
+        pytest.skip("no Python 3.10+ interpreter that uid 65534 can run")
+    responses = {"correct": candidate("pass"), "wrong": candidate("return a - b"),
+                 "reads the checkout": candidate(f"open({str(ROOT / 'setup.py')!r}).read()"),
+                 "chroot escape": candidate("os.mkdir('/tmp/x')", "os.chroot('/tmp/x')"),
+                 "fork bomb": candidate("while True:", "    os.fork()"),
+                 "network": candidate("socket.create_connection(('127.0.0.1', 22), timeout=1)", imports="import socket"),
+                 **{hack: HACKS[hack] for hack in ("sys.exit(0)", "os._exit(0)", "default argument exits at definition",
+                                                   "object equal to anything", "read the tests from disk, argv or /proc/self",
+                                                   "read the expected answers from the parent's memory")}}
+    refused = subprocess.run([*NOBODY, "unshare", *code_sandbox.USER_NAMESPACE, "true"], capture_output=True)
+    done = subprocess.run([*NOBODY, python, "-I", "-S", "-c", AS_NOBODY.format(root=str(ROOT))],
+                          input=json.dumps([responses, json.dumps({"entry_point": "add", "tests": TESTS})]),
+                          capture_output=True, text=True, timeout=300, env={"PATH": "/usr/bin:/bin"})
+    if refused.returncode != 0:  # this kernel refuses user namespaces to ordinary users: the refusal names that
+        assert done.returncode != 0 and "needs root or unprivileged user namespaces" in done.stderr
+        return
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["uid"] == 65534 and result["problem"] is None
+    assert result["scores"] == {name: float(name == "correct") for name in responses}
