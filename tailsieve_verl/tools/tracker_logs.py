@@ -48,7 +48,8 @@ def _reason(error: BaseException) -> str:
 
 
 def _wandb_records(path: Path):
-    """Each record's bytes from a ``run-*.wandb`` transaction log."""
+    """Each record's bytes from a ``run-*.wandb`` transaction log; a run still being written (or
+    killed) ends in zeros or a cut record, read up to there."""
     data = path.read_bytes()
     if len(data) < _HEADER.size or _HEADER.unpack_from(data)[:2] != (_WANDB_IDENT, _WANDB_MAGIC):
         raise CompareError(f"{path}: not a W&B transaction log (no ':W&B' header)")
@@ -59,10 +60,10 @@ def _wandb_records(path: Path):
             continue
         crc, length, kind = _CHUNK.unpack_from(data, pos)
         chunk = data[pos + _CHUNK.size:pos + _CHUNK.size + length]
-        if kind == 0 and length == 0:  # zero padding: the writer stopped here (a run still open or killed)
+        if kind == 0 and length == 0 or len(chunk) < length:  # the writer stopped here: a run still open or killed
             return
-        if len(chunk) < length or zlib.crc32(chunk, zlib.crc32(bytes([kind]))) != crc:
-            raise CompareError(f"{path}: corrupt W&B record at byte {pos} (bad checksum or cut short)")
+        if zlib.crc32(chunk, zlib.crc32(bytes([kind]))) != crc:
+            raise CompareError(f"{path}: corrupt W&B record at byte {pos} (bad checksum)")
         pos += _CHUNK.size + length
         if kind == _FULL:
             yield chunk
@@ -142,6 +143,8 @@ def read_wandb_online(url: str) -> RunLog:
         run = RunLog(api_run.name or path.rsplit("/", 1)[1], url, "wandb")
         for row in api_run.scan_history():
             step = row.get("_step")
+            if not isinstance(step, int):
+                continue
             for key, value in row.items():
                 if not key.startswith("_") and isinstance(value, (int, float)) and not isinstance(value, bool):
                     run.add(step, key, float(value))

@@ -79,6 +79,15 @@ def test_wandb_offline_run_reads_what_the_file_logger_read(wandb_logs):
         assert from_wandb.series == from_file.series  # every value, every step, the '@' key included
         assert read_run(wandb_file if name == "verl" else folder).series == from_file.series
     assert sorted(read_run(runs["verl"]).series[GEN_TIME]) == list(range(1, STEPS + 1))
+
+
+def test_a_wandb_run_still_being_written_reads_up_to_its_last_whole_record(wandb_logs, tmp_path):
+    full = next(offline_runs(wandb_logs)["verl"].glob("run-*.wandb")).read_bytes()
+    folder = tmp_path / "offline-run-open"
+    folder.mkdir()
+    (folder / "run-open.wandb").write_bytes(full[:len(full) - 3001])  # the last steps' records cut off
+    steps = sorted(read_run(folder).series[GEN_TIME])
+    assert steps == list(range(1, len(steps) + 1)) and STEPS // 2 < len(steps) < STEPS
     with pytest.raises(CompareError, match="several W&B runs"):
         read_run(wandb_logs / "wandb")
 
