@@ -46,6 +46,9 @@ class StepRecord:
     next_q: int
     next_m: int
     n_requeued: int = 0  # carried candidates drained through the bulk pool (run to completion)
+    deferred_s: float = 0.0  # how much longer the step would have run had it aborted nothing (its aborted groups
+    #   decoding on to their end beside the rest): the work it carried out, as
+    #   :meth:`PolicyResult.window_mean_s` charges it (0 for a policy that carries nothing)
     spans: tuple[GroupSpan, ...] = ()  # only for the kept step
 
 
@@ -65,7 +68,20 @@ class PolicyResult:
 
     @property
     def mean_makespan_s(self) -> float:
-        return float(self.makespans.mean())
+        return self.window_mean_s(slice(None))
+
+    def window_mean_s(self, window: slice) -> float:
+        """Mean makespan over the steps of ``window``, deferred work charged: its last step is paid as if it ran
+        its aborted groups to their end (``deferred_s``), so a run that aborts groups it never regenerates
+        inside the window does not count that work as saved (a 3-step plan of 64 prompts predicted 1.16x over
+        stock verl, above the per-prompt oracle, from exactly that). Work carried into the window is paid
+        inside it (regenerated), not credited: steady carrying costs one step's deferral per window, a
+        conservative bias (0-10 s of deferral against 34-s steps at 64 x 8: under 1 % on a 20-step window)."""
+        steps = range(len(self.records))[window]
+        if not steps:
+            raise ValueError(f"window {window} holds none of the {len(self.records)} steps")
+        total = sum(self.records[t].makespan_s for t in steps) + self.records[steps[-1]].deferred_s
+        return float(total / len(steps))
 
     @property
     def consumed_lengths(self) -> np.ndarray:
@@ -92,11 +108,13 @@ class SimResult:
     policies: dict[str, PolicyResult]
 
     def speedup_vs(self, baseline: str, window: slice | None = None) -> dict[str, float]:
-        """Mean-makespan speedup of every policy over ``baseline`` ({} when it did not run)."""
+        """Mean-makespan speedup of every policy over ``baseline`` ({} when it did not run), deferred work
+        charged (:meth:`PolicyResult.window_mean_s`)."""
         if baseline not in self.policies:
             return {}
-        base = self.policies[baseline].makespans[window or slice(None)].mean()
-        return {name: float(base / r.makespans[window or slice(None)].mean()) for name, r in self.policies.items()}
+        window = window or slice(None)
+        base = self.policies[baseline].window_mean_s(window)
+        return {name: float(base / r.window_mean_s(window)) for name, r in self.policies.items()}
 
     @property
     def best_stock(self) -> str | None:

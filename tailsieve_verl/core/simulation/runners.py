@@ -303,7 +303,8 @@ class TailSieveRunner(_Runner):
             step=t, makespan_s=makespan, q=plan.q, m=m, n_tail=len(tail), n_requeued=len(plan.requeued_ids),
             tail_s=tail_s, bulk_s=cut.bulk_end_s, wasted_tokens=outcome.aborted_work,
             consumed_tokens=sum(lengths), consumed_lengths=lengths, replica_busy_s=tuple(busy),
-            next_q=self.cycle.decision.q, next_m=self.cycle.decision.m, spans=spans))
+            next_q=self.cycle.decision.q, next_m=self.cycle.decision.m, spans=spans,
+            deferred_s=max(0.0, ev.makespan_s - makespan) if self.in_flight() else 0.0))  # ev ran every sample to its end
 
 
 class FallbackRunner(TailSieveRunner):
