@@ -21,8 +21,10 @@
 #   TEST_FREQ           validate on VAL_FILES every TEST_FREQ steps and before training, with the
 #                       workload's stop strings in every arm (default: 10; -1 turns validation off)
 #   ROLLOUT_DATA_DIR    if set, verl dumps every step's rollouts there (input of `tailsieve trace`)
-#   TAILSIEVE_Q0, TAILSIEVE_M0  initial (q, m) of the adaptive variants   (default: B/8, 1)
-#   PERF_MODEL          controller's concurrency-throughput model        (default: table:h200-dense / -moe)
+#   TAILSIEVE_Q0, TAILSIEVE_M0  initial (q, m) of the adaptive variants   (default: 0, 0: one shared pool;
+#                       with TAILSIEVE_M0 > 0, q0 = B/8)
+#   PERF_MODEL          controller's concurrency-throughput model        (default: the recipe's model's rows of
+#                       the bundled H200 tables, e.g. table:h200-dense:qwen3-8b; the recipe says which it borrows)
 #   MTP_BULK_TOKENS, MTP_TAIL_TOKENS  MTP depth on bulk and tail replicas (default: 1 on every replica of the
 #                       All-MTP variants; the TailSieve MTP recipes: the plan's, which they name); MTP_BULK_TOKENS
 #                       may be a batch-size schedule [[b_lo,b_hi,k],...] there
@@ -140,10 +142,10 @@ model() {
 }
 
 # layout TP GPU_MEMORY_UTILIZATION PERF: replicas of TP GPUs each (R = N_GPUS * NNODES / TP);
-# PERF is the default concurrency-throughput model for the controller.
+# PERF is the controller's default concurrency-throughput model: the model's own bundled table rows
+# (table:h200-dense:qwen3-8b), or the nearest ones, which the recipe names.
 layout() {
   ROLLOUT_TP=$1
-  REPLICAS=$(( N_GPUS * NNODES / ROLLOUT_TP ))
   PERF_MODEL=${PERF_MODEL:-$3}
   ARGS+=(
     "actor_rollout_ref.rollout.tensor_model_parallel_size=${ROLLOUT_TP}"
@@ -207,9 +209,11 @@ mtp_schedule_everywhere() {
   )
 }
 
-# Uniform routing on TailSieve's code path: TailSieve off, (q, m) = (0, 0); with per-sample pools
-# this is stock verl's routing through the plugin (a same-path A/B), with +tailsieve.group_atomic=true
-# the paper's uniform group routing.
+# The same-path control: TailSieve off, (q, m) = (0, 0) on the plugin's trainer mode, so every sample
+# goes to the least-loaded replica of one pool, as stock verl routes, through the plugin's code path
+# (its trainer, router and agent loop). Against stock verl (stock_verl) it isolates the plugin's
+# overhead; the A/B baseline is stock verl. (+tailsieve.group_atomic=true would route whole groups,
+# the paper's uniform group routing: no recipe does.)
 uniform() {
   ARGS+=(trainer.v1.trainer_mode=tailsieve +tailsieve.enable=false)
 }
@@ -232,11 +236,6 @@ tailsieve_adaptive() {
   tailsieve_on adaptive "${TAILSIEVE_M0:-0}"
 }
 
-# TailSieve fixed allocation: the replica split is held at R/2 : R/2 (2:2 or 4:4).
-tailsieve_fixed() {
-  tailsieve_on fixed "$(( REPLICAS / 2 ))"
-}
-
 # The model's native MTP head drafts on every replica at the bulk depth.
 mtp_everywhere() {
   ARGS+=(
@@ -247,7 +246,8 @@ mtp_everywhere() {
   )
 }
 
-# All-MTP uniform baseline: MTP at the bulk depth on all replicas, uniform routing.
+# The same-path control of the MTP variants: MTP at the bulk depth on every replica, stock verl's
+# per-sample routing through the plugin's code path (its stock twin: stock_verl_mtp).
 uniform_mtp() {
   uniform
   mtp_everywhere

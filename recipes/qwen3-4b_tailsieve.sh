@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# Qwen3-4B (dense): TailSieve routing-only, adaptive (q, m).
+# Qwen3-4B (dense): TailSieve routing-only, adaptive (q, m) from one shared pool.
 # Layout on one 8-GPU node: 8 vLLM replicas of TP1. Dr. GRPO, n = 8; see recipes/README.md.
-# Compare with its uniform twin: recipes/qwen3-4b_uniform.sh
+# Compare with the stock-verl baseline: recipes/qwen3-4b_verl.sh
+# Controller's perf model: table:h200-dense:qwen3-4b, this model's own rows of the bundled H200 table.
 #   bash recipes/qwen3-4b_tailsieve.sh [extra Hydra overrides]
 #   TAILSIEVE_DRY_RUN=1 bash recipes/qwen3-4b_tailsieve.sh      # compose + validate only, no GPU
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 model Qwen/Qwen3-4B
-layout 1 0.6 table:h200-dense
+layout 1 0.6 table:h200-dense:qwen3-4b
 tailsieve_adaptive
 launch "$@"

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Qwen3.5-2B (dense, native MTP head): TailSieve with MTP per pool, as `tailsieve plan` picks it.
 # Layout on one 8-GPU node: 8 vLLM replicas of TP1. Dr. GRPO, n = 8; see recipes/README.md.
-# Compare with its uniform twin: recipes/qwen3_5-2b_uniform_mtp.sh
+# Compare with the stock-verl baseline: recipes/qwen3_5-2b_verl_mtp.sh (stock verl with MTP on every replica)
+# Controller's perf model: table:h200-dense:qwen3-1.7b, borrowed: no Qwen3.5 model is measured, and
+# Qwen3-1.7B is the bundled dense H200 table's nearest size (measure yours: `tailsieve calibrate`).
 #   bash recipes/qwen3_5-2b_tailsieve_mtp.sh [extra Hydra overrides]
 #   TAILSIEVE_DRY_RUN=1 bash recipes/qwen3_5-2b_tailsieve_mtp.sh      # compose + validate only, no GPU
 # Engines: `tailsieve plan` for this layout on its bundled profile (table:h200-dense, one logged step of
@@ -18,6 +20,6 @@ set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 model Qwen/Qwen3.5-2B
-layout 1 0.6 table:h200-dense
+layout 1 0.6 table:h200-dense:qwen3-1.7b
 tailsieve_mtp_tail 4 8 6 '[[1,64,3],[65,128,1],[129,256,0]]'
 launch "$@"

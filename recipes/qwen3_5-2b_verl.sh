@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Qwen3.5-2B (dense, native MTP head): stock verl (the baseline: verl's sync trainer and per-sample router).
+# Qwen3.5-2B (dense, native MTP head): stock verl, the A/B baseline every other recipe of this model
+# compares with: verl's own sync trainer and per-sample least-loaded router.
 # Layout on one 8-GPU node: 8 vLLM replicas of TP1. Dr. GRPO, n = 8; see recipes/README.md.
 #   bash recipes/qwen3_5-2b_verl.sh [extra Hydra overrides]
 #   TAILSIEVE_DRY_RUN=1 bash recipes/qwen3_5-2b_verl.sh      # compose + validate only, no GPU
@@ -7,6 +8,6 @@ set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 model Qwen/Qwen3.5-2B
-layout 1 0.6 table:h200-dense
+layout 1 0.6 table:h200-dense:qwen3-1.7b
 stock_verl
 launch "$@"

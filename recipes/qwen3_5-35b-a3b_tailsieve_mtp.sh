@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Qwen3.5-35B-A3B (MoE, native MTP head): TailSieve with MTP, as `tailsieve plan` picks it.
 # Layout on one 8-GPU node: 4 vLLM replicas of TP2. Dr. GRPO, n = 8; see recipes/README.md.
-# Compare with its uniform twin: recipes/qwen3_5-35b-a3b_uniform_mtp.sh
+# Compare with the stock-verl baseline: recipes/qwen3_5-35b-a3b_verl_mtp.sh (stock verl with MTP on every replica)
+# Controller's perf model: table:h200-moe:qwen3-30b-a3b, borrowed: the only bundled MoE table, the same
+# ~3B active parameters per token; Qwen3.5-35B-A3B is not measured (`tailsieve calibrate` measures it).
 #   bash recipes/qwen3_5-35b-a3b_tailsieve_mtp.sh [extra Hydra overrides]
 #   TAILSIEVE_DRY_RUN=1 bash recipes/qwen3_5-35b-a3b_tailsieve_mtp.sh      # compose + validate only, no GPU
 # Engines: `tailsieve plan` for this layout on its bundled profile (table:h200-moe, one logged step of
@@ -19,7 +21,7 @@ set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 model Qwen/Qwen3.5-35B-A3B
-layout 2 0.6 table:h200-moe
+layout 2 0.6 table:h200-moe:qwen3-30b-a3b
 offload_actor
 tailsieve_mtp_dynsd 0 0
 launch "$@"
