@@ -1,81 +1,120 @@
-"""Code reward: time per candidate in the sandbox next to the unisolated runner (issue 35).
+"""Code reward: time per candidate before and after a change, in both runners, in one run.
 
-Scores the same passing candidate (a small function and five asserts) alternately with each runner,
-so both see the same machine load, and prints per candidate the median and mean wall time and the
-CPU time of all its processes (less sensitive to a busy machine), and the ratios. Prints
-measurements (no pass/fail: machines are noisy). Needs a node where the sandbox runs (root,
-util-linux ``unshare``). Run from the repo root:
-    .venv/bin/python scripts/bench_code_reward.py [--candidates 20]
+Scores the same passing candidate (a small function and five asserts, through
+``compute_score('tailsieve_code', ...)``) with the reward code of two versions: ``--before`` (that
+commit's ``tailsieve_verl``, taken with ``git archive``; by default a8e6736, the exit-status reward of
+issue 35 before issue 46's judge) and the working tree, each in the isolated runner and in the opt-in
+unisolated one (forced on this same node). Each (version, runner) pair scores its candidates in a
+worker process of its own, and the pairs take turns for ``--rounds`` rounds so all see the same
+machine load. Prints per candidate the median and mean wall time and the CPU time of all the
+processes it started (less sensitive to a busy machine), and the after/before ratios. Prints
+measurements (no pass/fail: machines are noisy). Needs a node where the sandbox runs (root or
+unprivileged user namespaces, util-linux ``unshare``). Run from the repo root:
+    .venv/bin/python scripts/bench_code_reward.py [--candidates 20] [--rounds 2] [--before a8e6736]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
-import resource
 import statistics
+import subprocess
 import sys
-import time
+import tarfile
+import tempfile
+from io import BytesIO
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from tailsieve_verl import rewards  # noqa: E402
-from tailsieve_verl.code_sandbox import isolation_problem, run_isolated  # noqa: E402
-
-PROGRAM = """\
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RESPONSE = """Reasoning: keep the best so far.
+```python
 def running_max(xs):
     out, best = [], None
     for x in xs:
         best = x if best is None or x > best else best
         out.append(best)
     return out
+```"""
+TRUTH = json.dumps({"entry_point": "running_max", "tests": [
+    "assert running_max([]) == []",
+    "assert running_max([1]) == [1]",
+    "assert running_max([3, 1, 4, 1, 5]) == [3, 3, 4, 4, 5]",
+    "assert running_max([-2, -5, -1]) == [-2, -2, -1]",
+    "assert running_max(list(range(1000)))[-1] == 999"]})
 
-assert callable(running_max)
-assert running_max([]) == []
-assert running_max([1]) == [1]
-assert running_max([3, 1, 4, 1, 5]) == [3, 3, 4, 4, 5]
-assert running_max([-2, -5, -1]) == [-2, -2, -1]
-assert running_max(list(range(1000)))[-1] == 999
+# Scores ``n`` candidates with the package under ``root`` in one runner; prints JSON measurements.
+WORKER = """\
+import json, os, resource, sys, time
+root, runner, n, response, truth = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5]
+sys.path.insert(0, root)
+from tailsieve_verl import rewards
+start = time.perf_counter()
+problem = rewards.isolation_problem()
+check_ms = 1e3 * (time.perf_counter() - start)
+if runner == "unisolated":
+    rewards.isolation_problem = lambda: "forced unisolated"
+    os.environ["TAILSIEVE_UNISOLATED_CODE_REWARD"] = "1"
+elif problem is not None:
+    sys.exit(problem)
+cpu = lambda: sum(resource.getrusage(resource.RUSAGE_CHILDREN)[:2])
+wall, cpu_start = [], cpu()
+for _ in range(n):
+    start = time.perf_counter()
+    assert rewards.compute_score("tailsieve_code", response, truth) == 1.0, f"{root} {runner}: a passing candidate failed"
+    wall.append(time.perf_counter() - start)
+print(json.dumps({"wall": wall, "cpu_s": cpu() - cpu_start, "check_ms": check_ms}))
 """
 
 
-def isolated() -> bool:
-    return run_isolated(PROGRAM, rewards.CODE_TIMEOUT_S, rewards.CODE_CPU_LIMIT_S,
-                        rewards.CODE_MEMORY_LIMIT_BYTES).returncode == 0
+def package_at(commit: str, into: str) -> str:
+    """The ``tailsieve_verl`` package of ``commit``, unpacked under ``into``."""
+    archive = subprocess.run(["git", "-C", ROOT, "archive", commit, "tailsieve_verl"], capture_output=True, check=True)
+    tarfile.open(fileobj=BytesIO(archive.stdout)).extractall(into)
+    return into
 
 
-def unisolated() -> bool:
-    return rewards.run_unisolated(PROGRAM)
-
-
-def children_cpu_s() -> float:
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
+def measure(root: str, runner: str, candidates: int) -> dict:
+    done = subprocess.run([sys.executable, "-c", WORKER, root, runner, str(candidates), RESPONSE, TRUTH],
+                          capture_output=True, text=True, cwd=tempfile.gettempdir())
+    if done.returncode != 0:
+        sys.exit(f"{runner} worker failed: {done.stderr.strip().splitlines()[-1:]}")
+    return json.loads(done.stdout)
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--candidates", type=int, default=20, help="candidates scored by each runner")
+    p.add_argument("--candidates", type=int, default=20, help="candidates scored by each version and runner")
+    p.add_argument("--rounds", type=int, default=2, help="turns the version/runner pairs take (candidates split evenly)")
+    p.add_argument("--before", default="a8e6736", help="the commit whose reward code is the 'before' column")
     args = p.parse_args()
-    start = time.perf_counter()
-    problem = isolation_problem()
-    if problem is not None:
-        sys.exit(problem)
-    print(f"isolation check (once per process): {1e3 * (time.perf_counter() - start):.0f} ms")
-    wall: dict[str, list[float]] = {"unisolated": [], "isolated": []}
-    cpu = dict.fromkeys(wall, 0.0)
-    for _ in range(args.candidates):
-        for name, runner in (("unisolated", unisolated), ("isolated", isolated)):
-            start, start_cpu = time.perf_counter(), children_cpu_s()
-            assert runner(), f"the {name} runner failed a passing candidate"
-            wall[name].append(time.perf_counter() - start)
-            cpu[name] += children_cpu_s() - start_cpu
-    median, mean = ({name: f(values) for name, values in wall.items()} for f in (statistics.median, statistics.mean))
-    for name in wall:
-        print(f"{name:>10}: wall median {1e3 * median[name]:6.1f} ms, mean {1e3 * mean[name]:6.1f} ms; "
-              f"CPU {1e3 * cpu[name] / args.candidates:5.1f} ms per candidate ({args.candidates} candidates)")
-    print(f"isolated / unisolated: wall {median['isolated'] / median['unisolated']:.2f}x (median), "
-          f"{mean['isolated'] / mean['unisolated']:.2f}x (mean); CPU {cpu['isolated'] / cpu['unisolated']:.2f}x")
+    with tempfile.TemporaryDirectory(prefix="tailsieve_bench_before_") as before_dir:
+        versions = {f"before ({args.before})": package_at(args.before, before_dir), "after (working tree)": ROOT}
+        pairs = [(version, runner) for version in versions for runner in ("unisolated", "isolated")]
+        wall: dict = {pair: [] for pair in pairs}
+        cpu = dict.fromkeys(pairs, 0.0)
+        per_round = max(1, args.candidates // args.rounds)
+        for _ in range(args.rounds):
+            for version, runner in pairs:
+                got = measure(versions[version], runner, per_round)
+                wall[version, runner] += got["wall"]
+                cpu[version, runner] += got["cpu_s"]
+    sys.path.insert(0, ROOT)
+    from tailsieve_verl.code_sandbox import cgroup_parents
+
+    print(f"candidates per version and runner: {per_round * args.rounds} ({args.rounds} rounds); "
+          f"cgroup for the after version: {cgroup_parents()[0] or 'none (' + cgroup_parents()[1] + ')'}; "
+          f"uid {os.geteuid()}")
+    row = {}
+    for version, runner in pairs:
+        n = len(wall[version, runner])
+        row[version, runner] = (statistics.median(wall[version, runner]), cpu[version, runner] / n)
+        print(f"{version:>22} {runner:>10}: wall median {1e3 * row[version, runner][0]:6.1f} ms, "
+              f"mean {1e3 * statistics.mean(wall[version, runner]):6.1f} ms; "
+              f"CPU {1e3 * row[version, runner][1]:5.1f} ms per candidate")
+    before, after = versions
+    for runner in ("unisolated", "isolated"):
+        (wall_b, cpu_b), (wall_a, cpu_a) = row[before, runner], row[after, runner]
+        print(f"after / before, {runner}: wall {wall_a / wall_b:.2f}x (median), CPU {cpu_a / cpu_b:.2f}x")
     print(f"load average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs")
 
 

@@ -18,7 +18,7 @@ the job (JSON) on stdin and the integers of :data:`LIMITS` as arguments, in one 
 
 The verdict cannot be forged by the candidate: the job's expected sides never reach the child; the
 child only evaluates each call of the entry point (``calls``) and writes the values, encoded as
-plain data (int, float, complex, str, bytes, bool, None, list, tuple, dict, set), on a pipe; the
+plain data (int, float, complex, str, bytes, bool, None, list, tuple, dict, set, frozenset), on a pipe; the
 judge decodes them into fresh objects of those types (no candidate-defined ``__eq__`` survives) and
 evaluates every test itself (``checks``, with the calls' values bound to ``_tailsieve_call_<k>``).
 It prints ``PASS <nonce>`` (the host's per-run secret) only when every value came back and every
@@ -30,15 +30,13 @@ from __future__ import annotations
 
 import builtins
 import ctypes
-import importlib
 import json
+import marshal
 import os
 import resource
 import select
-import shutil
 import signal
 import sys
-import tempfile
 import time
 
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
@@ -67,38 +65,41 @@ _libc = ctypes.CDLL(None, use_errno=True)
 LIMITS = ("uid", "timeout_ms", "cpu_s", "memory_bytes", "processes", "work_bytes")
 
 # What the candidate's process runs (``python -I -S -c``): the candidate's code, then each call, and
-# one JSON line of encoded values on REPLY_FD. It is untrusted once the candidate's code runs; the
-# judge trusts nothing it writes but plain data.
+# one line of JSON (the values, encoded as plain data) on REPLY_FD. It reads its job with marshal and
+# writes JSON by hand: both need no import, and imports are part of every candidate's time. It is
+# untrusted once the candidate's code runs; the judge trusts nothing it writes but plain data.
 RUNNER = r"""
-import json, os, sys
-job = json.load(open("job.json"))
-out = os.fdopen(3, "w")
+import marshal, os
+with open("job.marshal", "rb") as f:
+    job = marshal.load(f)
+ESCAPES = {c: "\\u%04x" % c for c in range(32)}
+ESCAPES.update({ord('"'): '\\"', ord("\\"): "\\\\"})
+SPECIAL_FLOATS = {"inf": "Infinity", "-inf": "-Infinity", "nan": "NaN"}
 
-def plain(v, depth=0):
+def js(v, depth=0):
     if depth > 100:
         raise ValueError("nested too deeply")
-    t, d = type(v), depth + 1
-    if v is None or t is bool or t is str or t is float:
-        return v
+    d = depth + 1
+    if v is None or v is True or v is False:
+        return {None: "null", True: "true", False: "false"}[v]
     if isinstance(v, int):
-        return int.__index__(v)
+        return int.__repr__(v)
     if isinstance(v, float):
-        return float.__float__(v)
+        text = float.__repr__(v)
+        return SPECIAL_FLOATS.get(text, text)
     if isinstance(v, str):
-        return str.__str__(v)
-    if isinstance(v, complex):
-        return {"complex": [v.real, v.imag]}
-    if isinstance(v, (bytes, bytearray)):
-        return {"bytes": bytes(v).hex()}
+        return '"' + str.__str__(v).translate(ESCAPES) + '"'
     if isinstance(v, list):
-        return [plain(x, d) for x in list.__iter__(v)]
-    if isinstance(v, tuple):
-        return {"tuple": [plain(x, d) for x in tuple.__iter__(v)]}
-    if isinstance(v, (set, frozenset)):
-        return {"set": [plain(x, d) for x in v]}
-    if isinstance(v, dict):
-        return {"dict": [[plain(k, d), plain(x, d)] for k, x in dict.items(v)]}
-    raise TypeError("returns a %s, not plain data" % t.__name__)
+        return "[" + ",".join(js(x, d) for x in list.__iter__(v)) + "]"
+    tagged = {tuple: ("tuple", lambda: tuple.__iter__(v)), set: ("set", lambda: iter(set(v))),
+              frozenset: ("frozenset", lambda: iter(set(v))), dict: ("dict", lambda: ([k, x] for k, x in dict.items(v))),
+              complex: ("complex", lambda: iter([v.real, v.imag]))}
+    for kind, (tag, items) in tagged.items():
+        if isinstance(v, kind):
+            return '{"%s":[%s]}' % (tag, ",".join(js(x, d) for x in items()))
+    if isinstance(v, (bytes, bytearray)):
+        return '{"bytes":"%s"}' % bytes(v).hex()
+    raise TypeError("returns a %s, not plain data" % type(v).__name__)
 
 namespace = {"__name__": "candidate"}
 exec(compile(job["code"], "candidate.py", "exec"), namespace)
@@ -107,11 +108,10 @@ for line in job["setup"]:
 replies = []
 for call in job["calls"]:
     try:
-        replies.append({"value": plain(eval(call, namespace))})
+        replies.append('{"value":%s}' % js(eval(call, namespace)))
     except Exception as error:
-        replies.append({"error": "%s: %s" % (type(error).__name__, error)})
-out.write(json.dumps(replies) + "\n")
-out.flush()
+        replies.append('{"error":%s}' % js("%s: %s" % (type(error).__name__, error)))
+os.write(3, ("[" + ",".join(replies) + "]\n").encode("utf-8", "surrogatepass"))
 """
 
 
@@ -236,6 +236,8 @@ def from_plain(data: object) -> object:
             return tuple(from_plain(x) for x in body)
         if tag == "set" and type(body) is list:
             return {from_plain(x) for x in body}
+        if tag == "frozenset" and type(body) is list:
+            return frozenset(from_plain(x) for x in body)
         if tag == "dict" and type(body) is list and all(type(p) is list and len(p) == 2 for p in body):
             return {from_plain(k): from_plain(v) for k, v in body}
         if tag == "bytes" and type(body) is str:
@@ -264,7 +266,7 @@ def judge(job: dict, reply: bytes) -> str | None:
     if not reply:
         return "no reply (the candidate exited, was killed or timed out before answering every call)"
     try:
-        answers = json.loads(reply)
+        answers = json.loads(reply.decode("utf-8", "surrogatepass"))
     except (ValueError, RecursionError):
         return "the reply is not JSON"
     if type(answers) is not list or len(answers) != len(job["calls"]):
@@ -282,7 +284,7 @@ def judge(job: dict, reply: bytes) -> str | None:
         for line in job["setup"]:
             exec(line, namespace)
         for name in job["modules"]:  # modules the checks name but the setup does not import
-            namespace.setdefault(name, importlib.import_module(name))
+            namespace.setdefault(name, __import__(name))
         for check in job["checks"]:
             if not eval(check, namespace):
                 return f"check failed: {check[:200]}"
@@ -338,14 +340,16 @@ def main(root: str, *limit_values: str) -> int:
         build_root(root, owner, limits["work_bytes"])
         workdir = "/tmp"
     else:
+        import tempfile  # here only: every import is part of every candidate's time
+
         _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
         workdir = tempfile.mkdtemp(prefix="tailsieve_code_")
     try:
-        with open(os.path.join(workdir, "job.json"), "w") as f:  # what the candidate may know
-            json.dump({"code": job["code"], "setup": job["setup"], "calls": job["calls"]}, f)
+        with open(os.path.join(workdir, "job.marshal"), "wb") as f:  # what the candidate may know
+            marshal.dump({"code": job["code"], "setup": job["setup"], "calls": job["calls"]}, f)
         if owner != os.geteuid():
             os.chown(workdir, owner, owner)
-            os.chown(os.path.join(workdir, "job.json"), owner, owner)
+            os.chown(os.path.join(workdir, "job.marshal"), owner, owner)
         reply_read, reply_write = os.pipe()
         child = os.fork()
         if child == 0:
@@ -359,6 +363,8 @@ def main(root: str, *limit_values: str) -> int:
         kill_tree(isolated)
     finally:
         if not isolated:
+            import shutil
+
             shutil.rmtree(workdir, ignore_errors=True)
     why_not = judge(job, reply)
     print(f"PASS {job['nonce']}" if why_not is None else f"FAIL {why_not}", flush=True)

@@ -169,19 +169,20 @@ def test_allocating_past_the_memory_limit_scores_zero(runner):
     assert score(candidate(f"x = bytearray({2 * rewards.CODE_MEMORY_LIMIT_BYTES})")) == 0.0
 
 
-def test_memory_is_bounded_over_the_whole_tree(runner):
-    """Three children holding 0.6 GiB each at once: each is within the per-process bound, the tree is not."""
+def test_memory_is_bounded_over_the_whole_tree(runner, monkeypatch):
+    """Two children holding 0.6 GiB each at once: each is within the per-process bound, the tree is not."""
     if code_sandbox.cgroup_parents()[0] is None:
         pytest.skip(f"no cgroup: memory is bounded per process only ({code_sandbox.cgroup_parents()[1]})")
     share = int(0.6 * rewards.CODE_MEMORY_LIMIT_BYTES)
-    together = candidate("children = []", "for _ in range(3):", "    pid = os.fork()", "    if pid == 0:",
+    monkeypatch.setattr(rewards, "CODE_TIMEOUT_S", 60.0)  # writing 1.2 GiB on a busy machine
+    together = candidate("children = []", "for _ in range(2):", "    pid = os.fork()", "    if pid == 0:",
                          f"        x = b'x' * {share}", "        time.sleep(1.5)", "        os._exit(0)",
                          "    children.append(pid)",
                          "if any(os.waitpid(pid, 0)[1] != 0 for pid in children):", "    return a - b",
                          imports="import os, time")
     one_at_a_time = together.replace("time.sleep(1.5)", "pass").replace("    children.append(pid)",
                                                                          "    os.waitpid(pid, 0)")
-    one_test = json.dumps({"entry_point": "add", "tests": TESTS[:1]})  # 1.8 GiB to write: keep to one call
+    one_test = json.dumps({"entry_point": "add", "tests": TESTS[:1]})  # 1.2 GiB to write: keep to one call
     assert rewards.compute_score(rewards.CODE_DATA_SOURCE, together, one_test) == 0.0
     assert rewards.compute_score(rewards.CODE_DATA_SOURCE, one_at_a_time, one_test) == 1.0
 
@@ -417,7 +418,8 @@ def test_an_ordinary_user_runs_candidates_isolated_in_a_user_namespace():
                  "network": candidate("socket.create_connection(('127.0.0.1', 22), timeout=1)", imports="import socket"),
                  **{hack: HACKS[hack] for hack in ("sys.exit(0)", "os._exit(0)", "default argument exits at definition",
                                                    "object equal to anything", "read the tests from disk, argv or /proc/self",
-                                                   "read the expected answers from the parent's memory")}}
+                                                   "read the expected answers from the parent's memory",
+                                                   "SIGKILL to its parent", "print the success marker and exit 0")}}
     refused = subprocess.run([*NOBODY, "unshare", *code_sandbox.USER_NAMESPACE, "true"], capture_output=True)
     done = subprocess.run([*NOBODY, python, "-I", "-S", "-c", AS_NOBODY.format(root=str(ROOT))],
                           input=json.dumps([responses, json.dumps({"entry_point": "add", "tests": TESTS})]),

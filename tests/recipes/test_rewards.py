@@ -76,3 +76,38 @@ def test_unknown_data_source_is_a_clear_error():
 def test_bad_code_ground_truth_is_a_clear_error():
     with pytest.raises(ValueError, match="entry_point"):
         code("```python\ndef add(a, b):\n    return a + b\n```", json.dumps({"tests": []}))
+
+
+def test_judge_job_keeps_the_expected_side_out_of_the_candidates_reach():
+    job = rewards.judge_job("def add(a, b):\n    return a + b", "add",
+                            ["import math", "assert add(1, 2) == 3", "assert math.isclose(add(0.1, 0.2), 0.3)",
+                             "assert add(add(1, 1), 1) == 3 and sorted([add(2, 2)]) == [4]"])
+    assert job["calls"] == ["add(1, 2)", "add(0.1, 0.2)", "add(add(1, 1), 1)", "add(2, 2)"]
+    assert job["checks"] == ["_tailsieve_call_0 == 3", "math.isclose(_tailsieve_call_1, 0.3)",
+                             "_tailsieve_call_2 == 3 and sorted([_tailsieve_call_3]) == [4]"]
+    assert job["setup"] == ["import math"] and job["modules"] == []
+    assert not any("== 3" in part or "0.3" in part for part in job["calls"] + job["setup"] + [job["code"]])
+    assert rewards.judge_job("def f(x):\n    return x", "f", ["assert f(2) == math.pi"])["modules"] == ["math"]
+
+
+def test_humaneval_check_function_is_inlined():
+    job = rewards.judge_job("def add(a, b):\n    return a + b", "add",
+                            ["def check(candidate):\n    assert candidate(1, 2) == 3\n", "check(add)"])
+    assert job["calls"] == ["add(1, 2)"] and job["checks"] == ["_tailsieve_call_0 == 3"] and job["setup"] == []
+
+
+@pytest.mark.parametrize("test", [
+    "assert all(add(i, 0) == i for i in range(3))",  # the call depends on a comprehension's variable
+    "assert list(map(add, [1], [2])) == [3]",  # the entry point used other than by a call
+    "x = add(1, 2)",  # a statement other than assert that runs it
+    "def check(candidate):\n    for i in range(3):\n        assert candidate(i, 0) == i\ncheck(add)",
+])
+def test_tests_the_judge_cannot_split_are_a_clear_error(test):
+    with pytest.raises(ValueError, match="cannot be judged outside the candidate") as error:
+        rewards.judge_job("def add(a, b):\n    return a + b", "add", [test])
+    assert "\n" not in str(error.value)
+
+
+def test_tests_that_never_call_the_entry_point_are_a_clear_error():
+    with pytest.raises(ValueError, match="no assert calls the entry point 'add'"):
+        rewards.judge_job("def add(a, b):\n    return a + b", "add", ["assert True"])
