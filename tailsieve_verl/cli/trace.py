@@ -15,8 +15,9 @@ from pathlib import Path
 from typing import Sequence
 
 from ..core.data.rollout_dump import STEP_FILE, TokenCounter, build_trace, summarize
-from ..core.data.trace import TraceError, write_trace
-from .checks import CLIError, is_inside, output_file
+from ..core.data.trace import MAX_TOKENS, TraceError, write_trace
+from ..core.data.workload import PRESETS, LengthProfile, preset_profile
+from .checks import CLIError, IntRule, is_inside, output_file
 
 
 def tokenizer_counter(path: str | os.PathLike) -> TokenCounter:
@@ -50,8 +51,28 @@ def register(subparsers) -> None:
                         "directory")
     p.add_argument("--tokenizer", default=None, metavar="PATH", help="local HF tokenizer directory for token counts")
     p.add_argument("--step", type=int, default=None, help="only this step, one group per prompt group")
+    p.add_argument("--max-response-length", type=IntRule(1, MAX_TOKENS), metavar="TOKENS",
+                   help="the run's data.max_response_length: the share of responses that hit it is printed (default: "
+                        "the share at the longest response)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.set_defaults(func=run)
+
+
+def profile_lines(profile: LengthProfile, cap_given: bool) -> list[str]:
+    """A pool's response lengths beside the presets', and the closest preset (by P90/P50 in log space);
+    without a known cap the share is counted at the longest response."""
+    presets = "; ".join(f"{name} {p.tail_ratio:.1f}, {p.mean_ratio:.2f}, {100 * p.cap_share:.1f} %"
+                        for name, p in ((name, preset_profile(name)) for name in PRESETS))
+    cap = f"at the cap {profile.cap}" if cap_given else f"at the longest response, {profile.cap}"
+    return [f"response lengths: P90/P50 {profile.tail_ratio:.2f} (P50 {profile.p50:.0f}, P90 {profile.p90:.0f}), "
+            f"mean {profile.mean:.0f} ({profile.mean_ratio:.2f} × P50), {100 * profile.cap_share:.1f} % {cap}",
+            f"presets (P90/P50, mean/P50, share at the 16384 cap): {presets}; closest: {profile.closest_preset()} "
+            "(by P90/P50)"]
+
+
+def profile_json(profile: LengthProfile) -> dict:
+    return profile.to_json() | {"closest_preset": profile.closest_preset(),
+                                "presets": {name: preset_profile(name).to_json() for name in PRESETS}}
 
 
 def check_output(rollout_dir: str | os.PathLike, output: str | os.PathLike) -> Path:
@@ -75,7 +96,9 @@ def run(args: argparse.Namespace) -> int:
     build = build_trace(args.rollout_dir, count=count, step=args.step)
     out.parent.mkdir(parents=True, exist_ok=True)
     write_trace(build.trace, out)
-    summary = summarize(build) | {"output": args.output, "kind": "step trace" if args.step is not None else "prompt pool"}
+    profile = LengthProfile.of(build.trace.lengths, args.max_response_length)
+    summary = summarize(build) | {"output": args.output, "kind": "step trace" if args.step is not None else "prompt pool",
+                                  "lengths": profile_json(profile)}
     if args.json:
         print(json.dumps(summary))
         return 0
@@ -85,6 +108,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"samples per prompt {summary['samples_per_prompt_min']}..{summary['samples_per_prompt_max']}; "
           f"response length mean {summary['length_mean']:.1f}, p50 {summary['length_p50']:.0f}, "
           f"p90 {summary['length_p90']:.0f}, max {summary['length_max']} ({unit})")
+    for line in profile_lines(profile, cap_given=args.max_response_length is not None):
+        print(line)
     if args.step is None and summary["samples_per_prompt_max"] > build.rollout_n:
         print(f"the run sampled n = {build.rollout_n} per prompt and step; a pool line holds every step's samples, "
               f"so pass --n {build.rollout_n} to `tailsieve plan`")

@@ -148,3 +148,32 @@ def test_bad_inputs_are_clear_errors(tmp_path, dump):
     (tmp_path / "not_a_tokenizer").mkdir()
     with pytest.raises(TraceError, match="cannot load a tokenizer"):
         tokenizer_counter(tmp_path / "not_a_tokenizer")
+
+
+def write_preset_dump(dump_dir, preset: str, groups: int = 128, n: int = 8) -> None:
+    """One step of a bundled preset as verl's dump lines with token counts (response_length, prompt_length)."""
+    from tailsieve_verl.core.data.workload import generate_trace
+
+    dump_dir.mkdir(parents=True)
+    with open(dump_dir / "1.jsonl", "w", encoding="utf-8") as f:
+        for g in generate_trace(preset, groups, n, seed=3):
+            for s, length in enumerate(g.lengths):
+                f.write(json.dumps({"input": f"prompt {g.prompt_id}", "output": "", "uid": f"{g.prompt_id}_{s}_0",
+                                    "step": 1, "response_length": length, "prompt_length": 0}) + "\n")
+
+
+@pytest.mark.parametrize("preset", ["weak", "real", "strong"])
+def test_trace_names_the_closest_preset_by_its_tail(tmp_path, capsys, preset):
+    """A pool drawn from a preset reads as that preset: P90/P50 beside the presets' 1.5 / 3.6 / 6.0, the
+    share at the cap counted at --max-response-length."""
+    write_preset_dump(tmp_path / "dump", preset)
+    assert trace_cli.run(cli(str(tmp_path / "dump"), "-o", str(tmp_path / "pool.jsonl"),
+                             "--max-response-length", "16384", "--json")) == 0
+    lengths = json.loads(capsys.readouterr().out)["lengths"]
+    assert lengths["closest_preset"] == preset and lengths["cap"] == 16384
+    assert lengths["presets"]["weak"]["p90_p50"] == pytest.approx(1.5, abs=0.01)
+    assert lengths["presets"]["strong"]["p90_p50"] == pytest.approx(6.0, abs=0.01)
+    assert lengths["p90_p50"] == pytest.approx(lengths["p90"] / lengths["p50"])
+    assert trace_cli.run(cli(str(tmp_path / "dump"), "-o", str(tmp_path / "pool2.jsonl"))) == 0
+    out = capsys.readouterr().out
+    assert f"closest: {preset} (by P90/P50)" in out and "at the longest response" in out

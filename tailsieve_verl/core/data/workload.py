@@ -23,6 +23,7 @@ from an observed trace (per prompt, lengths resampled with replacement).
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import lru_cache
 from statistics import NormalDist
 from typing import Sequence
 
@@ -81,6 +82,59 @@ PRESETS: dict[str, WorkloadSpec] = {
     "real": WorkloadSpec("real"),
     "strong": WorkloadSpec("strong", tail_ratio=6.0),
 }
+
+
+@dataclass(frozen=True)
+class LengthProfile:
+    """What says which preset a pool of response lengths is like: its tail (P90/P50), its mean against its
+    median, and the share of samples at the response cap (a truncated tail piles up there)."""
+
+    p50: float
+    p90: float
+    mean: float
+    cap: int  # the response cap the share is counted at
+    cap_share: float  # share of samples at or above ``cap``
+
+    @property
+    def tail_ratio(self) -> float:
+        return self.p90 / self.p50
+
+    @property
+    def mean_ratio(self) -> float:
+        return self.mean / self.p50
+
+    @classmethod
+    def of(cls, lengths: Sequence[float], cap: int | None = None) -> "LengthProfile":
+        """The profile of observed ``lengths``; ``cap`` defaults to the longest of them."""
+        x = np.asarray(lengths, dtype=float)
+        if x.size == 0:
+            raise WorkloadError("a length profile needs at least one length")
+        if not np.percentile(x, 50) > 0:
+            raise WorkloadError("a length profile needs a median length above 0")
+        cap = int(cap if cap is not None else x.max())
+        return cls(float(np.percentile(x, 50)), float(np.percentile(x, 90)), float(x.mean()), cap,
+                   float(np.mean(x >= cap)))
+
+    def closest_preset(self) -> str:
+        """The preset whose P90/P50 is nearest in log space (the presets differ by that ratio alone)."""
+        return min(PRESETS, key=lambda name: abs(np.log(self.tail_ratio / preset_profile(name).tail_ratio)))
+
+    def to_json(self) -> dict:
+        return {"p50": self.p50, "p90": self.p90, "p90_p50": self.tail_ratio, "mean": self.mean,
+                "mean_p50": self.mean_ratio, "cap": self.cap, "cap_share": self.cap_share}
+
+
+@lru_cache(maxsize=None)
+def preset_profile(name: str, points: int = 20_000) -> LengthProfile:
+    """A preset's length profile over training (its marginal: log-normal of ``log_sigma`` around the median,
+    through the tail transform, rounded and capped), from ``points`` evenly spaced quantiles: no sampling."""
+    spec = get_preset(name)
+    normal = np.array([NormalDist().inv_cdf((i + 0.5) / points) for i in range(points)])
+    raw = spec.median_len * np.exp(spec.log_sigma * normal)
+    if spec.tail_ratio is not None:
+        raw = TailTransform.fit(spec.median_len, spec.median_len * spec.model_p90_ratio, spec.tail_ratio)(raw)
+    lengths = np.clip(np.rint(raw), 1, spec.max_response_length)
+    return LengthProfile.of(lengths, spec.max_response_length)
 
 
 def get_preset(name: str, **overrides) -> WorkloadSpec:
