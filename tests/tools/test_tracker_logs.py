@@ -111,7 +111,7 @@ def test_compare_reads_wandb_against_a_file_log(wandb_logs, capsys):
     assert "val tailsieve_math/reward/mean@1" in table
 
 
-def mlflow_store(root: Path, uri: str, extra_env: dict | None = None) -> None:
+def log_to_mlflow(uri: str, extra_env: dict | None = None) -> None:
     log_with_verl(["mlflow"], {"MLFLOW_TRACKING_URI": uri, **(extra_env or {})})
 
 
@@ -119,7 +119,7 @@ def mlflow_store(root: Path, uri: str, extra_env: dict | None = None) -> None:
 def mlflow_sqlite(tmp_path_factory, wandb_logs) -> tuple[Path, Path]:
     """Both runs in one sqlite store (verl's default kind of MLflow store); returns it and the JSONL dir."""
     db = tmp_path_factory.mktemp("mlflow") / "mlruns.db"
-    mlflow_store(db.parent, f"sqlite:///{db}")
+    log_to_mlflow(f"sqlite:///{db}")
     return db, wandb_logs
 
 
@@ -145,7 +145,7 @@ def test_mlflow_sqlite_run_by_name_experiment_and_id(mlflow_sqlite):
 def test_mlflow_file_store_run_folder_and_uri(tmp_path, wandb_logs):
     """MLflow 3 keeps its file store behind MLFLOW_ALLOW_FILE_STORE; runs written there still read."""
     mlruns = tmp_path / "mlruns"
-    mlflow_store(tmp_path, f"file:{mlruns}", {"MLFLOW_ALLOW_FILE_STORE": "true"})
+    log_to_mlflow(f"file:{mlruns}", {"MLFLOW_ALLOW_FILE_STORE": "true"})
     folders = [p for p in mlruns.glob("*/*") if (p / "meta.yaml").is_file()]
     assert len(folders) == 2
     for folder in folders:
