@@ -12,14 +12,17 @@ import json
 import os
 from dataclasses import replace
 
+import numpy as np
+
 from ..core.engine.perf import DEFAULT_PERF_MODEL, parse_perf_model
-from ..core.simulation.planner import Configuration, EnginePlan, plan_from_trace
-from ..core.data.trace import read_trace
-from ..core.data.workload import PRESETS, generate_trace
+from ..core.simulation.planner import Configuration, EnginePlan, plan_from_trace, trace_batch
+from ..core.data.trace import Trace, read_trace
+from ..core.data.workload import PRESETS, LengthProfile, generate_trace
 from .checks import MAX_COUNT, IntRule
-from .engine_args import add_engine_args, engine_config_from_args, speculation_from_args
+from .engine_args import add_engine_args, engine_config_from_args, engine_shape, speculation_from_args
 from .lengths import add_length_cap_args, capped, preset
 from .recommend import from_plan, pin_overrides, plan_overrides
+from .trace import profile_json, profile_lines
 
 PRESET_GROUP_SIZE = 8  # a preset's groups when --n is not given (the recipes' n)
 
@@ -34,16 +37,20 @@ def register(subparsers) -> None:
                         help="instead of a trace: one logged step of this bundled preset (--pool-size groups of --n)")
     p.add_argument("--pool-size", type=IntRule(2, MAX_COUNT), default=512, help="--workload: prompt groups in the generated step")
     p.add_argument("--replicas", "-R", type=int, default=8)
-    p.add_argument("--batch", "-B", type=int, default=None, help="prompt groups per step (default min(64, prompts/2))")
+    p.add_argument("--batch", "-B", type=int, default=None,
+                   help="prompt groups per step (default: the trace's groups where it holds one step, i.e. every "
+                        "group has as many samples; else min(64, prompts/2))")
     p.add_argument("--n", type=int, default=None, help="responses per group (default: the trace's median)")
     p.add_argument("--perf-model", default=DEFAULT_PERF_MODEL)
     p.add_argument("--steps", type=int, default=30, help="simulated steps per seed")
-    p.add_argument("--seeds", type=int, default=5, help="independent simulations behind the band")
+    p.add_argument("--seeds", type=int, default=5,
+                   help="independent simulations behind the band; the fixed split is chosen on them and scored on "
+                        "as many more (stock verl and the split only)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
                    help="processes simulating the seeds side by side (the same plan; default: 2, or 1 on one CPU)")
     add_length_cap_args(p)
-    add_engine_args(p)
+    add_engine_args(p, defaults="auto")
     p.set_defaults(func=run)
 
 
@@ -55,12 +62,20 @@ def run(args: argparse.Namespace) -> int:
     speculating = args.spec_acceptance is not None  # the engine speculates: the plan chooses how
     engine = engine_config_from_args(args, perf, spec_policies=speculating)
     speculation = speculation_from_args(args) if speculating else None
+    assumed = _assumptions(args, trace, perf)
+    profile = _length_profile(args, trace)
+    if not args.json:  # said before the minutes of simulation, so a wrong assumption can be stopped
+        print(assumed["line"], flush=True)
+        for line in profile_lines(profile, cap_given=args.max_response_length is not None or bool(args.workload)):
+            print(line)
     plan = plan_from_trace(trace, args.replicas, perf, batch_size=args.batch, n=args.n, steps=args.steps,
                            seeds=args.seeds, engine=replace(engine, speculative=None) if speculating else engine,
                            speculation=speculation, jobs=args.jobs)
     recommendation = from_plan(plan, args.perf_model)
     if args.json:
-        print(json.dumps(plan.to_json() | _engines_json(plan.engines, args.perf_model) | {"recommendation": recommendation}))
+        print(json.dumps(plan.to_json() | _engines_json(plan.engines, args.perf_model) | {
+            "assumed": {k: v for k, v in assumed.items() if k != "line"}, "lengths": profile_json(profile),
+            "recommendation": recommendation}))
         return 0
     lo, hi = plan.band
     print(f"trace {trace.name}: {plan.prompts} prompt groups; simulated {len(plan.per_seed)} "
@@ -68,7 +83,12 @@ def run(args: argparse.Namespace) -> int:
     if plan.prompt_copies > 1:
         print(f"fewer groups than 2 × batch (a prompt is in flight at most once): the steps draw their fresh prompts "
               f"from {plan.prompt_copies} copies of each logged group, lengths resampled from its observed ones")
-    print(f"predicted TailSieve speedup over stock verl: {plan.speedup:.3f}× (10–90 % band {lo:.3f}–{hi:.3f}×)")
+    if plan.above_prompt_oracle:
+        print(f"predicted TailSieve speedup over stock verl: at most {max(1.0, plan.prompt_oracle_speedup):.3f}×, the "
+              f"per-prompt oracle's (or none): the simulation's {plan.speedup:.3f}× (band {lo:.3f}–{hi:.3f}×) is above it, an artefact "
+              "of too few steps until shown otherwise (raise --steps)")
+    else:
+        print(f"predicted TailSieve speedup over stock verl: {plan.speedup:.3f}× (10–90 % band {lo:.3f}–{hi:.3f}×)")
     if plan.prompt_oracle_speedup is not None:
         share = plan.share_of_prompt_oracle_gain
         print(f"the best a per-prompt length predictor could do (prompt-oracle-split, a reference): "
@@ -77,16 +97,52 @@ def run(args: argparse.Namespace) -> int:
     print(f"start the controller at q={plan.initial_q}, m={plan.initial_m} "
           f"(tailsieve.q0 / tailsieve.tail_replicas in the verl config)")
     if plan.fixed_m == 0:
-        print(f"best fixed split: one shared pool (stock verl's routing), {plan.fixed_speedup:.3f}×")
+        print(f"best fixed split: one shared pool (stock verl's routing), {plan.fixed_speedup:.3f}× on the seeds it "
+              "was chosen on")
     else:
-        print(f"best fixed split: q={plan.fixed_q}, m={plan.fixed_m}, predicted {plan.fixed_speedup:.3f}×; to pin it: "
-              f"{pin_overrides(plan.fixed_q, plan.fixed_m)}")
+        chosen = plan.seeds_chosen_on
+        print(f"best fixed split: q={plan.fixed_q}, m={plan.fixed_m}, {plan.fixed_out_of_sample_speedup:.3f}× out of "
+              f"sample (chosen on seeds 0–{chosen - 1} at {plan.fixed_speedup:.3f}×, scored on seeds "
+              f"{chosen}–{2 * chosen - 1}); to pin it: {pin_overrides(plan.fixed_q, plan.fixed_m)}")
         print("  on strong tails the plan can overrate isolation (there 4 of 10 picked splits lost 3.4 %): "
               "check it against stock verl with `tailsieve compare` before keeping it")
     if plan.engines:
         _print_engines(plan.engines)
     print(recommendation)
     return 0
+
+
+def _assumptions(args: argparse.Namespace, trace: Trace, perf) -> dict:
+    """What the plan takes from the trace and what it assumes, and the one line that says so."""
+    if args.batch is not None:
+        batch, why_batch = args.batch, "--batch"
+    else:
+        batch, why_batch = trace_batch(trace)
+    n, why_n = (args.n, "--n") if args.n is not None else (
+        int(np.median([g.n for g in trace])), "the trace's median samples per group")
+    if args.max_response_length is not None:
+        cap, why_cap = args.max_response_length, "--max-response-length"
+    elif args.workload:
+        cap, why_cap = preset(args.workload, args).max_response_length, "the preset's"
+    else:
+        cap, why_cap = max(trace.lengths), "none given: the trace's longest response"
+    shape = engine_shape(args.engine_defaults, perf)
+    engine = (f"verl 0.9.1's rollout defaults for {shape} on one H200 (--engine-defaults {args.engine_defaults})"
+              if shape else f"no limit binds (--engine-defaults {args.engine_defaults})")
+    overridden = [f"--{name.replace('_', '-')}" for name in ("max_num_seqs", "num_gpu_blocks", "block_size",
+                                                             "max_num_batched_tokens") if getattr(args, name) is not None]
+    if overridden:
+        engine += " with " + ", ".join(overridden)
+    line = (f"assumed: B={batch} ({why_batch}), n={n} ({why_n}), R={args.replicas} (--replicas), "
+            f"response cap {cap} ({why_cap}), engine: {engine}, perf model {args.perf_model}")
+    return {"batch": batch, "batch_from": why_batch, "n": n, "n_from": why_n, "replicas": args.replicas,
+            "response_cap": cap, "response_cap_from": why_cap, "engine_defaults": shape, "perf_model": args.perf_model,
+            "line": line}
+
+
+def _length_profile(args: argparse.Namespace, trace: Trace) -> LengthProfile:
+    cap = args.max_response_length or (preset(args.workload, args).max_response_length if args.workload else None)
+    return LengthProfile.of(trace.lengths, cap)
 
 
 def _engines_json(engines: EnginePlan | None, perf_spec: str) -> dict:

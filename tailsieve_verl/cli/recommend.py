@@ -23,19 +23,25 @@ SCHEDULE_KEY = "+actor_rollout_ref.rollout.engine_kwargs.vllm.speculative_config
 
 @dataclass(frozen=True)
 class Candidate:
-    """A configuration a user can deploy, its speedup over stock verl, the noise on that speedup, and the
-    overrides that turn it on."""
+    """A configuration a user can deploy, its speedup over stock verl, the noise on that speedup (None: not
+    measured), and the overrides that turn it on. ``identical``: it never left stock routing (one shared pool
+    on every step, stock verl's makespans), so it is stock verl, not a candidate. ``scored``: how the
+    speedup was measured, printed after it (e.g. "out of sample")."""
 
     name: str
     speedup: float
-    noise: float
+    noise: float | None
     overrides: str
+    identical: bool = False
+    scored: str = ""
 
 
-def two_standard_errors(samples) -> float:
-    """Noise on a mean: two standard errors of ``samples`` (0 where fewer than two)."""
+def two_standard_errors(samples) -> float | None:
+    """Noise on a mean: two standard errors of ``samples``; None (not measured) where fewer than two or they
+    do not vary (a spread of 0 measures nothing: a policy that ran stock verl's routing throughout)."""
     x = np.asarray(samples, dtype=float)
-    return float(2 * x.std(ddof=1) / np.sqrt(len(x))) if len(x) >= 2 else 0.0
+    noise = float(2 * x.std(ddof=1) / np.sqrt(len(x))) if len(x) >= 2 else 0.0
+    return noise if noise > 0 else None
 
 
 def pin_overrides(q: int, m: int) -> str:
@@ -108,25 +114,46 @@ def perf_model_override(spec: str) -> str:
 
 
 def recommendation(candidates: list[Candidate]) -> str:
-    """The fastest candidate that beats stock verl by more than its noise, as one line; else stay with stock."""
-    winners = [c for c in candidates if c.speedup - 1 > c.noise]
-    if not winners:
-        best = max(candidates, key=lambda c: c.speedup, default=None)
-        seen = f" (best: {best.name} {best.speedup:.3f}×, noise ±{best.noise:.3f})" if best else ""
-        return f"recommendation: stay with stock verl: nothing here beat it by more than the noise{seen}"
-    best = max(winners, key=lambda c: c.speedup)
-    return (f"recommendation: {best.name} is fastest for this workload, {best.speedup:.3f}× stock verl "
-            f"(noise ±{best.noise:.3f}); add to your verl command: {best.overrides}")
+    """The fastest candidate that beats stock verl by more than its measured noise, as one line; else stay
+    with stock verl, naming the best other candidate (with its noise, or "noise not measured") and those
+    identical to stock verl."""
+    same = [c.name for c in candidates if c.identical]
+    others = [c for c in candidates if not c.identical]
+    winners = [c for c in others if c.noise is not None and c.speedup - 1 > c.noise]
+    if winners:
+        best = max(winners, key=lambda c: c.speedup)
+        return (f"recommendation: {best.name} is fastest for this workload, {best.speedup:.3f}× stock verl"
+                f"{' ' + best.scored if best.scored else ''} (noise ±{best.noise:.3f}); add to your verl command: "
+                f"{best.overrides}")
+    reasons = []
+    if others:
+        best = max(others, key=lambda c: c.speedup)
+        noise = f"noise ±{best.noise:.3f}" if best.noise is not None else "noise not measured: no resolved gain"
+        reasons.append(f"nothing here beat it by more than the noise (best: {best.name} {best.speedup:.3f}×"
+                       f"{' ' + best.scored if best.scored else ''}, {noise})")
+    if same:
+        reasons.append(f"{', '.join(same)} never left one shared pool (q = m = 0 on every step): identical to stock verl")
+    if not candidates:
+        reasons.append("no configuration that can replace it ran here (add tailsieve to --policies)")
+    return "recommendation: stay with stock verl: " + "; ".join(reasons)
+
+
+def never_left_stock(r, stock) -> bool:
+    """A run that stayed in one shared pool on every step with stock verl's makespans: stock verl itself."""
+    return (all(rec.m == 0 and rec.q == 0 and rec.n_tail == 0 for rec in r.records)
+            and np.allclose(r.makespans, stock.makespans, rtol=1e-12, atol=0.0))
 
 
 def from_simulation(result, perf_spec: str) -> str:
     """Recommend from a `tailsieve simulate` run. Policies share their length draws, so each candidate's
     noise is two standard errors of its per-step makespan difference to stock verl (relative to stock
-    verl's mean), or verl-redraw's distance from 1 where that is larger (the run's sampling noise)."""
+    verl's mean), or verl-redraw's distance from 1 where that is larger (the run's sampling noise). A
+    policy that never left stock routing is named identical to stock verl, not weighed."""
     if "verl" not in result.policies:
         return "recommendation: none: add verl to --policies to measure against stock verl"
-    stock = result.policies["verl"].makespans
-    redraw = abs(1 - result.speedup_vs("verl")["verl-redraw"]) if "verl-redraw" in result.policies else 0.0
+    stock_run = result.policies["verl"]
+    stock = stock_run.makespans
+    redraw = abs(1 - result.speedup_vs("verl")["verl-redraw"]) if "verl-redraw" in result.policies else None
     common = " ".join(x for x in (TRAINER_MODE, perf_model_override(perf_spec),
                                   "+tailsieve.group_atomic=true" if result.config.group_atomic else "") if x)
     cfg = result.config
@@ -155,8 +182,9 @@ def from_simulation(result, perf_spec: str) -> str:
                 label = f"stock verl with MTP on vLLM's batch-size schedule {r.choice} ({name})"
         else:
             continue  # stock verl itself, group round-robin, or a reference no rollout layer can run
-        noise = two_standard_errors((stock - r.makespans) / stock.mean())
-        candidates.append(Candidate(label, stock.mean() / r.mean_makespan_s, max(noise, redraw), overrides))
+        noises = [x for x in (two_standard_errors((stock - r.makespans) / stock.mean()), redraw) if x]
+        candidates.append(Candidate(label, stock_run.mean_makespan_s / r.mean_makespan_s, max(noises, default=None),
+                                    overrides, identical=never_left_stock(r, stock_run)))
     return recommendation(candidates)
 
 
@@ -172,9 +200,10 @@ def plan_overrides(choice, perf_spec: str) -> str:
 
 def from_plan(plan, perf_spec: str) -> str:
     """Recommend from a `tailsieve plan`: with speculation, the configuration the plan chose (the best stock
-    one where no TailSieve candidate beats it); without, the adaptive controller and the best fixed split,
-    each against the noise between the plan's seeds (two standard errors of the adaptive per-seed speedups;
-    the fixed split's per-seed speedups are not kept, and it runs on the same seeds)."""
+    one where no TailSieve candidate beats it); without, the adaptive controller (its noise: two standard
+    errors of its per-seed speedups; identical to stock verl where it never left one shared pool) and the
+    best fixed split, quoted out of sample: its speedup on the seeds it was not chosen on, its noise their
+    two standard errors. A predicted speedup above the per-prompt oracle's is quoted at the oracle's."""
     if plan.engines is not None:
         choice, stock = plan.engines.choice, plan.engines.best_stock
         overrides = plan_overrides(choice, perf_spec)
@@ -185,11 +214,16 @@ def from_plan(plan, perf_spec: str) -> str:
         return (f"recommendation: {choice.name} ({choice.label or 'routing only'}) is fastest for this workload, "
                 f"{choice.speedup_vs_best_stock:.3f}× the best stock configuration ({stock.name} {stock.label}); "
                 f"add to your verl command: {overrides}")
-    noise = two_standard_errors(plan.per_seed)
     adaptive = " ".join(x for x in (TRAINER_MODE, perf_model_override(perf_spec),
                                     adaptive_start(plan.initial_q, plan.initial_m)) if x)
-    candidates = [Candidate("TailSieve adaptive", plan.speedup, noise, adaptive)]
-    if plan.fixed_m > 0:
-        candidates.append(Candidate(f"TailSieve pinned at q={plan.fixed_q}, m={plan.fixed_m}", plan.fixed_speedup,
-                                    noise, f"{TRAINER_MODE} {pin_overrides(plan.fixed_q, plan.fixed_m)}"))
+    speedup, capped = plan.speedup, ""
+    if plan.above_prompt_oracle:
+        speedup, capped = max(1.0, plan.prompt_oracle_speedup), "(capped at the per-prompt oracle)"
+    candidates = [Candidate("TailSieve adaptive", speedup, two_standard_errors(plan.per_seed), adaptive,
+                            identical=not plan.adaptive_left_stock, scored=capped)]
+    if plan.fixed_m > 0 and plan.fixed_out_of_sample:
+        scored = f"out of sample (seeds {plan.seeds_chosen_on}–{2 * plan.seeds_chosen_on - 1})"
+        candidates.append(Candidate(f"TailSieve pinned at q={plan.fixed_q}, m={plan.fixed_m}",
+                                    plan.fixed_out_of_sample_speedup, two_standard_errors(plan.fixed_out_of_sample),
+                                    f"{TRAINER_MODE} {pin_overrides(plan.fixed_q, plan.fixed_m)}", scored=scored))
     return recommendation(candidates)

@@ -13,7 +13,8 @@ from tailsieve_verl.cli.recommend import (Candidate, perf_model_override, pool_s
 from tailsieve_verl.core.data.trace import Group, write_trace
 from tailsieve_verl.core.data.workload import generate_trace
 
-STAY = "recommendation: stay with stock verl: nothing here beat it by more than the noise"
+STAY_ONLY = "recommendation: stay with stock verl: "
+STAY = STAY_ONLY + "nothing here beat it by more than the noise"
 
 
 def _run(module, argv: list[str], capsys) -> list[str]:
@@ -38,11 +39,21 @@ def test_simulate_recommends_tailsieve_where_it_wins_by_more_than_the_noise(tmp_
 
 def test_simulate_default_workload_stays_with_stock_verl(tmp_path, capsys):
     """The main job's workload (a DAPO-sized step: real tails, 512 × 16 on 8 dense replicas under verl's
-    rollout defaults, 30 steps): TailSieve stays at one shared pool, so the line says to keep stock verl."""
+    rollout defaults, 30 steps): TailSieve stays at one shared pool, so the line says to keep stock verl and
+    names it identical to stock verl, not the best candidate at a noise of zero (issue 47)."""
     lines = _run(simulate_cli, ["simulate", "--policies", "verl,uniform,tailsieve-fixed,tailsieve", "--out",
                                 str(tmp_path), "--no-plots"], capsys)
-    assert lines[-1].startswith(STAY + " (best: tailsieve")
+    assert lines[-1].startswith(STAY + " (best: tailsieve-fixed ")
+    assert lines[-1].endswith("; tailsieve never left one shared pool (q = m = 0 on every step): identical to "
+                              "stock verl")
+    assert "±0.000" not in lines[-1]
     assert "vs stock verl" in "\n".join(lines[:-1])  # the line follows the table
+
+
+def test_simulate_with_stock_verl_alone_names_nothing_to_weigh(tmp_path, capsys):
+    lines = _run(simulate_cli, ["simulate", "--steps", "3", "--batch", "8", "--n", "2", "--replicas", "4",
+                                "--pool-size", "64", "--policies", "verl", "--out", str(tmp_path), "--no-plots"], capsys)
+    assert lines[-1] == (STAY_ONLY + "no configuration that can replace it ran here (add tailsieve to --policies)")
 
 
 def test_simulate_without_stock_verl_says_what_is_missing(tmp_path, capsys):
@@ -65,9 +76,12 @@ def test_plan_stays_with_stock_verl_without_tails(tmp_path, capsys):
     trace = tmp_path / "flat_run.jsonl"
     write_trace([Group(f"p{i}", (200,) * 4) for i in range(64)], trace)
     argv = ["plan", "--trace", str(trace), "--replicas", "4", "--batch", "16", "--steps", "6", "--seeds", "2"]
-    assert _run(plan_cli, argv, capsys)[-1].startswith(STAY)
+    lines = _run(plan_cli, argv, capsys)
+    assert lines[0].startswith("assumed: B=16 (--batch), n=4 (the trace's median samples per group), R=4")
+    assert lines[-1].startswith(STAY_ONLY) and "±0.000" not in lines[-1]
     report = json.loads(_run(plan_cli, [*argv, "--json"], capsys)[-1])
-    assert report["recommendation"].startswith(STAY)
+    assert report["recommendation"] == lines[-1]
+    assert report["assumed"]["batch"] == 16 and report["lengths"]["p90_p50"] == 1.0
 
 
 def test_the_fastest_candidate_beyond_its_noise_wins():
@@ -78,11 +92,23 @@ def test_the_fastest_candidate_beyond_its_noise_wins():
         "recommendation: steady is fastest for this workload, 1.050× stock verl (noise ±0.020); "
         "add to your verl command: +b")
     assert recommendation([fast_but_noisy]) == STAY + " (best: noisy 1.200×, noise ±0.250)"
-    assert recommendation([]) == STAY
+
+
+def test_no_gain_is_resolved_without_a_measured_noise_and_stock_routing_is_not_a_candidate():
+    unmeasured = Candidate("lucky", 1.10, None, "+a")
+    assert recommendation([unmeasured]) == STAY + " (best: lucky 1.100×, noise not measured: no resolved gain)"
+    same = Candidate("tailsieve", 1.0, None, "+b", identical=True)
+    assert recommendation([same]) == (STAY_ONLY + "tailsieve never left one shared pool (q = m = 0 on every step): "
+                                      "identical to stock verl")
+    pinned = Candidate("pinned", 1.04, 0.01, "+c", scored="out of sample (seeds 2–3)")
+    assert recommendation([same, pinned]) == ("recommendation: pinned is fastest for this workload, 1.040× stock "
+                                              "verl out of sample (seeds 2–3) (noise ±0.010); add to your verl "
+                                              "command: +c")
+    assert recommendation([]) == STAY_ONLY + "no configuration that can replace it ran here (add tailsieve to --policies)"
 
 
 def test_noise_and_perf_model_overrides():
-    assert two_standard_errors([1.0]) == 0.0
+    assert two_standard_errors([1.0]) is None and two_standard_errors([1.0, 1.0]) is None  # nothing measured
     assert abs(two_standard_errors([1.0, 3.0]) - 2.0) < 1e-12  # std 1.414, /√2, ×2
     assert perf_model_override("table:h200-dense") == ""
     assert perf_model_override("table:h200-moe") == "+tailsieve.perf_model=table:h200-moe"

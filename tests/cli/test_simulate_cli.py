@@ -70,6 +70,28 @@ def test_plan_cli(tmp_path, capsys):
     out = capsys.readouterr().out
     pinned = f"+tailsieve.mode=fixed +tailsieve.q0={report['fixed_q']} +tailsieve.tail_replicas={report['fixed_m']}"
     assert "best fixed split: " in out and (report["fixed_m"] == 0 or pinned in out)
+    assert report["fixed_m"] == 0 or "out of sample" in out
+    assert out.startswith("assumed: B=16 (--batch), n=4 (the trace's median samples per group), R=4 (--replicas), "
+                          "response cap ")
+    assert "engine: verl 0.9.1's rollout defaults for qwen3-1.7b on one H200 (--engine-defaults auto)" in out
+    assert report["assumed"]["engine_defaults"] == "qwen3-1.7b" and report["lengths"]["closest_preset"] == "strong"
+
+
+def test_plan_takes_the_batch_from_one_logged_step_and_says_what_it_assumed(tmp_path, capsys):
+    """A trace of one step (every group the same size) is planned at its own batch and n; a pool of several
+    steps at min(64, groups/2), said in the first line, before the simulation."""
+    step = tmp_path / "step.jsonl"
+    write_trace(generate_trace("real", 24, 4, seed=1), step)
+    argv = ["--replicas", "4", "--steps", "3", "--seeds", "1", "--engine-defaults", "none"]
+    assert plan_cli.run(_parse(plan_cli, ["plan", "--trace", str(step), *argv])) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first.startswith("assumed: B=24 (the trace's groups: it holds one step), n=4 (the trace's median")
+    assert "engine: no limit binds (--engine-defaults none)" in first
+    pool = tmp_path / "pool.jsonl"
+    write_trace([Group(f"p{i}", (300 + i,) * (4 * (1 + i % 2))) for i in range(40)], pool)
+    assert plan_cli.run(_parse(plan_cli, ["plan", "--trace", str(pool), *argv])) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first.startswith("assumed: B=20 (assumed min(64, groups/2): the trace holds several steps; give --batch)")
 
 
 PLAN_SPEC = ["plan", "--workload", "real", "--pool-size", "96", "--n", "4", "--replicas", "4", "--batch", "16",
