@@ -11,6 +11,9 @@ processes it started (less sensitive to a busy machine), and the after/before ra
 measurements (no pass/fail: machines are noisy). Needs a node where the sandbox runs (root or
 unprivileged user namespaces, util-linux ``unshare``). Run from the repo root:
     .venv/bin/python scripts/bench_code_reward.py [--candidates 20] [--rounds 2] [--before a8e6736]
+``--hacks`` instead scores the reward-hack and legitimate tables of
+tests/recipes/test_code_reward_isolation.py with both versions in both runners (a markdown table;
+an entry that kills the scoring process says so).
 """
 
 from __future__ import annotations
@@ -42,10 +45,10 @@ TRUTH = json.dumps({"entry_point": "running_max", "tests": [
     "assert running_max([-2, -5, -1]) == [-2, -2, -1]",
     "assert running_max(list(range(1000)))[-1] == 999"]})
 
-# Scores ``n`` candidates with the package under ``root`` in one runner; prints JSON measurements.
-WORKER = """\
+# Imports the package under argv[1] and forces the runner argv[2] (the isolated one must be available).
+WORKER_START = """\
 import json, os, resource, sys, time
-root, runner, n, response, truth = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5]
+root, runner = sys.argv[1], sys.argv[2]
 sys.path.insert(0, root)
 from tailsieve_verl import rewards
 start = time.perf_counter()
@@ -56,6 +59,10 @@ if runner == "unisolated":
     os.environ["TAILSIEVE_UNISOLATED_CODE_REWARD"] = "1"
 elif problem is not None:
     sys.exit(problem)
+"""
+# Scores argv[3] times the passing candidate argv[4] against argv[5]; prints JSON measurements.
+WORKER = WORKER_START + """\
+n, response, truth = int(sys.argv[3]), sys.argv[4], sys.argv[5]
 cpu = lambda: sum(resource.getrusage(resource.RUSAGE_CHILDREN)[:2])
 wall, cpu_start = [], cpu()
 for _ in range(n):
@@ -64,6 +71,26 @@ for _ in range(n):
     wall.append(time.perf_counter() - start)
 print(json.dumps({"wall": wall, "cpu_s": cpu() - cpu_start, "check_ms": check_ms}))
 """
+# Scores the reward-hack and legitimate tables of tests/recipes/test_code_reward_isolation.py from
+# entry argv[3] on: the entries' names, then one JSON line per entry as it goes (a hack may kill this process).
+HACK_WORKER = WORKER_START + """\
+import importlib.util
+spec = importlib.util.spec_from_file_location("table", sys.argv[4])
+table = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(table)
+entries = [(name, response, "add", table.TESTS) for name, response in table.HACKS.items()]
+entries += [("legitimate: " + name, table.PREAMBLE + "```python\\n" + code + "\\n```", entry, tests)
+            for name, (code, entry, tests) in table.LEGITIMATE.items()]
+print(json.dumps([name for name, *_ in entries]), flush=True)
+for name, response, entry, tests in entries[int(sys.argv[3]):]:
+    truth = json.dumps({"entry_point": entry, "tests": tests})
+    try:
+        score = rewards.compute_score("tailsieve_code", response, truth)
+    except Exception as error:
+        score = f"raised {type(error).__name__}"
+    print(json.dumps([name, score]), flush=True)
+"""
+HACK_TABLE = os.path.join(ROOT, "tests", "recipes", "test_code_reward_isolation.py")
 
 
 def package_at(commit: str, into: str) -> str:
@@ -81,14 +108,44 @@ def measure(root: str, runner: str, candidates: int) -> dict:
     return json.loads(done.stdout)
 
 
+def hack_scores(root: str, runner: str) -> dict[str, object]:
+    """Each table entry's score; an entry that kills the scoring process is marked so."""
+    scores: dict[str, object] = {}
+    while True:
+        done = subprocess.run([sys.executable, "-c", HACK_WORKER, root, runner, str(len(scores)), HACK_TABLE],
+                              capture_output=True, text=True, cwd=tempfile.gettempdir())
+        names, *scored = done.stdout.splitlines()
+        scores.update(json.loads(line) for line in scored)
+        if done.returncode == 0:
+            return scores
+        if done.returncode > 0:
+            sys.exit(f"{runner} hack worker failed: {done.stderr.strip().splitlines()[-1:]}")
+        scores[json.loads(names)[len(scores)]] = f"killed the scoring process (signal {-done.returncode})"
+
+
+def print_hack_table(versions: dict[str, str]) -> None:
+    columns = {(version, runner): hack_scores(root, runner) for version, root in versions.items()
+               for runner in ("isolated", "unisolated")}
+    print("| entry | " + " | ".join(f"{version}, {runner}" for version, runner in columns) + " |")
+    print("| --- |" + " --- |" * len(columns))
+    for name in next(iter(columns.values())):
+        print(f"| {name} | " + " | ".join(str(scores.get(name, "?")) for scores in columns.values()) + " |")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--candidates", type=int, default=20, help="candidates scored by each version and runner")
     p.add_argument("--rounds", type=int, default=2, help="turns the version/runner pairs take (candidates split evenly)")
     p.add_argument("--before", default="a8e6736", help="the commit whose reward code is the 'before' column")
+    p.add_argument("--hacks", action="store_true",
+                   help="instead, score the reward-hack table of tests/recipes/test_code_reward_isolation.py with both "
+                        "versions in both runners")
     args = p.parse_args()
     with tempfile.TemporaryDirectory(prefix="tailsieve_bench_before_") as before_dir:
         versions = {f"before ({args.before})": package_at(args.before, before_dir), "after (working tree)": ROOT}
+        if args.hacks:
+            print_hack_table(versions)
+            return
         pairs = [(version, runner) for version in versions for runner in ("unisolated", "isolated")]
         wall: dict = {pair: [] for pair in pairs}
         cpu = dict.fromkeys(pairs, 0.0)

@@ -169,7 +169,8 @@ def sandbox_command(root: str) -> list[str]:
     """The argv that starts one candidate's judge isolated: ``unshare`` (with a user namespace
     unless root) starting the judge under the base interpreter (``-I -S``: no site-packages)."""
     user = () if os.geteuid() == 0 else USER_NAMESPACE
-    return [shutil.which("unshare") or "unshare", *user, *NAMESPACES, _interpreter(), "-I", "-S", INIT_SCRIPT, root]
+    return [shutil.which("unshare") or "unshare", *user, *NAMESPACES, _interpreter(), "-I", "-S", INIT_SCRIPT,
+            "isolated", root]
 
 
 def run_judged(job: dict, timeout_s: float, cpu_s: int, memory_bytes: int, isolated: bool) -> tuple[bool, str]:
@@ -189,7 +190,7 @@ def run_judged(job: dict, timeout_s: float, cpu_s: int, memory_bytes: int, isola
     job = dict(job, nonce=nonce, cgroup_procs=[os.path.join(folder, "cgroup.procs") for folder in cgroups])
     try:
         with tempfile.TemporaryDirectory(prefix="tailsieve_sandbox_") as root:
-            argv = sandbox_command(root) if isolated else [_interpreter(), "-I", "-S", INIT_SCRIPT, "-"]
+            argv = sandbox_command(root) if isolated else [_interpreter(), "-I", "-S", INIT_SCRIPT, "unisolated", root]
             try:
                 done = subprocess.run([*argv, *map(str, limits)], input=json.dumps(job).encode(),
                                       capture_output=True, timeout=timeout_s + HOST_GRACE_S,

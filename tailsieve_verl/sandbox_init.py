@@ -6,15 +6,16 @@ standard library only, and few modules of it: its start-up is part of every cand
 the job (JSON) on stdin and the integers of :data:`LIMITS` as arguments, in one of two ways:
 
 * isolated: ``unshare [--user --map-root-user] --mount --net --pid --ipc --uts --fork --kill-child
-  <python> -I -S sandbox_init.py <root> <limits>...``. As the namespaces' PID 1 it mounts a small
+  <python> -I -S sandbox_init.py isolated <root> <limits>...``. As the namespaces' PID 1 it mounts a small
   tmpfs on ``<root>`` (an empty host folder) holding only read-only binds of ``/usr``, the
   interpreter's install and ``/dev/{null,zero,random,urandom}`` plus a private size-capped ``/tmp``,
   moves it over ``/`` and chroots into it; the candidate then drops to a user id of its own (as
   root) or, in a user namespace, keeps the namespace's root user with every capability dropped.
   When PID 1 exits the kernel kills everything left in the PID namespace.
-* unisolated (``<root>`` is ``-``): a temporary folder as the candidate's working folder, the
-  judge a child subreaper so that whatever the candidate starts, even in a session of its own,
-  stays its descendant and is killed; as root the candidate still gets a user id of its own.
+* unisolated: ``<python> -I -S sandbox_init.py unisolated <folder> <limits>...``, the folder (the
+  host's, removed by the host) the candidate's working folder, the judge a child subreaper so that
+  whatever the candidate starts, even in a session of its own, stays its descendant and is killed;
+  as root the candidate keeps uid 0 without any capability.
 
 The verdict cannot be forged by the candidate: the job's expected sides never reach the child; the
 child only evaluates each call of the entry point (``calls``) and writes the values, encoded as
@@ -293,20 +294,34 @@ def judge(job: dict, reply: bytes) -> str | None:
     return None
 
 
-def _descendants() -> list[int]:
-    parents = {}
-    for stat in os.listdir("/proc"):
-        if stat.isdigit():
+def _children_by_parent(frontier: list[int]) -> list[int]:
+    """The children of the processes in ``frontier``: from /proc/<pid>/task/<tid>/children where the
+    kernel has them (CONFIG_PROC_CHILDREN), else from every process's parent in /proc/<pid>/stat."""
+    children: list[int] = []
+    if os.path.exists(f"/proc/{os.getpid()}/task/{os.getpid()}/children"):
+        for pid in frontier:
             try:
-                with open(f"/proc/{stat}/stat", "rb") as f:
-                    parents[int(stat)] = int(f.read().rsplit(b")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
+                for task in os.listdir(f"/proc/{pid}/task"):
+                    with open(f"/proc/{pid}/task/{task}/children") as f:
+                        children += map(int, f.read().split())
+            except OSError:  # gone meanwhile
                 continue
+        return children
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                if int(f.read().rsplit(b")", 1)[1].split()[1]) in frontier:
+                    children.append(int(pid))
+        except (OSError, IndexError, ValueError):
+            continue
+    return children
+
+
+def _descendants() -> list[int]:
     found, frontier = [], [os.getpid()]
     while frontier:
-        children = [pid for pid, parent in parents.items() if parent in frontier]
-        found += children
-        frontier = children
+        frontier = _children_by_parent(frontier)
+        found += frontier
     return found
 
 
@@ -328,44 +343,34 @@ def kill_tree(isolated: bool) -> None:
         time.sleep(0.001)
 
 
-def main(root: str, *limit_values: str) -> int:
+def main(mode: str, folder: str, *limit_values: str) -> int:
     limits = dict(zip(LIMITS, map(int, limit_values), strict=True))
     deadline = time.monotonic() + limits["timeout_ms"] / 1000
     job = json.loads(sys.stdin.buffer.read())
     _libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)  # no ptrace, no /proc/<pid>/mem or fd for its own user
-    isolated = root != "-"
+    isolated = mode == "isolated"
     owner = os.geteuid() if limits["uid"] == KEEP_UID else limits["uid"]
     cgroups = [os.open(path, os.O_WRONLY) for path in job["cgroup_procs"]]
     if isolated:
-        build_root(root, owner, limits["work_bytes"])
-        workdir = "/tmp"
+        build_root(folder, owner, limits["work_bytes"])
+        folder = "/tmp"
     else:
-        import tempfile  # here only: every import is part of every candidate's time
-
         _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-        workdir = tempfile.mkdtemp(prefix="tailsieve_code_")
-    try:
-        with open(os.path.join(workdir, "job.marshal"), "wb") as f:  # what the candidate may know
-            marshal.dump({"code": job["code"], "setup": job["setup"], "calls": job["calls"]}, f)
-        if owner != os.geteuid():
-            os.chown(workdir, owner, owner)
-            os.chown(os.path.join(workdir, "job.marshal"), owner, owner)
-        reply_read, reply_write = os.pipe()
-        child = os.fork()
-        if child == 0:
-            try:
-                exec_candidate(limits, reply_write, workdir, isolated, cgroups)
-            except BaseException as error:  # say why (the isolation check prints it), never run unbounded
-                print(f"sandbox_init: cannot start the candidate: {error!r}", file=sys.stderr)
-            os._exit(127)
-        os.close(reply_write)
-        reply = read_reply(reply_read, deadline)
-        kill_tree(isolated)
-    finally:
-        if not isolated:
-            import shutil
-
-            shutil.rmtree(workdir, ignore_errors=True)
+    with open(os.path.join(folder, "job.marshal"), "wb") as f:  # what the candidate may know
+        marshal.dump({"code": job["code"], "setup": job["setup"], "calls": job["calls"]}, f)
+    if owner != os.geteuid():
+        os.chown(os.path.join(folder, "job.marshal"), owner, owner)
+    reply_read, reply_write = os.pipe()
+    child = os.fork()
+    if child == 0:
+        try:
+            exec_candidate(limits, reply_write, folder, isolated, cgroups)
+        except BaseException as error:  # say why (the isolation check prints it), never run unbounded
+            print(f"sandbox_init: cannot start the candidate: {error!r}", file=sys.stderr)
+        os._exit(127)
+    os.close(reply_write)
+    reply = read_reply(reply_read, deadline)
+    kill_tree(isolated)
     why_not = judge(job, reply)
     print(f"PASS {job['nonce']}" if why_not is None else f"FAIL {why_not}", flush=True)
     return 0
