@@ -124,8 +124,12 @@ def hack_scores(root: str, runner: str) -> dict[str, object]:
 
 
 def print_hack_table(versions: dict[str, str]) -> None:
-    columns = {(version, runner): hack_scores(root, runner) for version, root in versions.items()
+    """The working tree scores first: a8e6736's unisolated runner leaves its program, tests included,
+    in /tmp when a hack kills the scoring process, and an unisolated candidate reads any host file."""
+    order = list(reversed(versions.items()))
+    columns = {(version, runner): hack_scores(root, runner) for version, root in order
                for runner in ("isolated", "unisolated")}
+    columns = {(version, runner): columns[version, runner] for version in versions for runner in ("isolated", "unisolated")}
     print("| entry | " + " | ".join(f"{version}, {runner}" for version, runner in columns) + " |")
     print("| --- |" + " --- |" * len(columns))
     for name in next(iter(columns.values())):
