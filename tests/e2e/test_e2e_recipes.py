@@ -12,6 +12,12 @@ Only what a recipe documents as swappable is swapped, through the recipe's envir
 appended as the recipes' extra Hydra overrides. Each arm validates before training and at its last
 step with the math workload's stop strings (``<END>``), through the same agent-loop wrapper.
 
+The stock and same-path arms differ in routing only: each runs 2 steps with a checkpoint at step 2,
+then the same script again resumes from it into step 3, the first step of the second epoch (20
+prompts, B = 8: verl's loader drops each epoch's last 4). Both arms must train the same prompts at
+every step (their rollout dumps), write checkpoints of the same kinds (TailSieve adds only
+``tailsieve.pt``) and measure generation on the same poll (``timing_s/gen`` of at least one poll).
+
 The tier's random model never writes a ``\\boxed{..}<END>`` answer, so every score is 0: what is
 checked is that each arm trains, validates and is compared, not what it learns.
 """
@@ -29,9 +35,12 @@ from e2e_run import BATCH, N_SAMPLES, REPO, RunResult, cpu_platform_overrides, r
 
 RECIPES = {"verl": "qwen3_5-2b_verl", "uniform": "qwen3_5-2b_uniform", "tailsieve": "qwen3_5-2b_tailsieve"}
 STEPS = 2
+RESUMED_STEPS = 3  # the resumed launch's last step: the first of the second epoch
 VAL_KEY = "val-core/tailsieve_math/acc/mean@1"
-QUESTIONS = 48  # train prompts: 6 steps' worth, so no prompt repeats within a run
+QUESTIONS = 20  # train prompts: 2 steps an epoch, the last 4 dropped
 HELD_OUT = 8
+SAME_PATH = ("verl", "uniform")  # the arms that must train the same prompts at every step
+STOCK_POLL_S = 2.0  # verl 0.9.1's sync replay buffer checks for finished groups this often
 
 
 def _math_rows(start: int, count: int) -> list[dict]:
@@ -51,18 +60,22 @@ def recipe_data(e2e_root) -> Path:
     return data_dir
 
 
-def _launch(assets, recipe_data: Path, e2e_root: Path, arm: str) -> RunResult:
+def _launch(assets, recipe_data: Path, e2e_root: Path, arm: str, steps: int = STEPS, name: str | None = None,
+            extra: tuple[str, ...] = ()) -> RunResult:
+    """One launch of the arm's recipe; a later launch of the same arm shares its run folder, checkpoints
+    and rollout dump (verl resumes from the latest checkpoint there)."""
     run_dir = e2e_root / f"recipe_{arm}"
     env = {"PYTHON": sys.executable, "MODEL_PATH": str(assets["model"]), "DATA_DIR": str(recipe_data),
-           "N_GPUS": "2", "TRAIN_BATCH_SIZE": str(BATCH), "TOTAL_STEPS": str(STEPS), "MAX_PROMPT_LENGTH": "256",
-           "MAX_RESPONSE_LENGTH": "64", "ROLLOUT_N": str(N_SAMPLES), "TEST_FREQ": str(STEPS),
+           "N_GPUS": "2", "TRAIN_BATCH_SIZE": str(BATCH), "TOTAL_STEPS": str(steps), "MAX_PROMPT_LENGTH": "256",
+           "MAX_RESPONSE_LENGTH": "64", "ROLLOUT_N": str(N_SAMPLES), "TEST_FREQ": str(steps),
            "PROJECT_NAME": "tailsieve_e2e_recipes", "EXPERIMENT_NAME": arm, "ROLLOUT_DATA_DIR": str(run_dir / "rollouts")}
-    result = run_main_ppo(run_dir, cpu_platform_overrides(run_dir), env_extra=env, name=arm, timeout_s=1500,
-                          launcher=["bash", str(REPO / "recipes" / f"{RECIPES[arm]}.sh")])
-    print(f"\n[e2e] recipe {RECIPES[arm]}: rc={result.returncode} wall={result.wall_s:.0f}s "
+    name = name or arm
+    result = run_main_ppo(run_dir, [*cpu_platform_overrides(run_dir), *extra], env_extra=env, name=name,
+                          timeout_s=1500, launcher=["bash", str(REPO / "recipes" / f"{RECIPES[arm]}.sh")])
+    print(f"\n[e2e] recipe {RECIPES[arm]} ({name}): rc={result.returncode} wall={result.wall_s:.0f}s "
           f"peak_pss={result.peak_pss_gib:.2f}GiB")
     for step, data in sorted(result.by_step().items()):
-        print(f"[e2e] recipe {arm} step {step}: " + ", ".join(
+        print(f"[e2e] recipe {name} step {step}: " + ", ".join(
             f"{k}={data[k]:.4g}" for k in sorted(data) if k in ("timing_s/gen", "timing_s/step", VAL_KEY,
                                                                    "response_length/mean", "tailsieve/q", "tailsieve/m")))
     return result
@@ -70,7 +83,16 @@ def _launch(assets, recipe_data: Path, e2e_root: Path, arm: str) -> RunResult:
 
 @pytest.fixture(scope="session")
 def recipe_runs(assets, recipe_data, e2e_root) -> dict[str, RunResult]:
-    return {arm: _launch(assets, recipe_data, e2e_root, arm) for arm in RECIPES}
+    """Each arm's first launch (steps 1-2; the same-path arms checkpoint at step 2)."""
+    return {arm: _launch(assets, recipe_data, e2e_root, arm, extra=(f"trainer.save_freq={STEPS}",) if arm in SAME_PATH
+                         else ()) for arm in RECIPES}
+
+
+@pytest.fixture(scope="session")
+def resumed_runs(assets, recipe_data, e2e_root, recipe_runs) -> dict[str, RunResult]:
+    """The same-path arms launched again: resumed from global_step_2, step 3 opens the second epoch."""
+    return {arm: _launch(assets, recipe_data, e2e_root, arm, steps=RESUMED_STEPS, name=f"{arm}_resumed")
+            for arm in SAME_PATH}
 
 
 def _tail(result: RunResult, lines: int = 60) -> str:
@@ -118,3 +140,44 @@ def test_compare_shows_each_arms_validation_next_to_its_generation_time(recipe_r
         first_step, _, last_step, _ = run["validation"]["tailsieve_math/acc/mean@1"]
         assert (first_step, last_step) == (0, STEPS)
     (e2e_root / "recipes_compare.txt").write_text(table.stdout)
+
+
+def _trained_prompts(result: RunResult) -> dict[int, set[str]]:
+    return {step: {row["input"] for row in rows} for step, rows in result.rollouts().items()}
+
+
+def test_stock_and_same_path_arms_train_the_same_prompts_over_an_epoch_boundary_and_a_resume(recipe_runs,
+                                                                                             resumed_runs):
+    for arm in SAME_PATH:
+        assert resumed_runs[arm].returncode == 0, _tail(resumed_runs[arm])
+        assert sorted(s for s, d in resumed_runs[arm].by_step().items() if "timing_s/gen" in d) == [RESUMED_STEPS]
+    # both launches dump into the arm's one rollout folder: steps 1-2, then 3 after the resume
+    trained = {arm: _trained_prompts(resumed_runs[arm]) for arm in SAME_PATH}
+    for step in range(1, RESUMED_STEPS + 1):
+        print(f"[e2e] step {step} prompts: " + "; ".join(
+            f"{arm}: {sorted(p[:24] for p in trained[arm][step])}" for arm in SAME_PATH))
+    assert sorted(trained["verl"]) == list(range(1, RESUMED_STEPS + 1))
+    assert trained["uniform"] == trained["verl"]
+    first_epoch = trained["verl"][1] | trained["verl"][2]
+    assert len(first_epoch) == 2 * BATCH  # the epoch's last QUESTIONS - 2 * BATCH prompts were dropped
+
+
+def test_stock_and_same_path_checkpoints_hold_the_same_kinds_of_files(recipe_runs, resumed_runs):
+    def kinds(arm: str) -> set[str]:
+        folder = recipe_runs[arm].run_dir / "ckpt" / f"global_step_{STEPS}"
+        return {str(path.relative_to(folder)) for path in folder.rglob("*")}
+
+    stock, same_path = kinds("verl"), kinds("uniform")
+    print(f"[e2e] global_step_{STEPS}: stock {sorted(stock)}; same path {sorted(same_path)}")
+    assert same_path - stock == {"tailsieve.pt"} and stock <= same_path
+    assert not any("transfer_queue" in path for path in same_path)
+
+
+def test_stock_and_same_path_arms_measure_generation_on_the_same_poll(recipe_runs, resumed_runs):
+    """verl's sync replay buffer first checks at once, then every 2 s: no step's generation ends before
+    the second check. The same-path arm checks for the step's end on that poll too."""
+    for arm in SAME_PATH:
+        for result in (recipe_runs[arm], resumed_runs[arm]):
+            for step, data in sorted(result.by_step().items()):
+                if "timing_s/gen" in data:
+                    assert data["timing_s/gen"] >= STOCK_POLL_S, (arm, step, data["timing_s/gen"])
