@@ -42,6 +42,7 @@ from tailsieve_verl.rewards import (  # noqa: E402
     CODE_DATA_SOURCE,
     MATH_DATA_SOURCE,
     code_prompt,
+    judge_job,
     math_prompt,
 )
 
@@ -135,6 +136,10 @@ def code_record(row: dict, where: str, split: str, index: int) -> dict:
     entry_point = row.get("entry_point") or called_function(tests) or defined_function(row.get("code"))
     if not isinstance(entry_point, str) or not re.fullmatch(r"[A-Za-z_]\w*", entry_point):
         raise DataPrepError(f"{where}: cannot tell which function the tests call; add an 'entry_point' field")
+    try:  # a test the reward's judge cannot split would fail at the first reward call, not here
+        judge_job("", entry_point, [*setup, *tests])
+    except ValueError as error:
+        raise DataPrepError(f"{where}: {error}") from None
     ground_truth = json.dumps({"entry_point": entry_point, "tests": [*setup, *tests]})
     return {
         "data_source": CODE_DATA_SOURCE,

@@ -116,6 +116,8 @@ def test_code_humaneval_shape(tmp_path, run):
     ("math", {"answer": "4"}, "no question field"),
     ("code", {"text": "Write f.", "test_list": []}, "non-empty list of assert lines"),
     ("code", {"text": "Write f.", "test_list": ["assert f(1) == g(2)"]}, "add an 'entry_point' field"),
+    ("code", {"text": "Write f.", "test_list": ["assert all(f(x) == x for x in range(3))"], "entry_point": "f"},
+     "cannot be judged outside the candidate"),
 ])
 def test_bad_rows_give_one_clear_error(tmp_path, run, workload, row, message):
     src = write_jsonl(tmp_path / "bad.jsonl", [row])
