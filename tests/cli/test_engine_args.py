@@ -108,7 +108,8 @@ def test_speculation_policies_report_the_best_stock_configuration(tmp_path, caps
     assert report["speedup_vs_best_stock"]["tailsieve"] == pytest.approx(means[best] / means["tailsieve"])
     assert report["policies"]["verl-spec"]["choice"].startswith("k=")
     rec = report["recommendation"]
-    assert rec.startswith("recommendation: stock verl with MTP ") and "acceptance given by --spec-acceptance" in rec
+    assert rec.startswith("recommendation: stock verl with MTP ")
+    assert rec.endswith("; speculation's acceptance given by --spec-acceptance")
     assert "actor_rollout_ref.model.mtp.enable=true actor_rollout_ref.model.mtp.enable_rollout=true " \
            "actor_rollout_ref.model.mtp.num_speculative_tokens=" in rec
     if best == "verl-dynsd":
@@ -228,7 +229,7 @@ def test_no_speculation_is_recommended_on_the_assumed_acceptance(tmp_path, capsy
     assumed = json.loads(capsys.readouterr().out)
     assert assumed["policies"]["verl-spec"]["mean_makespan_s"] < assumed["policies"]["verl"]["mean_makespan_s"]
     rec = assumed["recommendation"]
-    assert rec.startswith("recommendation: stay with stock verl") and "MTP k=" not in rec
+    assert rec.startswith("recommendation: stay with stock verl") and "mtp" not in rec
     assert rec.endswith("speculation not recommended: its acceptance is assumed (0.85,0.8,0.75 per draft position, "
                         "public MTP figures not measured at your temperature; verl's MTP guide measured rollout "
                         "throughput -50 % with MTP); measure it with `tailsieve calibrate --temperature T` on a "
@@ -240,7 +241,7 @@ def test_no_speculation_is_recommended_on_the_assumed_acceptance(tmp_path, capsy
     assert measured["speculation"]["acceptance_source"] == f"measured by tailsieve calibrate at T=1 ({path}, k=3)"
     rec = measured["recommendation"]
     assert rec.startswith("recommendation: stock verl with MTP k=")
-    assert f"acceptance measured by tailsieve calibrate at T=1 ({path}, k=3)" in rec and "not recommended" not in rec
+    assert rec.endswith(f"; speculation's acceptance measured by tailsieve calibrate at T=1 ({path}, k=3)")
 
 
 @pytest.mark.parametrize("content, needle", [
