@@ -185,6 +185,13 @@ def from_simulation(result, perf_spec: str) -> str:
         noises = [x for x in (two_standard_errors((stock - r.makespans) / stock.mean()), redraw) if x]
         candidates.append(Candidate(label, stock_run.mean_makespan_s / r.mean_makespan_s, max(noises, default=None),
                                     overrides, identical=never_left_stock(r, stock_run)))
+    if pools or set(result.policies) & set(LAUNCH_SPEC_POLICIES):  # the line says where the acceptance came from
+        from .engine_args import acceptance_source, assumed_acceptance_refusal
+        source = acceptance_source(cfg.speculation)
+        if source is None:  # no speculation advice on an assumed acceptance
+            candidates = [c for c in candidates if "actor_rollout_ref.model.mtp.enable=true" not in c.overrides]
+        return f"{recommendation(candidates)}; " + (f"speculation's acceptance {source}" if source
+                                                     else assumed_acceptance_refusal())
     return recommendation(candidates)
 
 
