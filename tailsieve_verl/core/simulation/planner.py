@@ -23,7 +23,7 @@ the split; the split is scored again on as many other seeds (``seeds`` .. 2 × `
 the pinned split only), the out-of-sample score a recommendation quotes. Where a split pays only a few
 per cent the adaptive controller cannot resolve it from 30 noisy steps; a split planned this way
 reaches 0.94–1.00 of the best on weak and real tails; on strong tails 4 of 10 picks isolate and
-lose 3.4 % against stock verl (``scripts/results/controller_vs_stock_verl/controller_v2_log.md``, sessions 8 and 9).
+lose 3.4 % against stock verl (``scripts/results/controller_vs_stock_verl/controller_v2_log.md``).
 
 With speculation (``speculation``: the engine's acceptance and draft cost) it also chooses the engines
 (:func:`plan_engines`): the same seeds run every stock configuration (:data:`core.simulation.sim.STOCK_POLICIES`)
