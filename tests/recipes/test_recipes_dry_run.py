@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -21,6 +22,13 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 RECIPES = sorted(p for p in (ROOT / "recipes").glob("*.sh") if p.name != "common.sh")
 DRAFT = "/models/qwen3-dflash-drafter"
+MODELS = ("qwen3_5-2b", "qwen3-4b", "qwen3-8b", "qwen3-30b-a3b", "qwen3_5-35b-a3b")
+# the controller's perf model of each recipe: the model's own rows of a bundled H200 table, or, for a
+# model no table measures, the nearest rows, which the recipe's header says it borrows
+OWN_TABLE = {"qwen3-4b": "table:h200-dense:qwen3-4b", "qwen3-8b": "table:h200-dense:qwen3-8b",
+             "qwen3-30b-a3b": "table:h200-moe:qwen3-30b-a3b"}
+BORROWED_TABLE = {"qwen3_5-2b": "table:h200-dense:qwen3-1.7b", "qwen3_5-35b-a3b": "table:h200-moe:qwen3-30b-a3b"}
+PLANS = ROOT / "scripts" / "results" / "recipes"
 
 
 def recipe_env(**extra: str) -> dict[str, str]:
@@ -41,15 +49,48 @@ def recipe_args(recipe: Path, **env: str) -> list[str]:
     return cmd[3:]
 
 
+def model_and_kind(recipe: Path) -> tuple[str, str]:
+    model = next(m for m in sorted(MODELS, key=len, reverse=True) if recipe.stem.startswith(m + "_"))
+    return model, recipe.stem.removeprefix(model + "_")
+
+
+def header(recipe: Path) -> str:
+    """The recipe's opening comment, its lines joined."""
+    lines = recipe.read_text().splitlines()[1:]
+    return " ".join(line.removeprefix("#").strip() for line in lines[:next(i for i, s in enumerate(lines)
+                                                                               if not s.startswith("#"))])
+
+
 def test_recipe_set_covers_the_issue():
     names = {p.stem for p in RECIPES}
-    for model in ("qwen3_5-2b", "qwen3-4b", "qwen3-8b", "qwen3-30b-a3b", "qwen3_5-35b-a3b"):
-        for v in ("verl", "uniform", "tailsieve", "tailsieve_fixed"):
+    for model in MODELS:
+        for v in ("verl", "uniform", "tailsieve"):
             assert f"{model}_{v}" in names
     for model in ("qwen3_5-2b", "qwen3_5-35b-a3b"):
         assert {f"{model}_verl_mtp", f"{model}_verl_dynsd", f"{model}_uniform_mtp", f"{model}_tailsieve_mtp"} <= names
     for model in ("qwen3-4b", "qwen3-8b", "qwen3-30b-a3b"):
         assert f"{model}_tailsieve_dflash" in names
+
+
+@pytest.mark.parametrize("recipe", RECIPES, ids=[p.stem for p in RECIPES])
+def test_every_recipe_names_its_stock_baseline(recipe):
+    """Stock verl is every A/B's baseline: each recipe's header names the stock recipe it compares with
+    (the MTP variants: stock verl with MTP on every replica), which exists and runs verl's own trainer; the
+    same-path control says what it is."""
+    model, kind = model_and_kind(recipe)
+    text = header(recipe)
+    assert "uniform twin" not in text and "uniform group routing" not in text
+    if kind == "verl":
+        assert "stock verl, the A/B baseline" in text and "Compare with" not in text
+        return
+    line = next(line for line in recipe.read_text().splitlines() if line.startswith("# Compare with the stock-verl baseline: "))
+    baseline = ROOT / line.split(": ", 1)[1].split()[0]
+    wanted = "verl_mtp" if kind in ("tailsieve_mtp", "uniform_mtp") else "verl"
+    assert baseline == ROOT / "recipes" / f"{model}_{wanted}.sh" and baseline.exists()
+    assert "stock_verl\n" in baseline.read_text() or "stock_verl_mtp\n" in baseline.read_text()
+    if kind == "uniform":
+        assert "stock verl's per-sample least-loaded routing run through the plugin's code path" in text
+        assert "(+tailsieve.enable=false, (q, m) = (0, 0))" in text and "isolates the plugin's overhead" in text
 
 
 @pytest.fixture(scope="module")
@@ -102,11 +143,17 @@ def test_every_recipe_dry_runs(recipe, dry_run):
     else:
         assert tailsieve.active and tailsieve.tail_replicas >= 0  # 0: adaptive from one shared pool
         assert [p.pool for p in plans] == ["tail"] * tailsieve.tail_replicas + ["bulk"] * (len(plans) - tailsieve.tail_replicas)
-    if kind == "tailsieve":
-        assert tailsieve.mode == "adaptive"
-    if kind == "tailsieve_fixed":
-        assert tailsieve.mode == "fixed" and tailsieve.tail_replicas == len(plans) // 2
-    if kind in ("verl", "uniform", "tailsieve", "tailsieve_fixed"):
+        # the controller simulates this model's own table rows, or the nearest ones the header says it borrows
+        model = model_and_kind(recipe)[0]
+        if model in OWN_TABLE:
+            assert tailsieve.perf_model == OWN_TABLE[model]
+            assert f"perf model: {OWN_TABLE[model]}, this model's own rows" in header(recipe)
+        else:
+            assert tailsieve.perf_model == BORROWED_TABLE[model]
+            assert f"perf model: {BORROWED_TABLE[model]}, borrowed:" in header(recipe)
+    if kind == "tailsieve":  # adaptive from one shared pool, where every measured result starts
+        assert tailsieve.mode == "adaptive" and (tailsieve.q0, tailsieve.tail_replicas) == (0, 0)
+    if kind in ("verl", "uniform", "tailsieve"):
         assert all(p[1:] == (False, None, None) for p in plan_summary(plans))
     if kind in ("uniform_mtp", "verl_mtp"):
         assert all(p[1:] == (True, bulk_depth, None) for p in plan_summary(plans))
@@ -129,6 +176,29 @@ def test_every_recipe_dry_runs(recipe, dry_run):
                 assert spec == {"method": "dflash", "model": DRAFT, "num_speculative_tokens": 8}
             else:
                 assert spec is None
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_a_split_is_pinned_only_where_the_recipes_plan_picks_one(model, dry_run):
+    """Each model's committed `tailsieve plan` (scripts/results/recipes/, its command on the first line)
+    plans the recipes' own shape: B, n, replicas, response cap and the controller's perf table. A fixed
+    recipe pins exactly the split that plan picks; where it picks one shared pool there is none."""
+    plan = (PLANS / f"{model}_tailsieve_fixed_plan.txt").read_text().splitlines()
+    flags = dict(zip(*[iter(shlex.split(plan[0])[2:])] * 2))
+    config, tailsieve, plans = dry_run(recipe_args(ROOT / "recipes" / f"{model}_tailsieve.sh"))
+    assert plan[0].startswith("tailsieve plan --workload ")
+    assert (int(flags["--batch"]), int(flags["--n"]), int(flags["--replicas"]), int(flags["--max-response-length"])) \
+        == (config.data.train_batch_size, config.actor_rollout_ref.rollout.n, len(plans), config.data.max_response_length)
+    assert flags["--perf-model"] == tailsieve.perf_model
+    pick = next(line for line in plan if line.startswith("best fixed split: "))
+    fixed = ROOT / "recipes" / f"{model}_tailsieve_fixed.sh"
+    if pick.startswith("best fixed split: one shared pool"):
+        assert not fixed.exists()
+        return
+    q, m = (int(x) for x in re.match(r"best fixed split: q=(\d+), m=(\d+),", pick).groups())
+    _, pinned, _ = dry_run(recipe_args(fixed))
+    assert (pinned.mode, pinned.q0, pinned.tail_replicas) == ("fixed", q, m)
+    assert pinned.controller_config().inner_loop is False
 
 
 def test_sampling_is_shared_per_workload(dry_run):
@@ -203,8 +273,11 @@ def test_shipped_config_name_form_and_bad_overrides(dry_run):
     base = ["actor_rollout_ref.model.path=/models/any", "actor_rollout_ref.rollout.name=vllm",
             "algorithm.adv_estimator=grpo", "actor_rollout_ref.actor.use_dynamic_bsz=True",
             "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=True"]
-    config, tailsieve, plans = dry_run(["--config-path=pkg://tailsieve_verl.config", "--config-name",
-                                        "tailsieve_trainer", *base, "tailsieve.q0=4"])
+    shipped = ["--config-path=pkg://tailsieve_verl.config", "--config-name", "tailsieve_trainer", *base]
+    _, tailsieve, plans = dry_run(shipped)  # starts at one shared pool, where every measured result starts
+    assert tailsieve.active and tailsieve.mode == "adaptive" and (tailsieve.q0, tailsieve.tail_replicas) == (0, 0)
+    assert {p.pool for p in plans} == {"bulk"}
+    config, tailsieve, plans = dry_run([*shipped, "tailsieve.q0=4", "tailsieve.tail_replicas=1"])
     assert config.trainer.v1.trainer_mode == "tailsieve" and tailsieve.q0 == 4 and tailsieve.active
     assert config.actor_rollout_ref.rollout.router_config_path.endswith("router.yaml")
     assert config.actor_rollout_ref.rollout.custom.tailsieve.q0 == 4
