@@ -169,6 +169,23 @@ def mtp_tailsieve_vs_best_stock() -> str:
     return _span(split + one, digits=2)
 
 
+@cache
+def breakeven() -> list[dict]:
+    """Per rollout step (``scripts/experiments/spec_breakeven.py``): where speculation on every replica pays."""
+    return json.loads((RESULTS / "speculation" / "breakeven.json").read_text(encoding="utf-8"))["per_rollout_step"]
+
+
+def spec_breakeven_acceptance() -> str:
+    """The flat per-position acceptance at which k = 3 with MTP's draft cost breaks even, over the cells."""
+    return _span([r["break_even_acceptance_mtp_draft"] for r in breakeven()
+                  if r["k"] == 3 and "break_even_acceptance_mtp_draft" in r], digits=2)
+
+
+def spec_breakeven_overhead() -> str:
+    """The extra cost per draft token (decode steps) at which the assumed acceptance stops paying."""
+    return _span([r["assumed_break_even_overhead"] for r in breakeven() if "assumed_break_even_overhead" in r], digits=2)
+
+
 # --- the tail presets, from the workload model itself ---
 
 def _preset_ratios() -> dict[str, object]:
@@ -256,6 +273,8 @@ RENDERERS = {
     "real-tails-dapo": real_tails_dapo,
     "mtp-stock-gain": mtp_stock_gain,
     "mtp-tailsieve-vs-best-stock": mtp_tailsieve_vs_best_stock,
+    "spec-breakeven-acceptance": spec_breakeven_acceptance,
+    "spec-breakeven-overhead": spec_breakeven_overhead,
     "presets": presets_table,
     "preset-weak": lambda: preset_ratio("weak"),
     "preset-real": lambda: preset_ratio("real"),
