@@ -74,7 +74,9 @@ def test_plan_cli(tmp_path, capsys):
     assert out.startswith("assumed: B=16 (--batch), n=4 (the trace's median samples per group), R=4 (--replicas), "
                           "response cap ")
     assert "engine: verl 0.9.1's rollout defaults for qwen3-1.7b on one H200 (--engine-defaults auto)" in out
-    assert report["assumed"]["engine_defaults"] == "qwen3-1.7b" and report["lengths"]["closest_preset"] == "strong"
+    assert report["assumed"]["engine_defaults"] == "qwen3-1.7b"
+    # 256 draws of the strong preset: a P90/P50 of 4.09, nearer real's 3.6 than strong's 6.0 in log space
+    assert report["lengths"]["p90_p50"] == pytest.approx(4.09, abs=0.01) and report["lengths"]["closest_preset"] == "real"
 
 
 def test_plan_takes_the_batch_from_one_logged_step_and_says_what_it_assumed(tmp_path, capsys):
@@ -117,7 +119,9 @@ def test_plan_cli_chooses_the_engines_with_speculation(capsys):
 
     assert plan_cli.run(_parse(plan_cli, PLAN_SPEC)) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[0].startswith("trace preset:real: 96 prompt groups")
+    assert out[0].startswith("assumed: B=16 (--batch), n=4 (--n), R=4 (--replicas), response cap 16384 (the preset's)")
+    assert out[1].startswith("response lengths: P90/P50 ") and out[2].startswith("presets (P90/P50, mean/P50, ")
+    assert out[3].startswith("trace preset:real: 96 prompt groups")
     assert any(line.startswith("best stock configuration: verl-spec (k=6), ") for line in out)
     assert any(line.startswith("choice: fall back to the best stock configuration, verl-spec (k=6)") for line in out)
     assert out[-1].endswith(stock_mtp)
