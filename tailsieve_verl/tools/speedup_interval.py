@@ -17,14 +17,17 @@ import numpy as np
 FASTER, SLOWER, NOT_RESOLVED = "faster", "slower", "not resolved"
 RESAMPLES = 9999
 SEED = 0
+# Below this many paired steps a bootstrap interval covers far less than its nominal level (two steps
+# have three distinct resamples): the interval is shown, but no verdict is drawn from it.
+MIN_VERDICT_STEPS = 10
 
 
 @dataclass(frozen=True)
 class SpeedupInterval:
     """R = mean(baseline)/mean(run) with its ``confidence`` interval [low, high] over ``steps`` paired steps.
 
-    ``verdict`` is "faster" when the whole interval lies above 1, "slower" when below, else "not
-    resolved". ``steps_needed`` is how many paired steps would make the interval exclude 1, if the
+    ``verdict`` is "faster" when the whole interval lies above 1, "slower" when below, else (and
+    always below ``MIN_VERDICT_STEPS`` paired steps) "not resolved". ``steps_needed`` is how many paired steps would make the interval exclude 1, if the
     ratio and the per-step spread stayed as observed: the interval narrows as 1/sqrt(n), so with h
     its half-width on the side facing 1 (R - low when R > 1, high - R when R < 1),
 
@@ -70,8 +73,10 @@ def paired_speedup(baseline: np.ndarray, run: np.ndarray, confidence: float = 0.
     if n < 2:
         return SpeedupInterval(ratio, math.nan, math.nan, confidence, n, NOT_RESOLVED, None)
     low, high = _bootstrap(baseline, run, confidence)
-    verdict = FASTER if low > 1 else SLOWER if high < 1 else NOT_RESOLVED
-    return SpeedupInterval(ratio, low, high, confidence, n, verdict, _steps_needed(ratio, low, high, n))
+    verdict = NOT_RESOLVED if n < MIN_VERDICT_STEPS else FASTER if low > 1 else SLOWER if high < 1 else NOT_RESOLVED
+    needed = _steps_needed(ratio, low, high, n)
+    return SpeedupInterval(ratio, low, high, confidence, n, verdict,
+                           None if needed is None else max(needed, MIN_VERDICT_STEPS))
 
 
 def _bootstrap(baseline: np.ndarray, run: np.ndarray, confidence: float) -> tuple[float, float]:

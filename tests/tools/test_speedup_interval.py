@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 
-from tailsieve_verl.tools.speedup_interval import FASTER, NOT_RESOLVED, SLOWER, paired_speedup
+from tailsieve_verl.tools.speedup_interval import MIN_VERDICT_STEPS, FASTER, NOT_RESOLVED, SLOWER, paired_speedup
 
 TRUE_SPEEDUP = 1.05
 
@@ -67,8 +67,11 @@ def test_pairing_removes_the_drift_both_runs_share():
 
 
 def test_degenerate_and_short_inputs():
-    constant = paired_speedup(np.full(5, 10.0), np.full(5, 8.0))
+    constant = paired_speedup(np.full(12, 10.0), np.full(12, 8.0))
     assert (constant.ratio, constant.low, constant.high, constant.verdict) == (1.25, 1.25, 1.25, FASTER)
+    # two steps, both far faster: the interval excludes 1, but two steps resolve nothing
+    two = paired_speedup(np.array([140.0, 146.0]), np.array([76.0, 74.0]))
+    assert two.low > 1 and two.verdict == NOT_RESOLVED and two.steps_needed == MIN_VERDICT_STEPS
     one = paired_speedup(np.array([10.0, math.nan]), np.array([8.0, 9.0]))
     assert one.steps == 1 and one.ratio == 1.25 and math.isnan(one.low) and one.verdict == NOT_RESOLVED
     assert one.to_json()["low"] is None and one.more_steps is None
