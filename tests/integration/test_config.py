@@ -88,6 +88,8 @@ def test_uniform_mode_is_the_zero_boundary():
     (["trainer.use_v1=false"], "legacy RayPPOTrainer"),
     (["trainer.v1.trainer_mode=sync"], "set trainer.v1.trainer_mode=tailsieve"),
     (["+tailsieve.typo=1"], "unknown setting(s) tailsieve.typo"),
+    (["skip.rollout_tq.enable=true"], "skip.rollout_tq.enable=true would be ignored"),
+    (["+tailsieve.step_end_poll_s=0"], "tailsieve.step_end_poll_s must be a number > 0"),
     (["+tailsieve.controller.q_gain=3"], "q_gain must be in (0, 1]"),
     (["+tailsieve.controller.q_init=3"], "reserved"),
     (["trainer.n_gpus_per_node=1"], "at least 2 rollout replicas"),

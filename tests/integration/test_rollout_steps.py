@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
@@ -149,13 +150,17 @@ def test_carried_groups_are_regenerated_and_survive_checkpoint_resume(harness_fa
     carried_prompts = {row["extra_info"][0]["prompt_id"] for row in carried_rows.values()}
     assert len(carried_prompts) == 4 and not carried_prompts & set(consumed)
     record = h.trainer.cycle.record.state_dict()
+    drawn = [row["extra_info"][0]["prompt_id"] for row in h.trainer.drawn_rows]  # the loader's next prompts
     h.trainer._save_checkpoint()
+    folder = Path(h.trainer.config.trainer.default_local_dir) / "global_step_3"
+    assert (folder / "tailsieve.pt").exists() and not (folder / "transfer_queue").exists()  # as stock sync saves
     h.close()
 
     resumed = harness_factory(overrides)  # resume_mode=auto finds global_step_3
     assert resumed.trainer.global_steps == 3
     assert set(resumed.trainer.carried_rows) == set(carried_rows)
     assert resumed.trainer.cycle.record.state_dict() == record  # the per-prompt length record came back too
+    assert [row["extra_info"][0]["prompt_id"] for row in resumed.trainer.drawn_rows] == drawn
     result = resumed.step()
     _check_whole_batch(result)
     outcome, m = result["outcome"], result["metrics"]
@@ -166,6 +171,8 @@ def test_carried_groups_are_regenerated_and_survive_checkpoint_resume(harness_fa
     assert m["tailsieve/carried_groups"] + m["tailsieve/record_tail_groups"] == 2
     after = set(result["prompt_ids"])
     assert not (after - carried_prompts) & set(consumed)  # and nothing consumed twice
+    carried_after = {row["extra_info"][0]["prompt_id"] for row in resumed.trainer.carried_rows.values()}
+    assert set(drawn) <= after | carried_after  # the drawn prompts went first after the resume
 
 
 def test_replica_failure_mid_step_redispatches_its_groups(harness_factory, tmp_path):
