@@ -1,7 +1,7 @@
 """A soak on verl's real rollout path with simulated replicas: 200 steps in four runs of 50, each
 resumed from the previous run's checkpoint with every replica back (a restart), under random (q, m)
 moves, two bulk-replica kills mid-step at random steps of each run, and two prompts the engine refuses
-(longer than max_model_len, skipped under on_refused_request=skip). Every step must consume exactly B
+(longer than the engine accepts, skipped under on_refused_request=skip). Every step must consume exactly B
 whole groups generated in that step, within a bound even when a replica dies in it; across the 200
 steps no prompt fetch is lost, trained twice, or carried for more than one step, restarts included.
 
@@ -23,7 +23,7 @@ B, N, R = 8, 2, 4
 RUNS, STEPS_PER_RUN, KILLS_PER_RUN = 4, 50, 2
 STEPS = RUNS * STEPS_PER_RUN
 FAULT_STEP_BOUND_S = 60.0  # a step in which a replica dies (its groups re-dispatched), and the step after
-REFUSED = {"p5", "p50"}  # ~50 prompt tokens under max_model_len 40; the others (~27 tokens) fit
+REFUSED = {"p5", "p50"}  # ~50 prompt tokens, over the engine's limit of 40; the others (~27 tokens) fit
 
 
 def _soak_data(root):
@@ -57,7 +57,7 @@ def _kill_when_busy(replica, deadline_s: float = 20.0) -> threading.Thread:
 
 def test_two_hundred_steps_of_random_moves_kills_restarts_and_refusals_lose_repeat_and_defer_nothing(
         harness_factory, tmp_path):
-    overrides = [f"data.train_files={_soak_data(tmp_path)}", "actor_rollout_ref.rollout.max_model_len=40",
+    overrides = [f"data.train_files={_soak_data(tmp_path)}", "+tailsieve.sim.max_prompt_tokens=40",
                  "+tailsieve.on_refused_request=skip", "+tailsieve.mode=fixed", "+tailsieve.q0=2",
                  "+tailsieve.tail_replicas=1", "tailsieve.sim.time_scale=5", f"trainer.default_local_dir={tmp_path}"]
     rng = np.random.default_rng(7)
