@@ -467,9 +467,10 @@ def _refuse_ignored_settings(cfg: TailSieveConfig, rollout_name: str) -> None:
     """A setting the TailSieve trainer would not act on in this configuration stops the launch."""
     if not cfg.active:
         defaults = TailSieveConfig()
+        runs_anyway = {"tail_replicas": (defaults.tail_replicas, 0)}  # 0: one shared pool, as this arm runs
         ignored = [f"tailsieve.{name}" for name in ("q0", "tail_replicas", "controller", "tail", "bulk",
                                                     "record_replaces_aborts")
-                   if getattr(cfg, name) != getattr(defaults, name)]
+                   if getattr(cfg, name) not in runs_anyway.get(name, (getattr(defaults, name),))]
         if not cfg.enable and cfg.mode == "fixed":
             ignored.append("tailsieve.mode=fixed")
         if ignored:

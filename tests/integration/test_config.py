@@ -31,6 +31,9 @@ def test_the_shipped_config_starts_at_one_shared_pool_where_the_measured_results
         settings = validate_verl_config(compose("tailsieve_trainer", overrides=BASE))
     assert settings.active and (settings.q0, settings.tail_replicas) == (0, 0)
     assert settings.controller_config().plan_probe
+    with initialize_config_module("tailsieve_verl.config", version_base=None):  # and its same-path arm launches
+        same_path = validate_verl_config(compose("tailsieve_trainer", overrides=[*BASE, "tailsieve.enable=false"]))
+    assert not same_path.active and (same_path.initial_q, same_path.initial_m) == (0, 0)
 
 
 def stock(overrides: list[str]):
