@@ -12,9 +12,9 @@ Only what a recipe documents as swappable is swapped, through the recipe's envir
 appended as the recipes' extra Hydra overrides. Each arm validates before training and at its last
 step with the math workload's stop strings (``<END>``), through the same agent-loop wrapper.
 
-The stock and same-path arms differ in routing only: each runs 2 steps with a checkpoint at step 2,
-then the same script again resumes from it into step 3, the first step of the second epoch (20
-prompts, B = 8: verl's loader drops each epoch's last 4). Both arms must train the same prompts at
+The stock and same-path arms differ in routing only: the stock arm runs 3 steps, the same-path arm 2
+with a checkpoint at step 2, then the same script again resumes from it into step 3, the first step
+of the second epoch (20 prompts, B = 8: verl's loader drops each epoch's last 4). Both arms must train the same prompts at
 every step (their rollout dumps), write checkpoints of the same kinds (TailSieve adds only
 ``tailsieve.pt``) and measure generation on the same poll (``timing_s/gen`` of at least one poll).
 
@@ -40,6 +40,7 @@ VAL_KEY = "val-core/tailsieve_math/acc/mean@1"
 QUESTIONS = 20  # train prompts: 2 steps an epoch, the last 4 dropped
 HELD_OUT = 8
 SAME_PATH = ("verl", "uniform")  # the arms that must train the same prompts at every step
+LAST_STEP = {"verl": RESUMED_STEPS, "uniform": STEPS, "tailsieve": STEPS}  # each arm's first launch
 STOCK_POLL_S = 2.0  # verl 0.9.1's sync replay buffer checks for finished groups this often
 
 
@@ -83,16 +84,16 @@ def _launch(assets, recipe_data: Path, e2e_root: Path, arm: str, steps: int = ST
 
 @pytest.fixture(scope="session")
 def recipe_runs(assets, recipe_data, e2e_root) -> dict[str, RunResult]:
-    """Each arm's first launch (steps 1-2; the same-path arms checkpoint at step 2)."""
-    return {arm: _launch(assets, recipe_data, e2e_root, arm, extra=(f"trainer.save_freq={STEPS}",) if arm in SAME_PATH
-                         else ()) for arm in RECIPES}
+    """Each arm's first launch (the stock and same-path arms checkpoint at step 2)."""
+    return {arm: _launch(assets, recipe_data, e2e_root, arm, steps=LAST_STEP[arm],
+                         extra=(f"trainer.save_freq={STEPS}",) if arm in SAME_PATH else ()) for arm in RECIPES}
 
 
 @pytest.fixture(scope="session")
-def resumed_runs(assets, recipe_data, e2e_root, recipe_runs) -> dict[str, RunResult]:
-    """The same-path arms launched again: resumed from global_step_2, step 3 opens the second epoch."""
-    return {arm: _launch(assets, recipe_data, e2e_root, arm, steps=RESUMED_STEPS, name=f"{arm}_resumed")
-            for arm in SAME_PATH}
+def resumed_run(assets, recipe_data, e2e_root, recipe_runs) -> RunResult:
+    """The same-path arm launched again: resumed from global_step_2, step 3 opens the second epoch (stock
+    verl's own resume is verl's; the stock arm runs its 3 steps in one launch)."""
+    return _launch(assets, recipe_data, e2e_root, "uniform", steps=RESUMED_STEPS, name="uniform_resumed")
 
 
 def _tail(result: RunResult, lines: int = 60) -> str:
@@ -103,10 +104,10 @@ def _tail(result: RunResult, lines: int = 60) -> str:
 def test_each_recipe_trains_and_validates_through_its_own_script(recipe_runs, arm):
     result = recipe_runs[arm]
     assert result.returncode == 0, _tail(result)
-    steps = result.by_step()
-    assert [s for s in sorted(steps) if "timing_s/gen" in steps[s]] == list(range(1, STEPS + 1)), _tail(result)
+    steps, last = result.by_step(), LAST_STEP[arm]
+    assert [s for s in sorted(steps) if "timing_s/gen" in steps[s]] == list(range(1, last + 1)), _tail(result)
     # validation before training (step 0) and at the last step, scored by the recipes' reward
-    assert [s for s in sorted(steps) if VAL_KEY in steps[s]] == [0, STEPS], sorted(steps)
+    assert [s for s in sorted(steps) if VAL_KEY in steps[s]] == [0, last], sorted(steps)
     # every step trained exactly B prompt groups x n samples (verl's rollout dump)
     for step, rows in sorted(result.rollouts().items()):
         prompts = {row["input"] for row in rows}
@@ -138,7 +139,7 @@ def test_compare_shows_each_arms_validation_next_to_its_generation_time(recipe_r
     for run in report["runs"]:
         assert run["gen_s"] > 0
         first_step, _, last_step, _ = run["validation"]["tailsieve_math/acc/mean@1"]
-        assert (first_step, last_step) == (0, STEPS)
+        assert (first_step, last_step) == (0, LAST_STEP[run["name"]])
     (e2e_root / "recipes_compare.txt").write_text(table.stdout)
 
 
@@ -147,12 +148,11 @@ def _trained_prompts(result: RunResult) -> dict[int, set[str]]:
 
 
 def test_stock_and_same_path_arms_train_the_same_prompts_over_an_epoch_boundary_and_a_resume(recipe_runs,
-                                                                                             resumed_runs):
-    for arm in SAME_PATH:
-        assert resumed_runs[arm].returncode == 0, _tail(resumed_runs[arm])
-        assert sorted(s for s, d in resumed_runs[arm].by_step().items() if "timing_s/gen" in d) == [RESUMED_STEPS]
-    # both launches dump into the arm's one rollout folder: steps 1-2, then 3 after the resume
-    trained = {arm: _trained_prompts(resumed_runs[arm]) for arm in SAME_PATH}
+                                                                                             resumed_run):
+    assert resumed_run.returncode == 0, _tail(resumed_run)
+    assert sorted(s for s, d in resumed_run.by_step().items() if "timing_s/gen" in d) == [RESUMED_STEPS]
+    # both same-path launches dump into its one rollout folder: steps 1-2, then 3 after the resume
+    trained = {"verl": _trained_prompts(recipe_runs["verl"]), "uniform": _trained_prompts(resumed_run)}
     for step in range(1, RESUMED_STEPS + 1):
         print(f"[e2e] step {step} prompts: " + "; ".join(
             f"{arm}: {sorted(p[:24] for p in trained[arm][step])}" for arm in SAME_PATH))
@@ -162,7 +162,7 @@ def test_stock_and_same_path_arms_train_the_same_prompts_over_an_epoch_boundary_
     assert len(first_epoch) == 2 * BATCH  # the epoch's last QUESTIONS - 2 * BATCH prompts were dropped
 
 
-def test_stock_and_same_path_checkpoints_hold_the_same_kinds_of_files(recipe_runs, resumed_runs):
+def test_stock_and_same_path_checkpoints_hold_the_same_kinds_of_files(recipe_runs):
     def kinds(arm: str) -> set[str]:
         folder = recipe_runs[arm].run_dir / "ckpt" / f"global_step_{STEPS}"
         return {str(path.relative_to(folder)) for path in folder.rglob("*")}
@@ -173,11 +173,11 @@ def test_stock_and_same_path_checkpoints_hold_the_same_kinds_of_files(recipe_run
     assert not any("transfer_queue" in path for path in same_path)
 
 
-def test_stock_and_same_path_arms_measure_generation_on_the_same_poll(recipe_runs, resumed_runs):
+def test_stock_and_same_path_arms_measure_generation_on_the_same_poll(recipe_runs, resumed_run):
     """verl's sync replay buffer first checks at once, then every 2 s: no step's generation ends before
     the second check. The same-path arm checks for the step's end on that poll too."""
-    for arm in SAME_PATH:
-        for result in (recipe_runs[arm], resumed_runs[arm]):
-            for step, data in sorted(result.by_step().items()):
-                if "timing_s/gen" in data:
-                    assert data["timing_s/gen"] >= STOCK_POLL_S, (arm, step, data["timing_s/gen"])
+    for name, result in (("verl", recipe_runs["verl"]), ("uniform", recipe_runs["uniform"]),
+                         ("uniform_resumed", resumed_run)):
+        for step, data in sorted(result.by_step().items()):
+            if "timing_s/gen" in data:
+                assert data["timing_s/gen"] >= STOCK_POLL_S, (name, step, data["timing_s/gen"])
