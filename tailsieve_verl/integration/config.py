@@ -279,6 +279,8 @@ def _check_types(cfg: TailSieveConfig) -> None:
             _check_schedule(pool_cfg, f"tailsieve.{pool}")
     _check_positive(cfg.sim.time_scale, "tailsieve.sim.time_scale")
     _check_positive(cfg.sim.mean_response_len, "tailsieve.sim.mean_response_len")
+    if cfg.sim.max_prompt_tokens is not None:
+        _check_int(cfg.sim.max_prompt_tokens, "tailsieve.sim.max_prompt_tokens", 1)
     for name in ("prompt_sigma", "sample_sigma"):
         value = getattr(cfg.sim, name)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:

@@ -219,6 +219,8 @@ def test_the_policies_are_validated_with_the_other_settings():
         parse_tailsieve_section({"on_checkpoint_mismatch": "fresh"})
     with pytest.raises(TailSieveConfigError, match="tailsieve.on_refused_request must be one of stop, skip"):
         parse_tailsieve_section({"on_refused_request": "ignore"})
+    with pytest.raises(TailSieveConfigError, match="tailsieve.sim.max_prompt_tokens must be an integer >= 1"):
+        parse_tailsieve_section({"sim": {"max_prompt_tokens": 0}})
 
 
 def test_a_checkpoint_without_tailsieve_state_restores_nothing(tmp_path):
