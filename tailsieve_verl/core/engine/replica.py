@@ -249,6 +249,44 @@ def makespan_below(groups: Sequence[Group], sample_replica: Sequence[int], n_rep
     return makespan
 
 
+class PriorityOrder(NamedTuple):
+    """A step's routed samples in the arrival order of priority scheduling (:func:`priority_admission_order`)."""
+
+    groups: list[Group]  # the groups, highest priority first (ties: submission order)
+    sample_replica: np.ndarray  # each sample's replica, flat in the new group-major order (routing unchanged)
+    group_order: np.ndarray  # group_order[j]: the submission index of new group j (maps results back)
+
+
+def priority_admission_order(groups: Sequence[Group], sample_replica: Sequence[int],
+                             priority: Sequence[float]) -> PriorityOrder:
+    """What :func:`evaluate_samples` should see for vLLM's ``scheduling_policy="priority"`` when
+    ``priority[i]`` ranks group i (larger = admitted first, e.g. a predicted length: longest first).
+
+    vLLM's priority queue pops the smallest (priority, arrival) and, short of KV blocks, preempts the
+    running request with the largest; a preempted request re-enters the heap at its own key. In a
+    synchronous step every request is queued before the first schedule, so every running request's key
+    stays below every waiting one's (the most recently admitted holds the largest): exactly the
+    FCFS engine model (:mod:`core.engine.scheduler`: admit in input order, preempt the most recently
+    admitted, re-queue it at the front) fed each replica's requests in key order. Sorting the groups
+    (stably, by decreasing priority) gives every replica that order, with the samples of a group (equal
+    keys) by submission order as vLLM's arrival time breaks the tie. The replica of every sample stays
+    what the router chose in submission order: priority does not change routing."""
+    sample_replica = np.asarray(sample_replica, dtype=np.int64)
+    priority = np.asarray(priority, dtype=float)
+    if priority.shape != (len(groups),):
+        raise ValueError(f"priority needs one value per group ({len(groups)}), got shape {priority.shape}")
+    if np.isnan(priority).any():
+        raise ValueError("priority must not be NaN")
+    sizes = np.fromiter((g.n for g in groups), dtype=np.int64, count=len(groups))
+    if len(sample_replica) != int(sizes.sum()):
+        raise ValueError(f"sample assignment has {len(sample_replica)} entries for {int(sizes.sum())} samples")
+    order = np.argsort(-priority, kind="stable")
+    starts = np.concatenate([[0], np.cumsum(sizes)])
+    flat = (np.concatenate([np.arange(starts[i], starts[i + 1]) for i in order]) if len(order)
+            else np.zeros(0, dtype=np.int64))
+    return PriorityOrder([groups[i] for i in order], sample_replica[flat], order.astype(np.int64))
+
+
 def tokens_generated_at(groups: Sequence[Group], ev: Evaluation, t: float) -> np.ndarray:
     """Response tokens each group had generated at time t (a cutoff's abort moment).
 
