@@ -25,8 +25,8 @@ cell's model (max_num_seqs 256, 8192-token chunked prefill, prefix caching, KV a
 Prints, per cell, the mean over steps of fcfs makespan / variant makespan (mean over seeds, [min, max] over
 seeds), and the engine's queueing per replica (preemptions, request-seconds of queue wait, the longest wait,
 recomputed tokens; means over steps and replicas) so the mechanism is visible. Writes ``<name>.txt`` (the
-command in its header) and ``<name>.jsonl`` (one row per cell, seed, step and variant, every replica's time
-and events) to ``--out-dir``.
+command in its header) and ``<name>.jsonl`` (one row per cell, seed, step and variant: every replica's time
+and events, one list per field) to ``--out-dir``.
 """
 
 from __future__ import annotations
@@ -35,7 +35,6 @@ import argparse
 import json
 import sys
 import time
-from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -49,6 +48,7 @@ from tailsieve_verl.core.routing.policies import least_inflight_assignment
 SETUPS = {"dense8b": ("table:h200-dense:qwen3-8b", 8, "qwen3-8b"), "moe": ("table:h200-moe", 4, "qwen3-30b-a3b")}
 VARIANTS = ("fcfs", "typical", "noisy", "true-mean", "true-max")
 POOL = 17000
+EVENT_FIELDS = ("steps", "preemptions", "queue_wait_s", "max_queue_wait_s", "tokens_recomputed", "prefill_tokens")
 
 
 def run_cell(cell: str, batch: int, n: int, cap: int, steps: int, seed: int, sigma: float) -> list[dict]:
@@ -75,9 +75,10 @@ def run_cell(cell: str, batch: int, n: int, cap: int, steps: int, seed: int, sig
             else:
                 order = priority_admission_order(groups, routed, keys[variant])
                 ev = evaluate_samples(order.groups, order.sample_replica, n_replicas, perf, engine)
+            events = {f: [round(getattr(e, f), 3) for e in ev.replica_events] for f in EVENT_FIELDS}
             rows.append({"cell": cell, "shape": f"{batch}x{n}@{cap}", "seed": seed, "step": step, "variant": variant,
-                         "makespan_s": ev.makespan_s, "replica_times_s": ev.replica_times_s,
-                         "events": [asdict(e) for e in ev.replica_events], "cpu_s": time.process_time() - t0})
+                         "makespan_s": round(ev.makespan_s, 4), "replica_times_s": [round(t, 4) for t in ev.replica_times_s],
+                         "events": events, "cpu_s": round(time.process_time() - t0, 3)})
     return rows
 
 
@@ -102,12 +103,10 @@ def summarize(rows: list[dict], cells: list[str], shape: str, seeds: int) -> lis
     for cell in cells:
         for v in VARIANTS:
             rs = [r for r in rows if r["cell"] == cell and r["variant"] == v]
-            ev = [e for r in rs for e in r["events"]]
+            ev = {f: np.mean([x for r in rs for x in r["events"][f]]) for f in EVENT_FIELDS}  # per replica
             spread = np.mean([max(r["replica_times_s"]) / np.mean(r["replica_times_s"]) for r in rs])
-            lines.append(f"{cell:<16} {v:<10} {np.mean([e['preemptions'] for e in ev]):>8.1f} "
-                         f"{np.mean([e['queue_wait_s'] for e in ev]):>11.0f} "
-                         f"{np.mean([e['max_queue_wait_s'] for e in ev]):>10.0f} "
-                         f"{np.mean([e['tokens_recomputed'] for e in ev]):>11.0f} {spread:>7.3f}")
+            lines.append(f"{cell:<16} {v:<10} {ev['preemptions']:>8.1f} {ev['queue_wait_s']:>11.0f} "
+                         f"{ev['max_queue_wait_s']:>10.0f} {ev['tokens_recomputed']:>11.0f} {spread:>7.3f}")
     return lines
 
 
