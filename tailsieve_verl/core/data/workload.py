@@ -56,6 +56,7 @@ class WorkloadSpec:
     checkpoint_share: float = SEED_VARIANCE_SHARES["checkpoint"]
     interaction_share: float = SEED_VARIANCE_SHARES["interaction"]
     prompt_len: int = 0
+    length_trend: float = 0.0  # growth of every prompt's log length per step: RL responses lengthen over training
 
     def __post_init__(self) -> None:
         shares = (self.prompt_share, self.sampling_share, self.checkpoint_share, self.interaction_share)
@@ -70,6 +71,9 @@ class WorkloadSpec:
             raise WorkloadError(f"workload {self.name!r}: tail ratio P90/P50 must be > 1, got {self.tail_ratio}")
         if not 0 <= self.drift_corr <= 1:
             raise WorkloadError(f"workload {self.name!r}: drift_corr must lie in [0, 1], got {self.drift_corr}")
+        if not abs(self.length_trend) < 1:
+            raise WorkloadError(f"workload {self.name!r}: length_trend (log growth per step) must be a number in "
+                                f"(-1, 1), got {self.length_trend}")
 
     @property
     def model_p90_ratio(self) -> float:
@@ -257,9 +261,10 @@ class PromptPool:
 
     def _log_median(self, i: int, step: int) -> float:
         """Log median length of prompt ``i`` under the checkpoint of ``step``: its prompt and checkpoint
-        effects, no sampling noise."""
+        effects and the run's length trend, no sampling noise."""
         checkpoint, interaction = self._effects_at(step)
-        return np.log(self.spec.median_len) + self.difficulty[i] + checkpoint + interaction[i]
+        return (np.log(self.spec.median_len) + self.spec.length_trend * step + self.difficulty[i] + checkpoint
+                + interaction[i])
 
     def _as_lengths(self, raw: np.ndarray) -> np.ndarray:
         """Raw lengths as the pool hands them out: transformed, whole tokens, 1..max_response_length."""

@@ -40,10 +40,11 @@ STOCK_POLICIES = ("verl",) + STOCK_SPEC_POLICIES  # what a verl 0.9.1 user can r
 
 # opt-in (``--policies ...,best-static``): one TailSieve run per grid point, ~50 runs at R = 8;
 # ``verl-redraw``: the noise floor, stock verl again with an independent set of length draws
-REFERENCE_SPLITS = ("clairvoyant-split", "group-oracle-split", "prompt-oracle-split")  # a grid of splits, best per step (engine model only)
+REFERENCE_SPLITS = ("clairvoyant-split", "group-oracle-split", "prompt-oracle-split", "record-oracle-split")  # a grid of splits, best per step (engine model only)
 
 
-ALL_POLICIES = POLICIES + ("best-static", "verl-redraw") + SPEC_POLICIES + ("group-oracle-split", "prompt-oracle-split")
+ALL_POLICIES = POLICIES + ("best-static", "verl-redraw") + SPEC_POLICIES + ("group-oracle-split", "prompt-oracle-split",
+                                                                          "record-oracle-split")
 
 
 BASELINE = "verl"  # every speedup is measured against stock verl first
@@ -70,6 +71,9 @@ class SimConfig:
     fixed_tail_replicas: int | None = None  # tailsieve-fixed's pinned m; None = n_replicas // 2
     controller: ControllerConfig = field(default_factory=ControllerConfig)
     gantt_step: int | None = None  # step whose per-group timeline is kept (None = the last)
+    start_step: int = 0  # the training step the run starts at: every policy's stream has handed out start_step × B
+    #   prompts before it, and TailSieve's per-prompt record holds each one measured at the step it was drawn
+    #   (a later epoch's state, without simulating the steps before it)
     group_atomic: bool = False  # TailSieve pools keep a group's samples on one replica (the paper's setting)
     oracle_time_limit_s: float = 0.5  # CPU s per step, for each clairvoyant (k, m) search (at 512 x 16 under
     #   verl's defaults 0.5 s is within 0.7 % of 2 s: scripts/results/engine_model/speed_bench_512x16.txt)
@@ -94,6 +98,8 @@ class SimConfig:
     #   tail pool speculates at the deepest
 
     def validate(self) -> None:
+        if self.start_step < 0:
+            raise SimError(f"start_step must be >= 0, got {self.start_step}")
         if self.steps < 1 or self.batch_size < 2 or self.n < 1:
             raise SimError(f"need --steps >= 1, --batch >= 2 and --n >= 1, got {self.steps}, {self.batch_size}, {self.n}")
         if self.n_replicas < 2:

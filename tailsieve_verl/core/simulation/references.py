@@ -10,16 +10,16 @@ from typing import Sequence
 
 import numpy as np
 
-from ..tailsieve.controller import max_q
+from ..tailsieve.controller import SplitPlanner, max_q
 from ..engine.engine import EngineConfig, replica_engines
 from ..engine.perf import PerfModel
-from ..routing.policies import least_inflight_assignment, longest_to_tail
-from ..engine.replica import evaluate_samples, makespan_below
+from ..routing.policies import least_inflight_assignment
 from ..data.trace import Group
 from ..data.workload import PromptPool
 from .config import Execute, SimConfig
 from .results import PolicyResult
-from .runners import StaticRunner, TailSieveRunner, _Runner
+from .runners import StaticRunner, TailSieveRunner, _Runner, prompt_of
+from .step_split import best_split, split_grid, step_planner_for
 from .speculation import engine_label, schedule_text, stock_engines, vllm_doc_schedule, with_speculation
 
 
@@ -41,30 +41,25 @@ class ClairvoyantSplitRunner(StaticRunner):
         self.picks: Counter = Counter()
 
     def candidates(self) -> list[tuple[int, int, EngineConfig]]:
-        """(q, m, tail engine): m of 1, 2, R/4, R/2; q of B/32, B/16, B/8, B/4 (at least m)."""
-        R, B = self.cfg.n_replicas, self.cfg.batch_size
-        ms = sorted({m for m in (1, 2, R // 4, R // 2) if 1 <= m < R})
-        qs = sorted({max(1, B // d) for d in (32, 16, 8, 4)})
-        return [(max(q, m), m, tail) for m in ms for q in qs for tail in (self.deep, self.cfg.engine)]
+        """(q, m, tail engine): :func:`split_grid`'s (q, m), each at the deepest speculation and on ``engine``."""
+        return [(q, m, tail) for q, m in split_grid(self.cfg.n_replicas, self.cfg.batch_size)
+                for tail in (self.deep, self.cfg.engine)]
 
     def engines(self, m: int) -> list[EngineConfig]:
         return replica_engines(self.tail_engine, self.cfg.engine, m, self.cfg.n_replicas)
 
     def assign(self, groups: list[Group]) -> tuple[np.ndarray, int]:
-        R = self.cfg.n_replicas
-        planned = self.plan_groups(groups)
-        samples = least_inflight_assignment(sum(g.n for g in groups), R, rng=self.routing_rng)
-        best = evaluate_samples(planned, samples, R, self.perf, engine=self.cfg.engine).makespan_s
-        pick, self.tail_engine = ("shared", 0), self.cfg.engine
-        for q, m, tail in self.candidates():
-            split = longest_to_tail(groups, q, m, R, self.cfg.group_atomic, self.split_rng, self.rank(groups))
-            makespan = makespan_below(planned, split, R, self.perf, replica_engines(tail, self.cfg.engine, m, R),
-                                      stop_above=best)
-            if makespan < best:
-                best, samples, self.tail_engine = makespan, split, tail
-                pick = (f"q={q}, m={m}, tail {engine_label(tail)}", m)
-        self.picks[pick[0]] += 1
-        return samples, pick[1]
+        shared = least_inflight_assignment(sum(g.n for g in groups), self.cfg.n_replicas, rng=self.routing_rng)
+        _, _, samples, pick = best_split([self.plan_groups(groups)], groups, self.candidates(), self.cfg.n_replicas,
+                                         self.perf, self.cfg.engine, self.cfg.group_atomic, self.split_rng, shared,
+                                         self.rank(groups))
+        if pick is None:
+            self.tail_engine = self.cfg.engine
+            self.picks["shared"] += 1
+            return samples, 0
+        q, m, self.tail_engine = pick
+        self.picks[f"q={q}, m={m}, tail {engine_label(self.tail_engine)}"] += 1
+        return samples, m
 
     def rank(self, groups: list[Group]) -> Sequence[float] | None:
         """What the grid's splits rank the groups by (None: their true tokens this step)."""
@@ -115,6 +110,27 @@ class PromptOracleSplitRunner(GroupOracleSplitRunner):
 
     def plan_groups(self, groups: list[Group]) -> list[Group]:
         return [self.pool.typical_group(g.prompt_id, g.n, self.step_index) for g in groups]
+
+
+class RecordOracleSplitRunner(TailSieveRunner):
+    """``record-oracle-split``: adaptive TailSieve whose per-prompt record is the truth — each prompt's length
+    distribution under this step's policy (:meth:`PromptPool.typical_group`) — so every step from the first is
+    planned by its step planner on it. The same mechanism as TailSieve's later epochs with a perfect record:
+    TailSieve's gap to it is the record's error. Not deployable."""
+
+    def __init__(self, cfg: SimConfig, pool: PromptPool, perf: PerfModel, name: str = "record-oracle-split",
+                 planner: SplitPlanner | None = None):
+        """``planner``: the controller's split planner, for the steps after the guard stops the planning."""
+        adaptive = replace(cfg.controller, fixed_tail_replicas=None, record_plan=True)
+        super().__init__(replace(cfg, prompt_record=True), pool, perf, adaptive, name, planner=planner,
+                         step_planner=step_planner_for(adaptive, cfg, perf))
+        self.step_index = 0
+        self.cycle.predictor = lambda identity: pool.typical_group(prompt_of(identity), cfg.n, self.step_index).lengths
+        self.cycle.planning = True
+
+    def step(self, t: int, keep: bool) -> None:
+        self.step_index = t
+        super().step(t, keep)
 
 
 def static_grid(n_replicas: int, batch_size: int, max_q_fraction: float = 0.5,

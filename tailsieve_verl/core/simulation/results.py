@@ -49,6 +49,8 @@ class StepRecord:
     deferred_s: float = 0.0  # how much longer the step would have run had it aborted nothing (its aborted groups
     #   decoding on to their end beside the rest): the work it carried out, as
     #   :meth:`PolicyResult.window_mean_s` charges it (0 for a policy that carries nothing)
+    record_planned: bool = False  # TailSieve planned this step's split from its per-prompt record
+    record_rho: float | None = None  # the record's Spearman rho, predicted against measured group work (None: < 3)
     spans: tuple[GroupSpan, ...] = ()  # only for the kept step
 
 
@@ -82,6 +84,12 @@ class PolicyResult:
             raise ValueError(f"window {window} holds none of the {len(self.records)} steps")
         total = sum(self.records[t].makespan_s for t in steps) + self.records[steps[-1]].deferred_s
         return float(total / len(steps))
+
+    @property
+    def record_rho(self) -> float | None:
+        """The mean of the steps' record rho (None where no step had one)."""
+        values = [r.record_rho for r in self.records if r.record_rho is not None]
+        return float(np.mean(values)) if values else None
 
     @property
     def consumed_lengths(self) -> np.ndarray:
@@ -173,6 +181,8 @@ class SimResult:
                                 "consumed_mean_length": float(r.consumed_lengths.mean()),
                                 "length_bias_ks": bias[name][0] if name in bias else None,
                                 "length_bias_ks_noise": bias[name][1] if name in bias else None,
+                                "record_planned_steps": sum(x.record_planned for x in r.records),
+                                "record_rho": r.record_rho,
                                 "makespan_s": [round(x, 4) for x in r.makespans.tolist()],
                                 "q": [x.q for x in r.records], "m": [x.m for x in r.records]}
                          for name, r in self.policies.items()},

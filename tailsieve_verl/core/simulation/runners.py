@@ -13,7 +13,7 @@ from typing import Sequence
 import numpy as np
 
 from ..tailsieve.controller import ControllerConfig, GroupRecord, SplitPlanner
-from ..tailsieve.cycle import TailSieveCycle
+from ..tailsieve.cycle import StepPlanner, TailSieveCycle
 from ..engine.engine import EngineConfig
 from ..tailsieve.fallback import Arm, FallbackConfig, StockFallback
 from ..engine.perf import PerfModel
@@ -155,6 +155,10 @@ class _Runner:
     def in_flight(self) -> list[str]:
         return []
 
+    def skip_to(self, step: int) -> list[list[str]]:
+        """Start at ``step``: the stream hands out the B prompts of every earlier step (returned, by step)."""
+        return [self.stream.take(self.cfg.batch_size) for _ in range(step)]
+
     def engines(self, m: int) -> list[EngineConfig]:
         """Every replica's engine in a step whose tail pool has m replicas."""
         return [self.cfg.engine] * self.cfg.n_replicas
@@ -168,7 +172,8 @@ class _Runner:
     def finish(self) -> PolicyResult:
         self.result.lost, self.result.duplicated = self.ledger.audit(self.in_flight())
         self.result.stale = self.ledger.stale
-        self.result.max_deferral_steps = self.ledger.deferral(self.in_flight(), len(self.result.records))
+        steps = self.result.records[-1].step + 1 if self.result.records else 0
+        self.result.max_deferral_steps = self.ledger.deferral(self.in_flight(), steps)
         return self.result
 
 
@@ -229,20 +234,34 @@ class TailSieveRunner(_Runner):
     """Selector + controller in closed loop; the controller sees only measurable quantities."""
 
     def __init__(self, cfg: SimConfig, pool: PromptPool, perf: PerfModel, controller_cfg: ControllerConfig,
-                 name: str, execute: Execute | None = None, planner: SplitPlanner | None = None):
-        """``planner``: the controller's split planner (:func:`core.simulation.split_planner.planner_for`)."""
+                 name: str, execute: Execute | None = None, planner: SplitPlanner | None = None,
+                 step_planner: StepPlanner | None = None):
+        """``planner``: the controller's split planner (:func:`core.simulation.split_planner.planner_for`);
+        ``step_planner``: plans a step from the per-prompt record (:func:`core.simulation.step_split.step_planner_for`)."""
         self.name = name
         super().__init__(cfg, pool, perf, execute)
         self.cycle = TailSieveCycle(cfg.batch_size, cfg.n_replicas, controller_cfg, perf,
                                     per_sample=not cfg.group_atomic, record=cfg.prompt_record, prompt_key=prompt_of,
                                     record_replaces_aborts=cfg.record_replaces_aborts,
-                                    engines=cfg.tail_and_bulk_engines, planner=planner)
+                                    engines=cfg.tail_and_bulk_engines, planner=planner, step_planner=step_planner,
+                                    group_size=cfg.n)
         if cfg.length_prior_sigma is not None:
             self.cycle.record.seed(predicted_work(pool, cfg.n, cfg.length_prior_sigma, cfg.seed))
         self.generated: dict[str, int] = {}
 
     def in_flight(self) -> list[str]:
         return list(self.cycle.selector.carried)
+
+    def skip_to(self, step: int) -> list[list[str]]:
+        """:meth:`_Runner.skip_to`, the record holding every skipped prompt measured at the step it was drawn."""
+        skipped = super().skip_to(step)
+        record = self.cycle.record
+        for t, ids in enumerate(skipped):
+            if record is not None:
+                for identity, group in zip(ids, self.sample(ids, t)):
+                    record.observe(prompt_of(identity), group.lengths)
+                record.advance()
+        return skipped
 
     def engines(self, m: int) -> list[EngineConfig]:
         return self.cfg.pool_engines(m)
@@ -304,6 +323,7 @@ class TailSieveRunner(_Runner):
             tail_s=tail_s, bulk_s=cut.bulk_end_s, wasted_tokens=outcome.aborted_work,
             consumed_tokens=sum(lengths), consumed_lengths=lengths, replica_busy_s=tuple(busy),
             next_q=self.cycle.decision.q, next_m=self.cycle.decision.m, spans=spans,
+            record_planned=self.cycle.last_record_plan.planned, record_rho=self.cycle.last_record_plan.rho,
             deferred_s=max(0.0, ev.makespan_s - makespan) if self.in_flight() else 0.0))  # ev ran every sample to its end
 
 

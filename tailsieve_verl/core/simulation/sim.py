@@ -49,6 +49,11 @@ Policies:
   step's policy, nothing of this step's samples) instead of their true tokens: the best any per-prompt
   predictor of lengths can do (:class:`PromptOracleSplitRunner`; opt-in). The gap to
   ``clairvoyant-split`` is what per-sample chance costs; the gap from TailSieve to it, what its signal misses.
+* ``record-oracle-split`` — adaptive TailSieve whose per-prompt record is replaced by the truth: every
+  step planned by its step planner (:mod:`core.simulation.step_split`) on each prompt's true length
+  distribution (:meth:`PromptPool.typical_group`) from the first step on (:class:`RecordOracleSplitRunner`;
+  opt-in). The gap from TailSieve to it is what the record's predictions miss; its gap to
+  ``prompt-oracle-split``, what the mechanism costs.
 * ``clairvoyant-group`` / ``clairvoyant-sample`` — know this step's lengths: the B fresh groups
   (or their single samples) routed ``topk-balanced`` (:mod:`core.routing.policies`) with the best (k, m),
   searched coarse-to-fine within ``oracle_time_limit_s`` per step, on ``SimConfig.engine`` (no per-pool
@@ -84,8 +89,9 @@ from .results import (GroupSpan, PolicyResult, SimResult, StepRecord)
 from .runners import (_Runner, FallbackRunner, Ledger, prompt_of, PromptStream, StaticRunner, step_times,
                       TailSieveRunner)
 from .references import (BestStaticRunner, ClairvoyantSplitRunner, GroupOracleSplitRunner, HindsightRunner,
-                         PromptOracleSplitRunner, static_grid, static_split_runner, stock_spec_runner)
+                         PromptOracleSplitRunner, RecordOracleSplitRunner, static_grid, static_split_runner, stock_spec_runner)
 from .split_planner import planner_for
+from .step_split import step_planner_for
 from .speculation import (DEFAULT_SPECULATION, engine_label, schedule_grid, schedule_text, SPEC_DEPTHS, spec_label,
                           stock_engines, tailsieve_spec_config, vllm_doc_schedule, with_speculation)
 
@@ -117,6 +123,9 @@ def build_runners(cfg: SimConfig, pool: PromptPool, perf: PerfModel,
             runners.append(GroupOracleSplitRunner(cfg, pool, perf, name))
         elif name == "prompt-oracle-split":
             runners.append(PromptOracleSplitRunner(cfg, pool, perf, name))
+        elif name == "record-oracle-split":
+            adaptive = replace(cfg.controller, fixed_tail_replicas=None)
+            runners.append(RecordOracleSplitRunner(cfg, pool, perf, name, planner_for(adaptive, cfg, perf)))
         elif name == "best-static":
             runners.append(BestStaticRunner(cfg, pool, perf, name, execute))
         elif name in ("tailsieve", "tailsieve-dynsd"):
@@ -136,7 +145,8 @@ def adaptive_runner(cfg: SimConfig, pool: PromptPool, perf: PerfModel, name: str
                     execute: Execute | None = None) -> TailSieveRunner:
     """Adaptive TailSieve (m free) on ``controller`` (default: ``cfg.controller``), with its split planner."""
     adaptive = replace(controller or cfg.controller, fixed_tail_replicas=None)
-    return TailSieveRunner(cfg, pool, perf, adaptive, name, execute, planner_for(adaptive, cfg, perf))
+    return TailSieveRunner(cfg, pool, perf, adaptive, name, execute, planner_for(adaptive, cfg, perf),
+                           step_planner_for(adaptive, cfg, perf))
 
 
 def simulate(cfg: SimConfig, pool: PromptPool, perf: PerfModel, workload_name: str = "",
@@ -151,29 +161,33 @@ def simulate(cfg: SimConfig, pool: PromptPool, perf: PerfModel, workload_name: s
         raise SimError(f"the prompt pool has {len(pool)} prompts; the simulation needs at least 2 × batch = "
                        f"{2 * cfg.batch_size} (a prompt is in flight at most once)")
     runners = build_runners(cfg, pool, perf, execute)
-    keep = cfg.steps - 1 if cfg.gantt_step is None else cfg.gantt_step
+    for runner in runners:
+        if cfg.start_step:
+            runner.skip_to(cfg.start_step)
+    steps = range(cfg.start_step, cfg.start_step + cfg.steps)
+    keep = steps[-1] if cfg.gantt_step is None else cfg.gantt_step
     total = cfg.steps * len(runners)
     if jobs > 1 and execute is None and len(runners) > 1:
-        results = _run_side_by_side(runners, cfg.steps, keep, jobs, progress)
+        results = _run_side_by_side(runners, steps, keep, jobs, progress)
     else:
-        for t in range(cfg.steps):
+        for i, t in enumerate(steps):
             for j, runner in enumerate(runners):
                 runner.step(t, keep=t == keep)
                 if progress is not None:
-                    progress(t * len(runners) + j + 1, total)
+                    progress(i * len(runners) + j + 1, total)
         results = [r.finish() for r in runners]
     return SimResult(cfg, workload_name or pool.spec.name, getattr(perf, "name", str(perf)),
                      {r.name: result for r, result in zip(runners, results)})
 
 
-def _run_to_end(runner, steps: int, keep: int) -> PolicyResult:
-    for t in range(steps):
+def _run_to_end(runner, steps: range, keep: int) -> PolicyResult:
+    for t in steps:
         runner.step(t, keep=t == keep)
     return runner.finish()
 
 
-def _run_side_by_side(runners: list, steps: int, keep: int, jobs: int,
+def _run_side_by_side(runners: list, steps: range, keep: int, jobs: int,
                       progress: Callable[[int, int], None] | None) -> list[PolicyResult]:
     """Each runner's whole run in a forked worker process, ``jobs`` at a time; the results in runner order."""
     return forked_map(lambda i: _run_to_end(runners[i], steps, keep), len(runners), jobs,
-                      done=None if progress is None else lambda k: progress(k * steps, len(runners) * steps))
+                      done=None if progress is None else lambda k: progress(k * len(steps), len(runners) * len(steps)))

@@ -140,6 +140,13 @@ class ControllerConfig:
     plan_weight: float = 2.0
     """How many measured steps the plan's prediction is worth when a planned split is weighed against one
     shared pool (the way back): one step's measurement varies by about ±0.09 (``split_window``)."""
+    record_plan: bool = True
+    """Where the per-prompt record knows a step's prompts (from the second epoch on) and the rollout layer passes
+    a step planner, plan each step's split from their recorded lengths before it starts, abort nothing, and
+    return to the controller's decisions for good when the planned steps measure worse than one shared pool
+    (:mod:`core.tailsieve.cycle`)."""
+    record_plan_coverage: float = 0.9
+    """Plan a step from the record only where it has measured at least this share of the step's prompts."""
 
     def validate(self, n_replicas: int, batch_size: int) -> None:
         if n_replicas < 1 or batch_size < 2:
@@ -161,6 +168,8 @@ class ControllerConfig:
             raise ControllerError("max_q_fraction must be in (0, 1); balance_tolerance and switch_threshold >= 0")
         if self.exploration_bonus < 0 or self.prior_weight < 0 or self.plan_weight < 0 or not 0 <= self.plan_margin < 1:
             raise ControllerError("exploration_bonus, prior_weight and plan_weight must be >= 0, plan_margin in [0, 1)")
+        if not 0 < self.record_plan_coverage <= 1:
+            raise ControllerError(f"record_plan_coverage must be in (0, 1], got {self.record_plan_coverage}")
         if self.split_window < 1:
             raise ControllerError(f"split_window must be >= 1, got {self.split_window}")
         if (self.max_replica_step < 1 or self.search_radius < self.max_replica_step or self.settle_steps < 0
@@ -429,6 +438,11 @@ class HierarchicalController:
         model = FluidModel([consumed], self.batch_size, prompt_len, self._table, self._longest_group,
                             self.per_sample, shared_only=True, engines=self.engines)
         return model.bulk_full(self.n_replicas)
+
+    def relative_makespan(self, obs: StepObservation) -> float | None:
+        """A step's makespan over the yardstick of its own consumed groups (None where either is 0)."""
+        yardstick = self.yardstick_s(ConsumedBatch(*_work_arrays(obs.tail_groups + obs.bulk_groups)), obs.prompt_len)
+        return obs.makespan_s / yardstick if yardstick > 0 and obs.makespan_s > 0 else None
 
     def _measure_split(self, obs: StepObservation, consumed: ConsumedBatch) -> None:
         """Relative makespan of the split just run (makespan / yardstick), averaged per m."""

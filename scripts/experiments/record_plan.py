@@ -1,0 +1,151 @@
+"""From the second epoch on: TailSieve's steps planned from its per-prompt record, against the per-prompt oracle
+(issue 48).
+
+Per cell (model setup x tail preset x shape, as in ``signal_gap.py``) and seed, on a dataset-sized pool
+(``--pool``, 17,000 prompts: DAPO-Math-17k) whose lengths grow over training (``--trend``, log growth per
+step), the run starts ``--warm`` steps before the second epoch (``SimConfig.start_step``): every prompt of
+the first epoch was drawn before, and TailSieve's record holds its lengths measured at the step it was drawn,
+as a run's record holds them after its first epoch (the warm steps, still first-epoch prompts, let the
+controller measure one shared pool as it does in a first epoch). Then ``--steps`` second-epoch steps of:
+
+* ``verl`` — stock verl 0.9.1, the baseline;
+* ``tailsieve`` — the default: each step planned from the record where it knows the step's prompts;
+* ``tailsieve`` with ``record_plan`` off — TailSieve before this (its record only ranks candidates);
+* ``record-oracle-split`` — the same planner fed each prompt's true length distribution;
+* ``prompt-oracle-split`` — the per-prompt oracle of the grid references.
+
+Speedups over stock verl on the second-epoch steps; the record's Spearman ρ (predicted against measured group
+work, per step, averaged); TailSieve's share of the oracle's gain where that gain is >= 5 %; the planner's
+CPU seconds per step. One JSON line per run to ``--out``::
+
+    python scripts/experiments/record_plan.py --shapes 512x16@32768 --seeds 2 --out record_plan.jsonl
+    python scripts/experiments/record_plan.py --report record_plan.jsonl
+    python scripts/experiments/record_plan.py --cost   # the planner's CPU per step at 512 x 16, 8 and 16 replicas
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+from signal_gap import CELLS, cell_setting
+from tailsieve_verl.core.data.workload import PromptPool, get_preset
+from tailsieve_verl.core.simulation import sim
+from tailsieve_verl.core.simulation.step_split import StepSplitPlanner
+
+POLICIES = ("verl", "tailsieve", "record-oracle-split", "prompt-oracle-split")
+NOW = "tailsieve-record-off"  # the TailSieve of 9a9ee35: the record ranks candidates, the controller plans
+
+
+def run(job: dict) -> dict:
+    cfg, perf, preset, cap = cell_setting(job, POLICIES)
+    epoch = job["pool"] // cfg.batch_size
+    cfg = replace(cfg, start_step=epoch - job["warm"], steps=job["warm"] + 1 + job["steps"])
+    spec = get_preset(preset, max_response_length=cap, length_trend=job["trend"])
+    pool = PromptPool(spec, job["pool"], seed=job["seed"])
+    t0 = time.process_time()
+    main = sim.simulate(cfg, pool, perf)
+    off = sim.simulate(replace(cfg, policies=("tailsieve",), controller=replace(cfg.controller, record_plan=False)),
+                       PromptPool(spec, job["pool"], seed=job["seed"]), perf)
+    results = {**main.policies, NOW: off.policies["tailsieve"]}
+    later = slice(job["warm"] + 1, None)  # the second epoch's steps (the first one also ends the first epoch)
+    base = results["verl"].window_mean_s(later)
+    out = {**job, "cpu_s": time.process_time() - t0, "epoch_steps": epoch,
+           "speedup_vs_verl": {name: base / r.window_mean_s(later) for name, r in results.items()}}
+    for name in ("tailsieve", "record-oracle-split"):
+        records = results[name].records[later]
+        rhos = [r.record_rho for r in records if r.record_rho is not None]
+        out[name] = {"record_rho": float(np.mean(rhos)) if rhos else None,
+                     "planned_steps": sum(r.record_planned for r in records),
+                     "split_steps": sum(r.m > 0 for r in records),
+                     "max_deferral_steps": results[name].max_deferral_steps,
+                     "aborted_share": results[name].wasted_fraction,
+                     "lost": results[name].lost, "duplicated": results[name].duplicated}
+    out[NOW] = {"aborted_share": results[NOW].wasted_fraction, "max_deferral_steps": results[NOW].max_deferral_steps}
+    return out
+
+
+def report(paths: list[str]) -> None:
+    rows = [json.loads(line) for path in paths for line in Path(path).read_text().splitlines() if line.strip()]
+    by_cell: dict = {}
+    for r in rows:
+        by_cell.setdefault((r["shape"], r["cell"]), []).append(r)
+    print("Epochs >= 2 (second-epoch steps; speedup over stock verl, mean over seeds [worst seed]); "
+          "share = TailSieve's gain / prompt-oracle-split's where that is >= 5 %")
+    print("| cell | shape | seeds | record rho | TailSieve now | TailSieve, planned steps | record-oracle-split | "
+          "prompt-oracle-split | share | planned steps | aborted | max deferral |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for (shape, cell), rs in sorted(by_cell.items(), key=lambda kv: (kv[0][0], CELLS.index(kv[0][1]))):
+        speed = {name: [r["speedup_vs_verl"][name] for r in rs] for name in rs[0]["speedup_vs_verl"]}
+        mean = {name: float(np.mean(v)) for name, v in speed.items()}
+        oracle_gain = mean["prompt-oracle-split"] - 1
+        share = f"{(mean['tailsieve'] - 1) / oracle_gain:.0%}" if oracle_gain >= 0.05 else "–"
+        rho = [r["tailsieve"]["record_rho"] for r in rs if r["tailsieve"]["record_rho"] is not None]
+        planned = np.mean([r["tailsieve"]["planned_steps"] for r in rs])
+        print(f"| {cell} | {shape} | {len(rs)} | {np.mean(rho):.2f} | {mean[NOW]:.3f} [{min(speed[NOW]):.3f}] | "
+              f"{mean['tailsieve']:.3f} [{min(speed['tailsieve']):.3f}] | {mean['record-oracle-split']:.3f} | "
+              f"{mean['prompt-oracle-split']:.3f} | {share} | {planned:.1f} of {rs[0]['steps']} | "
+              f"{np.mean([r['tailsieve']['aborted_share'] for r in rs]):.1%} | "
+              f"{max(r['tailsieve']['max_deferral_steps'] for r in rs)} |")
+
+
+def planner_cost(repeats: int) -> None:
+    """CPU seconds of one step's plan at 512 x 16 (dense8b, verl's defaults, real tails, 32k cap)."""
+    for replicas in (8, 16):
+        job = {"cell": "dense8b-real", "shape": "512x16@32768", "seed": 0, "steps": 1}
+        cfg, perf, preset, cap = cell_setting(job, ("verl",))
+        cfg = replace(cfg, n_replicas=replicas)
+        pool = PromptPool(get_preset(preset, max_response_length=cap), 2048, seed=0)
+        planner = StepSplitPlanner(replicas, 512, perf, (cfg.engine, cfg.engine))
+        costs = []
+        for k in range(repeats):
+            groups = [pool.typical_group(pid, 16, k) for pid in pool.prompt_ids[k * 512:(k + 1) * 512]]
+            start = time.process_time()
+            pick = planner(groups)
+            costs.append(time.process_time() - start)
+        print(f"512 x 16 on {replicas} replicas: {np.mean(costs):.2f} CPU s per step (min {min(costs):.2f}, "
+              f"max {max(costs):.2f}, {repeats} steps); last pick q={pick.q}, m={pick.m}, {pick.relative:.3f}")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--cells", default=",".join(CELLS))
+    ap.add_argument("--shapes", default="512x16@32768")
+    ap.add_argument("--seeds", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=12, help="second-epoch steps")
+    ap.add_argument("--warm", type=int, default=3, help="first-epoch steps simulated before them")
+    ap.add_argument("--trend", type=float, default=0.004, help="log length growth per step (0.004: x1.14 an epoch "
+                                                                "of 33 steps)")
+    ap.add_argument("--pool", type=int, default=17000)
+    ap.add_argument("--jobs", type=int, default=1)
+    ap.add_argument("--out")
+    ap.add_argument("--report", nargs="+")
+    ap.add_argument("--cost", type=int, nargs="?", const=4, help="time the planner on this many steps")
+    args = ap.parse_args()
+    if args.report:
+        report(args.report)
+        return 0
+    if args.cost:
+        planner_cost(args.cost)
+        return 0
+    jobs = [{"cell": c, "shape": s, "seed": k, "steps": args.steps, "warm": args.warm, "trend": args.trend,
+             "pool": args.pool} for s in args.shapes.split(",") for c in args.cells.split(",") for k in range(args.seeds)]
+    out = open(args.out, "a") if args.out else None
+    with ProcessPoolExecutor(args.jobs) as ex:
+        for r in ex.map(run, jobs):
+            print(json.dumps({k: r[k] for k in ("cell", "shape", "seed", "cpu_s", "speedup_vs_verl")}), flush=True)
+            if out:
+                out.write(json.dumps(r) + "\n")
+                out.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
