@@ -34,7 +34,7 @@ import numpy as np
 
 from ..errors import TailSieveError
 
-SHAPE_POINTS = 8  # quantiles of a prompt's lengths the record keeps
+SHAPE_POINTS = 16  # quantiles of a prompt's lengths the record keeps: a group of 16 (DAPO's n) exactly
 _LEVELS = (np.arange(SHAPE_POINTS) + 0.5) / SHAPE_POINTS
 
 
@@ -69,7 +69,7 @@ class PromptLengthRecord:
         values = np.sort(np.fromiter((int(x) for x in lengths), dtype=float))
         if not len(values):
             return
-        work, shape = float(values.sum()), np.quantile(values, _LEVELS)
+        work, shape = float(values.sum()), np.quantile(values, _LEVELS, method="hazen")  # order statistic j at (j + ½)/n
         old_shape = self._shape.get(prompt)
         if old_shape is not None and self._at.get(prompt, self.clock) < self.clock and min(old_shape.mean(), shape.mean()) > 0:
             self._revisits.append((math.log(old_shape.mean()), math.log(shape.mean())))
