@@ -148,7 +148,7 @@ def test_the_guard_returns_to_the_controller_when_planned_splits_measure_worse()
     for t in range(12):
         runner.step(t, keep=False)
     planned = [r.step for r in runner.result.records if r.record_planned]
-    assert planned and runner.cycle.guard.off.startswith("record-planned splits measured")
+    assert planned and runner.cycle.guard.off.startswith("record-planned steps measured")
     assert max(planned) < 11 and not runner.cycle.planning
     state = json.loads(json.dumps(runner.cycle.state_dict()))
     fresh = TailSieveCycle(16, 4, ControllerConfig(), PERF, prompt_key=prompt_of, step_planner=promise, group_size=32)

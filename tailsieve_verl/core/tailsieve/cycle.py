@@ -16,12 +16,14 @@ observation. Per step::
 step's prompts (a later epoch) and the caller gives a step planner, the step's split is planned before it
 starts, as the per-prompt oracle plans it with the truth: the planner (``StepPlanner``,
 :class:`core.simulation.step_split.StepSplitPlanner`) times one shared pool and a grid of (q, m) on each
-prompt's recorded lengths (grown by the run's length trend) and picks the least makespan; the q heaviest
+prompt's predicted lengths (the record's, through its revisit line, on draws of its error) and picks the
+least makespan; a split that does not beat one shared pool by ``plan_margin`` is not taken. The q heaviest
 predicted groups go to the tail pool and nothing is aborted (a prompt the record does not know runs in the
-bulk pool). The controller waits meanwhile; the cycle compares the planned splits' measured makespans (over
-the controller's yardstick) with one shared pool's, the plan's prediction weighed in as ``plan_weight``
-steps, and returns to the controller's decisions for the rest of the run when one shared pool measures
-better. Each step reports the record's Spearman ρ between its predicted and measured group work.
+bulk pool). The controller waits meanwhile. The cycle weighs the planned steps' measured makespans (over the
+controller's yardstick) against the plans' predictions (``plan_weight`` steps' worth) and returns to the
+controller's decisions for the rest of the run when the split the controller holds (one shared pool, or the
+split it found in the first epoch) measures better. Each step reports the record's Spearman ρ between its
+predicted and measured group work.
 
 Prompt identities name one pull of a prompt (a prompt may be carried while the dataset hands it out
 again); ``prompt_key`` maps them to the prompt itself, which the length record is keyed by.
@@ -89,14 +91,12 @@ def _average_ranks(v: np.ndarray) -> np.ndarray:
 
 @dataclass
 class _PlanGuard:
-    """Relative makespans (over the controller's yardstick) of record-planned steps: with a split, with one
-    shared pool, and the plans' predictions."""
+    """Record-planned steps' relative makespans (over the controller's yardstick), summed, and their plans'
+    predictions (relative to one shared pool; 1 where the plan kept one shared pool)."""
 
-    split_sum: float = 0.0
-    split_steps: int = 0
+    steps: int = 0
+    measured_sum: float = 0.0
     predicted_sum: float = 0.0
-    shared_sum: float = 0.0
-    shared_steps: int = 0
     off: str = ""  # why record planning stopped ("" while it runs)
 
 
@@ -182,7 +182,9 @@ class TailSieveCycle:
                 and (self.planning or (sized and coverage >= self.coverage_needed))):
             start = time.process_time()
             split = self._plan_from_record(ids, typical)
-            q = split.q if split.m else 0
+            pays = split.m > 0 and split.relative < 1.0 - self.controller.config.plan_margin
+            split = split if pays else PlannedSplit(0, 0, split.relative)
+            q = split.q
             predicted = {identity: float(sum(lengths)) for identity, lengths in typical.items()}
             plan = self.selector.plan_step(q, fresh_ids, predicted, abort_share=0.0)
             m = min(split.m, n_replicas - 1) if plan.tail_ids else 0
@@ -238,31 +240,25 @@ class TailSieveCycle:
         return outcome, observation
 
     def _guard(self, obs: StepObservation, plan: RecordPlan) -> None:
-        """Fold a record-planned step into the guard; stop planning when one shared pool measures better than
-        the planned splits (their measurements weighed against the plans' predictions)."""
+        """Fold a record-planned step into the guard; stop planning when the controller's own measured split
+        (one shared pool, or the split it holds) measures better than the planned steps, their measurements
+        weighed against the plans' predictions (``plan_weight`` steps' worth)."""
         g, controller = self.guard, self.controller
         relative = controller.relative_makespan(obs)
         if relative is None:
             return
-        if obs.m > 0:
-            g.split_sum += relative
-            g.split_steps += 1
-            g.predicted_sum += plan.predicted_relative
-        else:
-            g.shared_sum += relative
-            g.shared_steps += 1
-        measured_shared = controller.state.splits.get(0)
-        shared_steps = g.shared_steps + (measured_shared.visits if measured_shared else 0)
-        if not g.split_steps or not shared_steps:
-            return
-        shared_sum = g.shared_sum + (measured_shared.visits * measured_shared.relative_makespan.value
-                                     if measured_shared else 0.0)
-        shared = shared_sum / shared_steps
+        g.steps += 1
+        g.measured_sum += relative
+        g.predicted_sum += plan.predicted_relative if plan.m else 1.0
+        held = controller.state.splits.get(controller.state.m)
+        shared = controller.state.splits.get(0)
+        if held is None or not held.visits or shared is None or not shared.visits:
+            return  # nothing measured to weigh the plans against: plan on
         w = controller.config.plan_weight
-        estimate = (w * (g.predicted_sum / g.split_steps) * shared + g.split_sum) / (w + g.split_steps)
-        if shared < estimate:
-            g.off = (f"record-planned splits measured {estimate / shared:.3f} of one shared pool over "
-                     f"{g.split_steps} steps")
+        estimate = (w * (g.predicted_sum / g.steps) * shared.relative_makespan.value + g.measured_sum) / (w + g.steps)
+        if held.relative_makespan.value < estimate:
+            g.off = (f"record-planned steps measured {estimate / held.relative_makespan.value:.3f} of the controller's "
+                     f"split {controller.decision.split} over {g.steps} steps")
             self.planning = False
 
     def state_dict(self) -> dict:

@@ -54,6 +54,7 @@ class PromptLengthRecord:
         self._work: dict[str, float] = {}
         self._seen: dict[str, int] = {}  # completed observations per prompt
         self._shape: dict[str, np.ndarray] = {}  # SHAPE_POINTS quantiles of its consumed lengths
+        self._typical: tuple[int, np.ndarray] | None = None  # (prompts it was computed over, :meth:`_typical_shape`)
         self._at: dict[str, int] = {}  # the clock at its last measurement (or seed)
         self.clock = 0  # steps closed (:meth:`advance`)
         self.revisit_sums = np.zeros(6)  # n, Σx, Σy, Σx², Σxy, Σy² of (recorded, new) mean log lengths, forgotten by step
@@ -106,6 +107,7 @@ class PromptLengthRecord:
             self._revisits = []
             self.line, self.spread = _fit(self.revisit_sums)
         self.clock += 1
+        self._typical = None
 
     def _ratio(self, prompt: str) -> float:
         """Expected over recorded length of ``prompt`` (1 without a shape or a fitted line)."""
@@ -135,9 +137,17 @@ class PromptLengthRecord:
             return None
         levels = (np.arange(n) + 0.5) / n
         shape = self._shape.get(prompt)
-        raw = (np.interp(levels, _LEVELS, shape) if shape is not None
+        raw = (np.interp(levels, _LEVELS, self._typical_shape()) * shape.mean() if shape is not None
                else np.full(n, self._work[prompt] / max(1, n)))
         return tuple(int(x) for x in np.maximum(1, np.rint(raw * self._ratio(prompt))))
+
+    def _typical_shape(self) -> np.ndarray:
+        """The mean of the recorded shapes over their means: how a group's lengths spread about its mean. One
+        group's own spread is one draw of it (its longest sample's luck), so every prompt is given this one."""
+        if self._typical is None or self._typical[0] != len(self._shape):
+            shapes = np.array([s / s.mean() for s in self._shape.values() if s.mean() > 0])
+            self._typical = (len(self._shape), shapes.mean(axis=0) if len(shapes) else np.ones(SHAPE_POINTS))
+        return self._typical[1]
 
     def state_dict(self) -> dict:
         return {"smoothing": self.smoothing, "clock": self.clock, "revisit_sums": self.revisit_sums.tolist(),
@@ -163,6 +173,7 @@ class PromptLengthRecord:
         self._seen = {p: n for p, (_, n, _, _) in prompts.items() if n}
         self._at = {p: at for p, (_, _, at, _) in prompts.items()}
         self._shape = {p: shape for p, (_, _, _, shape) in prompts.items() if shape is not None}
+        self._typical = None
 
 
 MIN_REVISITS = 8  # revisits the line needs before it maps anything
