@@ -260,6 +260,61 @@ def history_table_2026_12_03() -> str:
     return "\n" + "\n".join(lines) + "\n"
 
 
+# --- later epochs: steps planned from the per-prompt record (scripts/experiments/record_plan.py) ---
+
+RECORD_PLAN_FILES = ("record_plan.jsonl", "record_plan_64x8.jsonl")
+NOW = "tailsieve-record-off"  # record_plan.py's name for TailSieve with record planning off
+
+
+@cache
+def record_plan_cells(files: tuple[Path, ...] = ()) -> dict[tuple[str, str], dict]:
+    """Per (shape, cell) of the later-epoch runs in ``files`` (default: the committed ones): seeds, the mean and
+    worst speedups, the record's rho, planned and split steps, TailSieve's share of prompt-oracle-split's gain
+    (None where that gain is < 5 %)."""
+    files = files or tuple(RESULTS / "per_prompt_record" / name for name in RECORD_PLAN_FILES)
+    rows = [r for path in files for r in _jsonl(path)]
+    cells = {}
+    for key in dict.fromkeys((r["shape"], r["cell"]) for r in rows):
+        rs = [r for r in rows if (r["shape"], r["cell"]) == key]
+        speed = {name: [r["speedup_vs_verl"][name] for r in rs] for name in rs[0]["speedup_vs_verl"]}
+        mean = {name: float(np.mean(v)) for name, v in speed.items()}
+        gain = mean["prompt-oracle-split"] - 1
+        cells[key] = {"seeds": len(rs), "mean": mean, "worst": {k: min(v) for k, v in speed.items()},
+                      "rho": float(np.mean([r["tailsieve"]["record_rho"] for r in rs])),
+                      "planned": float(np.mean([r["tailsieve"]["planned_steps"] for r in rs])),
+                      "split": float(np.mean([r["tailsieve"]["split_steps"] for r in rs])),
+                      "steps": rs[0]["steps"], "aborted": float(np.mean([r["tailsieve"]["aborted_share"] for r in rs])),
+                      "deferral": max(r["tailsieve"]["max_deferral_steps"] for r in rs),
+                      "share": (mean["tailsieve"] - 1) / gain if gain >= 0.05 else None}
+    return cells
+
+
+def later_epochs_table(files: tuple[Path, ...] = ()) -> str:
+    """docs/results.md's later-epoch table (and ``record_plan.py --report``'s, of its files)."""
+    lines = ["| cell | shape | seeds | record ρ | TailSieve now [worst seed] | TailSieve, planned steps [worst seed] | "
+             "record-oracle-split | prompt-oracle-split | share of its gain | planned / split steps |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    order = {cell: i for i, cell in enumerate(f"{s}-{t}" for s in SETUP_LABELS for t in TAILS)}
+    for (shape, cell), c in sorted(record_plan_cells(files).items(), key=lambda kv: (-int(kv[0][0].split("x")[0]),
+                                                                               order[kv[0][1]])):
+        m, w = c["mean"], c["worst"]
+        share = f"{c['share']:.0%}" if c["share"] is not None else "–"
+        lines.append(f"| {cell} | {shape} | {c['seeds']} | {c['rho']:.2f} | {m[NOW]:.3f} [{w[NOW]:.3f}] | "
+                     f"{m['tailsieve']:.3f} [{w['tailsieve']:.3f}] | {m['record-oracle-split']:.3f} | "
+                     f"{m['prompt-oracle-split']:.3f} | {share} | {c['planned']:.1f} / {c['split']:.1f} of {c['steps']} |")
+    return "\n" + "\n".join(lines) + "\n"
+
+
+def later_epochs_share() -> str:
+    """The span of TailSieve's share of the per-prompt oracle's gain over the later-epoch cells where it is >= 5 %."""
+    shares = [c["share"] for c in record_plan_cells().values() if c["share"] is not None]
+    return _span([100 * x for x in shares], 0, "–") + " %"
+
+
+def later_epochs_lowest() -> str:
+    return f"{min(c['mean']['tailsieve'] for c in record_plan_cells().values()):.3f}"
+
+
 RENDERERS = {
     "current-table": current_table,
     "current-detail": current_detail,
@@ -280,6 +335,9 @@ RENDERERS = {
     "preset-real": lambda: preset_ratio("real"),
     "preset-strong": lambda: preset_ratio("strong"),
     "history-2026-12-03": history_table_2026_12_03,
+    "later-epochs": later_epochs_table,
+    "later-epochs-share": later_epochs_share,
+    "later-epochs-lowest": later_epochs_lowest,
 }
 
 

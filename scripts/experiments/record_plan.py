@@ -40,8 +40,10 @@ from tailsieve_verl.core.data.workload import PromptPool, get_preset
 from tailsieve_verl.core.simulation import sim
 from tailsieve_verl.core.simulation.step_split import StepSplitPlanner
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: the docs' table renderer
+from docs_numbers import NOW, later_epochs_table  # noqa: E402
+
 POLICIES = ("verl", "tailsieve", "record-oracle-split", "prompt-oracle-split")
-NOW = "tailsieve-record-off"  # the TailSieve of 9a9ee35: the record ranks candidates, the controller plans
 
 
 def run(job: dict) -> dict:
@@ -73,27 +75,9 @@ def run(job: dict) -> dict:
 
 
 def report(paths: list[str]) -> None:
-    rows = [json.loads(line) for path in paths for line in Path(path).read_text().splitlines() if line.strip()]
-    by_cell: dict = {}
-    for r in rows:
-        by_cell.setdefault((r["shape"], r["cell"]), []).append(r)
-    print("Epochs >= 2 (second-epoch steps; speedup over stock verl, mean over seeds [worst seed]); "
-          "share = TailSieve's gain / prompt-oracle-split's where that is >= 5 %")
-    print("| cell | shape | seeds | record rho | TailSieve now | TailSieve, planned steps | record-oracle-split | "
-          "prompt-oracle-split | share | planned steps | aborted | max deferral |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
-    for (shape, cell), rs in sorted(by_cell.items(), key=lambda kv: (kv[0][0], CELLS.index(kv[0][1]))):
-        speed = {name: [r["speedup_vs_verl"][name] for r in rs] for name in rs[0]["speedup_vs_verl"]}
-        mean = {name: float(np.mean(v)) for name, v in speed.items()}
-        oracle_gain = mean["prompt-oracle-split"] - 1
-        share = f"{(mean['tailsieve'] - 1) / oracle_gain:.0%}" if oracle_gain >= 0.05 else "–"
-        rho = [r["tailsieve"]["record_rho"] for r in rs if r["tailsieve"]["record_rho"] is not None]
-        planned = np.mean([r["tailsieve"]["planned_steps"] for r in rs])
-        print(f"| {cell} | {shape} | {len(rs)} | {np.mean(rho):.2f} | {mean[NOW]:.3f} [{min(speed[NOW]):.3f}] | "
-              f"{mean['tailsieve']:.3f} [{min(speed['tailsieve']):.3f}] | {mean['record-oracle-split']:.3f} | "
-              f"{mean['prompt-oracle-split']:.3f} | {share} | {planned:.1f} of {rs[0]['steps']} | "
-              f"{np.mean([r['tailsieve']['aborted_share'] for r in rs]):.1%} | "
-              f"{max(r['tailsieve']['max_deferral_steps'] for r in rs)} |")
+    print("Epochs >= 2 (second-epoch steps; speedup over stock verl, mean over seeds [worst seed]); share = TailSieve's "
+          "gain / prompt-oracle-split's where that is >= 5 %")
+    print(later_epochs_table(tuple(Path(p) for p in paths)))
 
 
 def planner_cost(repeats: int) -> None:
