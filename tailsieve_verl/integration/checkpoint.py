@@ -26,7 +26,8 @@ record. Three promises:
     step as carried candidates and trained exactly once, whatever the new batch size, replicas or
     dataset — possible while they fit in one step (fewer than ``data.train_batch_size``). The
     per-prompt record is kept; the controller's learned state only when batch size, replicas and
-    ``candidate_factor`` are unchanged (else it restarts from ``q0`` / ``tail_replicas``);
+    ``candidate_factor`` are unchanged (else it restarts from ``q0`` / ``tail_replicas``); the
+    record-planned steps' state and guard (``core.tailsieve.cycle``) start afresh;
   - ``drop_carried``: the carried prompts are not regenerated (a warning counts and names them:
     they come back in the next epoch); the only way on when the file is unreadable.
 """
@@ -243,9 +244,10 @@ def plan_restore(state: Mapping, path: str, shape: RunShape, policy: str) -> Res
                            "restored; its %d carried prompts are regenerated in the next step", path, shape.split[0],
                            shape.split[1], "on" if shape.split[2] else "off",
                            f"the pinned split {saved.split[:2]}" if saved.split else "adaptive", len(carried))
+        # record_plan: the record-planned steps' state and guard (absent in older files: nothing planned yet)
         return Restore({"selector": selector, "controller": controller,
-                        "prompt_record": state.get("prompt_record"), "abort_share": state.get("abort_share", 1.0)},
-                       rows, drawn)
+                        "prompt_record": state.get("prompt_record"), "abort_share": state.get("abort_share", 1.0),
+                        "record_plan": state.get("record_plan")}, rows, drawn)
     if policy == "stop":
         as_saved = shape.how_to_resume_as_saved(saved)
         raise CheckpointMismatchError(
@@ -265,7 +267,8 @@ def plan_restore(state: Mapping, path: str, shape: RunShape, policy: str) -> Res
     logger.warning("TailSieve: resuming from %s under %s=%s despite %s: its %d carried prompts %s; the controller %s",
                    path, _POLICY_KEY, policy, "; ".join(differences), len(carried), fate,
                    "keeps its learned state" if controller is not None else "restarts from q0 / tail_replicas")
-    # the queue is a list of prompts: it fits any batch it is shorter than (checked above)
+    # the queue is a list of prompts: it fits any batch it is shorter than (checked above). The per-prompt record
+    # fits any shape and is kept; the record-planned steps' guard measured another shape's splits: it starts afresh
     return Restore({"selector": dict(selector, batch_size=shape.batch_size), "controller": controller,
                     "prompt_record": state.get("prompt_record")}, rows, drawn)
 

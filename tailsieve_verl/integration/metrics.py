@@ -31,6 +31,15 @@ verl's V1 trainer aggregates ``_step_once`` metrics by key name and hands them t
 ``tailsieve/redispatched_groups``, ``tailsieve/live_replicas``  replica-failure handling
 ``tailsieve/refused_groups``   prompts the engine refused this step, each dropped and replaced by a
                                fresh one (``tailsieve.on_refused_request=skip``)
+``tailsieve/record_planned``  1 where the step's split was planned from the per-prompt record before it
+                               started (a later epoch: core.tailsieve.cycle's record-planned steps; the
+                               q heaviest predicted groups in the tail pool, nothing aborted), else 0
+``tailsieve/record_coverage``  the share of the step's prompts the record had measured
+``tailsieve/record_rho``       Spearman ρ of the record's predicted vs measured group work over the
+                               step's consumed groups it predicted (absent with fewer than 3)
+``tailsieve/record_plan_relative``  the best planned split's makespan over one shared pool's, on the
+                               predicted lengths (taken only below 1 − plan_margin; 1 where not planned)
+``tailsieve/record_plan_cpu_s``  CPU seconds the step planner took (0 where not planned)
 ``tailsieve/bias/*``           the core's length-bias monitor (``core.tailsieve.bias``): KS distance of this
                                step's consumed lengths to every group pulled in the last steps
                                (aborted ones as lower bounds), its noise level, ratio, mean shift
@@ -45,6 +54,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from tailsieve_verl.core.tailsieve.controller import Decision, GroupRecord, StepObservation
+from tailsieve_verl.core.tailsieve.cycle import RecordPlan
 from tailsieve_verl.core.engine.engine import EngineConfig, replica_engines
 from tailsieve_verl.core.engine.perf import PerfModel
 from tailsieve_verl.core.routing.policies import pool_assignment
@@ -124,3 +134,18 @@ def step_metrics(measurement: StepMeasurement, observation: StepObservation, dec
         "tailsieve/live_replicas": float(measurement.live_replicas),
         "tailsieve/refused_groups": float(measurement.refused),
     }
+
+
+def record_plan_metrics(plan: RecordPlan | None) -> dict[str, float]:
+    """What the per-prompt record did in the step (``TailSieveCycle.last_record_plan``); ρ only where measured."""
+    if plan is None:
+        return {}
+    metrics = {
+        "tailsieve/record_planned": float(plan.planned),
+        "tailsieve/record_coverage": float(plan.coverage),
+        "tailsieve/record_plan_relative": float(plan.predicted_relative),
+        "tailsieve/record_plan_cpu_s": float(plan.plan_cpu_s),
+    }
+    if plan.rho is not None:
+        metrics["tailsieve/record_rho"] = float(plan.rho)
+    return metrics

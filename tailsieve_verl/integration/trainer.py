@@ -8,6 +8,9 @@ with TailSieve's rollout step in place of "submit B prompts, wait for B groups":
    carried candidates by abort score, and fresh prompts the per-prompt length record knows to be
    heavier, are regenerated from scratch (new verl uid) in the tail pool; the other candidates and
    fresh prompts, ``B − T + a`` groups, go to the bulk pool; the router learns each group's pool.
+   From the second epoch on, where the record has measured the step's prompts, the split is planned from
+   their recorded lengths instead (record-planned steps: the q heaviest predicted groups in the tail pool,
+   B groups pulled, nothing aborted; ``tailsieve.controller.record_plan``).
 2. ``replay_buffer.sample`` (:class:`TailSieveReplayBuffer`): as soon as ``B − T`` bulk groups have
    finished, the bulk groups still running are aborted — those groups only (``abort_groups`` on every
    server: their requests, and any later request of theirs, come back aborted at once; the engines
@@ -71,6 +74,7 @@ from verl.utils.transferqueue_utils import KVBatchMeta
 from tailsieve_verl.core.tailsieve.bias import LengthBiasMonitor
 from tailsieve_verl.core.kinds import DecisionKind, Pool
 from tailsieve_verl.core.simulation.split_planner import run_planner
+from tailsieve_verl.core.simulation.step_split import run_step_planner
 from tailsieve_verl.core.tailsieve.controller import GroupRecord
 from tailsieve_verl.core.tailsieve.cycle import TailSieveCycle
 from tailsieve_verl.core.tailsieve.selector import StepOutcome, StepPlan, fresh_cutoff, group_work
@@ -80,7 +84,7 @@ from tailsieve_verl.integration.config import TRAINER_MODE, TailSieveConfig, rol
 from tailsieve_verl.integration.engine_config import (has_pool_engine_settings, install_tailsieve_vllm,
                                                        launched_tail, pool_engine_models)
 from tailsieve_verl.integration.group_status import GroupStatus
-from tailsieve_verl.integration.metrics import StepMeasurement, step_metrics
+from tailsieve_verl.integration.metrics import StepMeasurement, record_plan_metrics, step_metrics
 from tailsieve_verl.integration.prompts import plain, prompt_key
 from tailsieve_verl.integration.placement import choose_tail
 from tailsieve_verl.integration.verl_compat import check_verl_internals
@@ -260,10 +264,13 @@ class TailSieveTrainer(PPOTrainerSync):
         controller, perf, per_sample = self.settings.controller_config(), self.settings.perf(), not self.settings.group_atomic
         planner = run_planner(controller, self.n_replicas, self.batch_size, self.samples_per_group, perf,
                               self.pool_engines, per_sample) if self.settings.active else None
+        # later epochs: each step's split planned from the per-prompt record (core.tailsieve.cycle, record-planned steps)
+        step_planner = run_step_planner(controller, self.n_replicas, self.batch_size, perf, self.pool_engines,
+                                        per_sample) if self.settings.active else None
         self.cycle = TailSieveCycle(self.batch_size, self.n_replicas, controller, perf, per_sample=per_sample,
                                     adaptive=self.settings.active, prompt_key=lambda identity: self.prompt_keys[identity],
                                     engines=self.pool_engines, record_replaces_aborts=self.settings.record_replaces_aborts,
-                                    planner=planner)
+                                    planner=planner, step_planner=step_planner, group_size=self.samples_per_group)
         self.carried_rows: dict[str, TensorDict] = {}
         self.drawn_rows: list[TensorDict] = []  # prompts drawn from verl's loader, not yet dispatched, in order
         self.prompt_keys: dict[str, str] = {}  # identity -> prompt_key of its row, for the carried and this step
@@ -779,12 +786,18 @@ class TailSieveTrainer(PPOTrainerSync):
         measured = self._measured(state, reports, batch)
         tail = [(identity[u], measured[u]) for u in tail_uids]
         bulk = [(identity[u], measured[u]) for u in consumed_bulk]
+        guard_off = self.cycle.guard.off
         outcome, observation = self.cycle.finish(
             plan, [identity[u] for u in consumed_bulk], scores, tail=tail, bulk=bulk, m=state.m_used,
             cutoff_s=max((g.finish_s for _, g in bulk), default=0.0), prompt_len=self._mean_prompt_len(batch),
             policy_version=self.global_steps)
-        if self.cycle.decision.kind == DecisionKind.OUTER:  # the split moves: say why (a plan, a probe, the way back)
+        record_plan = self.cycle.last_record_plan
+        # the split moves: say why (a plan, a probe, the way back); a record-planned step leaves the decision as it was
+        if self.cycle.decision.kind == DecisionKind.OUTER and not record_plan.planned:
             logger.info("TailSieve step %d: %s", self.global_steps, self.cycle.decision.reason)
+        if self.cycle.guard.off and not guard_off:  # record planning stops for the rest of the run: say why
+            logger.info("TailSieve step %d: record-planned steps stop, back to the controller's decisions: %s",
+                        self.global_steps, self.cycle.guard.off)
         self.last_outcome = outcome
         self.carried_rows = {pid: rows[pid] for pid in outcome.carried_ids}
         self.prompt_keys = {pid: self.prompt_keys[pid] for pid in outcome.carried_ids}
@@ -797,6 +810,7 @@ class TailSieveTrainer(PPOTrainerSync):
             redispatched=state.redispatched, live_replicas=len(self._replicas_by_address()), refused=state.refused)
         self.tailsieve_metrics = step_metrics(measurement, observation, self.cycle.decision, self.n_replicas,
                                               self.settings.perf(), self.settings.group_atomic, self.pool_engines)
+        self.tailsieve_metrics.update(record_plan_metrics(record_plan))
         consumed_lengths = [g.lengths for g in measurement.tail + measurement.bulk if g.lengths]
         if self.bias_monitor is not None and consumed_lengths:
             self._watch_bias(self.bias_monitor.update(consumed_lengths))

@@ -57,7 +57,9 @@ def _write_prompts(path: Path, n_prompts: int = N_PROMPTS) -> Path:
 def assets(tmp_path_factory):
     root = tmp_path_factory.mktemp("tailsieve_integration")
     return SimpleNamespace(model=_write_tiny_model(root / "model"), data=_write_prompts(root / "train.parquet"),
-                           small_data=_write_prompts(root / "small.parquet", 12), root=root)
+                           small_data=_write_prompts(root / "small.parquet", 12),
+                           epoch_data=_write_prompts(root / "epoch.parquet", 16),  # two steps of 8 an epoch
+                           root=root)
 
 
 @pytest.fixture(scope="session")

@@ -137,6 +137,12 @@ def test_a_plugin_upgrade_alone_resumes_everything(tmp_path):
     folder = _write_folder(tmp_path, dict(state, run=dict(state["run"], plugin_version="0.0.1")))
     restore = restore_for_resume(str(folder), SHAPE, "stop")
     assert restore.cycle_state["controller"] == state["controller"] and set(restore.carried_rows) == set(carried)
+    assert restore.cycle_state["record_plan"] == state["record_plan"]  # the record-planned steps' state and guard
+    older = {k: v for k, v in state.items() if k != "record_plan"}  # written before record-planned steps
+    restore = restore_for_resume(str(_write_folder(tmp_path, older, step=4)), SHAPE, "stop")
+    cycle = TailSieveCycle(B, R, CONFIG, LinearPerf(0.01, 0.0001))
+    cycle.load_state_dict(restore.cycle_state)
+    assert restore.cycle_state["record_plan"] is None and not cycle.planning and not cycle.guard.off
 
 
 def test_a_changed_pinned_split_starts_there_and_keeps_the_carried_prompts(tmp_path, caplog):
@@ -168,6 +174,7 @@ def test_keep_carried_regenerates_the_carried_prompts_under_a_new_batch_size(tmp
     assert set(restore.carried_rows) == set(carried)
     assert restore.cycle_state["controller"] is None  # its learned state is shaped by batch 4
     assert restore.cycle_state["prompt_record"] == state["prompt_record"]
+    assert "record_plan" not in restore.cycle_state  # the record-planned steps' guard starts afresh
     cycle = TailSieveCycle(8, R, CONFIG, LinearPerf(0.01, 0.0001))
     cycle.load_state_dict(restore.cycle_state)  # the queue fits the new batch
     plan, _ = cycle.plan([f"f{i}" for i in range(cycle.n_fresh())], R)
@@ -183,6 +190,7 @@ def test_drop_carried_names_the_prompts_it_does_not_regenerate(tmp_path, caplog)
     folder = _write_folder(tmp_path, state)
     restore = restore_for_resume(str(folder), RunShape(B, 2, 2.0), "drop_carried")
     assert restore.cycle_state["selector"]["carried"] == [] and restore.carried_rows == {}
+    assert restore.cycle_state["prompt_record"] == state["prompt_record"] and "record_plan" not in restore.cycle_state
     assert "its 2 carried prompts are not regenerated (prompt keys " in caplog.text
 
 

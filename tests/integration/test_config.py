@@ -150,6 +150,25 @@ def test_wiring_refuses_to_replace_a_users_router():
         wire_verl_config(config)
 
 
+def test_record_planned_steps_are_on_in_adaptive_mode_and_switched_off_from_hydra():
+    """The trainer's step planner (core.simulation.step_split.run_step_planner): adaptive runs get one; the
+    Hydra switch and a pinned split leave it out."""
+    from tailsieve_verl.core.engine.replica import NO_LIMITS
+    from tailsieve_verl.core.simulation.step_split import StepSplitPlanner, run_step_planner
+
+    def planner(overrides: list[str]):
+        settings = validate_verl_config(shipped(overrides))
+        return run_step_planner(settings.controller_config(), 4, 32, settings.perf(), (NO_LIMITS, NO_LIMITS),
+                                per_sample=not settings.group_atomic)
+
+    assert isinstance(planner([]), StepSplitPlanner) and not planner([]).group_atomic
+    assert planner(["+tailsieve.group_atomic=true"]).group_atomic
+    assert planner(["+tailsieve.controller.record_plan=false"]) is None
+    assert planner(["tailsieve.mode=fixed"]) is None
+    assert validate_verl_config(shipped(["+tailsieve.controller.record_plan_coverage=0.8"])).controller_config(
+    ).record_plan_coverage == 0.8
+
+
 def test_fixed_mode_and_pool_engine_settings_pin_the_split():
     assert shipped(["tailsieve.mode=fixed", "tailsieve.q0=4"]) is not None
     fixed = validate_verl_config(shipped(["tailsieve.mode=fixed", "tailsieve.q0=4"])).controller_config()

@@ -106,6 +106,80 @@ def test_adaptive_mode_starts_at_one_shared_pool(harness_factory, tmp_path):
     assert decision.m in (0, planned.m) and (decision.m == 0) == (decision.q == 0)
 
 
+def test_later_epochs_are_planned_from_the_record_and_a_resume_keeps_it(harness_factory, assets, tmp_path, caplog):
+    """16 prompts, two steps an epoch, the controller held at one shared pool: from the second epoch on the
+    per-prompt record knows every prompt and each step is planned from it (core.tailsieve.cycle: record-planned
+    steps) — its q heaviest predicted groups on a tail pool, nothing aborted, every prompt once an epoch — until
+    the guard finds the controller's split better (said in one line). A resume mid-epoch restores the record and
+    the planning state; a resume under another batch size (keep_carried) keeps the record and starts the planning
+    guard afresh."""
+    import logging
+
+    from tailsieve_verl.core.tailsieve.cycle import TailSieveCycle
+
+    caplog.set_level(logging.INFO, logger="tailsieve_verl.integration.trainer")
+    overrides = [f"data.train_files={assets.epoch_data}", "+tailsieve.tail_replicas=0",
+                 # the controller stays at one shared pool (no probe); any predicted gain is planned, and the
+                 # plans' predictions, not one step's noise, decide the way back
+                 "+tailsieve.controller.plan_probe=false", "+tailsieve.controller.switch_threshold=1.0",
+                 "+tailsieve.controller.plan_margin=0", "+tailsieve.controller.plan_weight=1000",
+                 f"trainer.default_local_dir={tmp_path}"]
+    h = harness_factory(overrides)
+    assert h.trainer.cycle.step_planner is not None and h.trainer.cycle.group_size == N
+    results = [h.step() for _ in range(3)]
+    for step, r in enumerate(results, 1):
+        m = r["metrics"]
+        _check_whole_batch(r)
+        assert m["tailsieve/aborted_groups"] == 0 and not r["outcome"].carried_ids
+        if step <= 2:  # the first epoch: nothing known, nothing planned from the record, one shared pool
+            assert (m["tailsieve/record_planned"], m["tailsieve/record_coverage"], m["tailsieve/m"]) == (0, 0, 0)
+            assert "tailsieve/record_rho" not in m and m["tailsieve/record_plan_cpu_s"] == 0
+        else:  # the second: every prompt known, the step planned from the record
+            assert (m["tailsieve/record_planned"], m["tailsieve/record_coverage"]) == (1, 1.0)
+            assert -1 <= m["tailsieve/record_rho"] <= 1 and m["tailsieve/record_plan_cpu_s"] > 0
+    assert h.trainer.cycle.decision.split == (0, 0)  # the controller waited
+    # a plan that keeps one shared pool, measured against the controller's one shared pool, may stop planning
+    stopped = h.trainer.cycle.guard.off
+    assert h.trainer.cycle.planning == (not stopped)
+    assert (f"record-planned steps stop, back to the controller's decisions: {stopped}" in caplog.text) == bool(stopped)
+    state = h.trainer.cycle.state_dict()
+    h.trainer._save_checkpoint()
+    h.close()
+
+    resumed = harness_factory(overrides)  # resume_mode=auto: global_step_3, mid-epoch
+    assert resumed.trainer.global_steps == 3
+    assert resumed.trainer.cycle.state_dict() == state  # the record and the planning state came back
+    results.append(resumed.step())
+    m, outcome = results[-1]["metrics"], results[-1]["outcome"]
+    _check_whole_batch(results[-1])
+    assert (m["tailsieve/record_planned"], m["tailsieve/record_coverage"]) == (0 if stopped else 1, 1.0)
+    assert "tailsieve/record_rho" in m
+    assert m["tailsieve/aborted_groups"] == 0 and not outcome.carried_ids  # planned: nothing aborted or carried
+    assert sum(s["aborted"] for s in resumed.server_stats()) == 0
+    assert m["tailsieve/q"] == m["tailsieve/carried_groups"] + m["tailsieve/record_tail_groups"]
+    assert (m["tailsieve/m"] > 0) == (m["tailsieve/q"] > 0) and 0 < m["tailsieve/record_plan_relative"] <= 1
+    # two epochs in four steps: every prompt consumed once an epoch (whole groups), every pull once
+    consumed = [c for r in results for c in r["outcome"].consumed_ids]
+    assert len(consumed) == len(set(consumed)) == 4 * B
+    assert set(Counter(p for r in results for p in r["prompt_ids"]).values()) == {2 * N}
+    assert not resumed.trainer.carried_rows and not resumed.trainer.drawn_rows
+    record, guard = resumed.trainer.cycle.record, resumed.trainer.cycle.guard
+    keys = list(record.state_dict()["prompts"])
+    assert len(keys) == 16 and guard.steps == (1 if stopped else 2)  # the planned steps measured
+    saved, predictions = record.state_dict(), record.predictions(keys)
+    resumed.trainer._save_checkpoint()
+    resumed.close()
+
+    # another batch size: the record is kept whole, the record-planned steps' guard starts afresh
+    wider = harness_factory(overrides + ["data.train_batch_size=16", "+tailsieve.on_checkpoint_mismatch=keep_carried"])
+    cycle = wider.trainer.cycle
+    assert wider.trainer.global_steps == 4 and cycle.selector.batch_size == 16
+    assert cycle.record.state_dict() == saved  # as saved: its predictions (the file rounds the record's figures)
+    assert cycle.record.predictions(keys) == pytest.approx(predictions, rel=1e-4)
+    fresh = TailSieveCycle(16, R, cycle.controller.config, wider.trainer.settings.perf())
+    assert not cycle.planning and vars(cycle.guard) == vars(fresh.guard)
+
+
 def test_carried_groups_are_regenerated_and_survive_checkpoint_resume(harness_factory, tmp_path):
     overrides = ["+tailsieve.mode=fixed", "+tailsieve.q0=2", "+tailsieve.tail_replicas=1",
                  "+tailsieve.controller.inner_loop=false",  # hold q = 2 too, so every step carries 2

@@ -97,3 +97,13 @@ def step_planner_for(controller: ControllerConfig, cfg: SimConfig, perf: PerfMod
         return None
     return StepSplitPlanner(cfg.n_replicas, cfg.batch_size, perf, cfg.tail_and_bulk_engines, cfg.group_atomic,
                             cfg.seed)
+
+
+def run_step_planner(controller: ControllerConfig, n_replicas: int, batch_size: int, perf: PerfModel,
+                     engines: tuple[EngineConfig, EngineConfig], per_sample: bool) -> StepSplitPlanner | None:
+    """:func:`step_planner_for` a training run: its replicas, batch and (tail, bulk) pool engines, whole groups
+    where the pools route whole groups (not ``per_sample``)."""
+    tail, bulk = engines
+    cfg = SimConfig(n_replicas=n_replicas, batch_size=batch_size, group_atomic=not per_sample, engine=bulk,
+                    tail_engine=tail, bulk_engine=bulk)
+    return step_planner_for(controller, cfg, perf)
