@@ -9,12 +9,16 @@ Qwen3-8B dense (``table:h200-dense:qwen3-8b``) under verl 0.9.1's rollout defaul
 * ``default``: ``simulate``'s default policies (the clairvoyant references search for at most
   ``--oracle-time-limit`` wall seconds a step, so their share depends on the machine's load);
 * ``hindsight``: ``best-static`` and ``clairvoyant-split``;
-* ``plan``: ``plan`` of one logged 512 × 16 step at its own batch size (refused before).
+* ``plan``: ``plan`` of one logged 512 × 16 step at its own batch size (refused before), ``--steps`` steps
+  and ``--seeds`` seeds;
+* ``plan-quick``: the same plan at 3 steps and 1 seed (``tailsieve plan --steps 3 --seeds 1``), whatever
+  ``--steps`` and ``--seeds`` say.
 
 CPU seconds (``time.process_time`` of the run, the figure that survives a shared machine) and wall
-seconds, one core each (``jobs`` 1), numba's load of its compiled walk included::
+seconds, one core each (``jobs`` 1), numba's load of its compiled walk included. ``--after COMMIT`` measures
+that commit's package instead of this tree's (a tree with someone else's uncommitted work in it)::
 
-    PYTHONPATH=. python scripts/bench_speed.py --steps 3 [--scenarios default,hindsight,plan] [--before 2b7a8b1]
+    PYTHONPATH=. python scripts/bench_speed.py --steps 3 [--scenarios default,hindsight,plan,plan-quick] [--before 2b7a8b1] [--after COMMIT]
 """
 
 from __future__ import annotations
@@ -80,7 +84,12 @@ def package_at(commit: str, into: Path) -> Path:
     return into
 
 
+QUICK_PLAN = (3, 1)  # plan-quick's steps and seeds
+
+
 def measure(tree: Path, scenario: str, steps: int, seeds: int) -> dict:
+    if scenario == "plan-quick":
+        scenario, (steps, seeds) = "plan", QUICK_PLAN
     # run in the tree: ``python -c`` puts the working directory before PYTHONPATH
     run = subprocess.run([sys.executable, "-c", DRIVER, scenario, str(steps), str(seeds)], capture_output=True,
                          text=True, cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)})
@@ -96,18 +105,22 @@ def measure(tree: Path, scenario: str, steps: int, seeds: int) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--before", default=BEFORE, help="the commit to measure against")
+    ap.add_argument("--after", default=None, help="the commit to measure (default: this working tree)")
     ap.add_argument("--steps", type=int, default=30, help="simulated steps per run (both sides)")
     ap.add_argument("--seeds", type=int, default=5, help="plan: seeds")
-    ap.add_argument("--scenarios", default="default,hindsight,plan")
+    ap.add_argument("--scenarios", default="default,hindsight,plan",
+                    help="comma-separated: default, hindsight, plan, plan-quick")
     ap.add_argument("--after-only", action="store_true", help="skip the before side (e.g. a long --steps run)")
     args = ap.parse_args()
     print(f"512 x 16 on 8 replicas, Qwen3-8B dense under verl's rollout defaults, real tails, 32k cap; "
-          f"{args.steps} steps{f', plan {args.seeds} seeds' if 'plan' in args.scenarios else ''}; one core each")
+          f"{args.steps} steps{f', plan {args.seeds} seeds' if 'plan' in args.scenarios.split(',') else ''}"
+          f"{'; plan-quick %d steps, %d seed' % QUICK_PLAN if 'plan-quick' in args.scenarios.split(',') else ''}; "
+          f"before {args.before}, after {args.after or 'this tree'}; one core each")
     print(f"{'scenario':>10} {'side':>7} {'CPU s':>8} {'wall s':>8}  result")
     with tempfile.TemporaryDirectory() as tmp:
-        sides = {"after": ROOT}
+        sides = {"after": package_at(args.after, Path(tmp) / "after") if args.after else ROOT}
         if not args.after_only:
-            sides = {"before": package_at(args.before, Path(tmp)), **sides}
+            sides = {"before": package_at(args.before, Path(tmp) / "before"), **sides}
         for scenario in args.scenarios.split(","):
             cpu = {}
             for side, tree in sides.items():

@@ -18,6 +18,7 @@ from tailsieve_verl.core.tailsieve.controller import (ControllerConfig, Controll
                                                       HierarchicalController, PlannedSplit, StepObservation)
 from tailsieve_verl.core.tailsieve.fluid import ConsumedBatch
 from tailsieve_verl.core.engine.engine import EngineConfig
+from tailsieve_verl.core.errors import TailSieveError
 
 PERF = parse_perf_model("table:h200-dense")
 B, R, N = 32, 4, 8
@@ -45,6 +46,18 @@ def test_weak_tails_plan_a_split_and_equal_lengths_plan_one_shared_pool():
     assert planner(_measured("weak", 2), 200.0) == weak  # fixed stream seeds: a plan is reproducible
     equal = planner([_batch([(1000,) * N] * B)] * 2, 200.0)
     assert equal.relative >= 0.99  # nothing to isolate: no split beats one shared pool by a margin
+
+
+def test_the_screen_keeps_the_full_search_pick_and_refuses_bad_rounds():
+    """Successive halving on the first draw (the default screen) plans what every split run in full plans,
+    its predicted makespan included: the survivors run the same steps on the same draws."""
+    screened, full = OnlineSplitPlanner(CFG, PERF), OnlineSplitPlanner(CFG, PERF, screen=())
+    assert screened.screen and len(screened.grid) > 1 + min(keep for _, keep in screened.screen)  # the screen drops splits
+    for preset, seed in (("weak", 2), ("weak", 5), ("real", 1)):
+        assert screened(_measured(preset, seed), 200.0) == full(_measured(preset, seed), 200.0)
+    for screen in (((0, 4),), ((10, 4),), ((2, 0),), ((2, 4), (1, 2))):
+        with pytest.raises(TailSieveError, match="screen"):
+            OnlineSplitPlanner(CFG, PERF, screen=screen)
 
 
 def test_the_planner_is_built_only_where_the_controller_plans():

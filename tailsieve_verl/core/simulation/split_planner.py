@@ -45,21 +45,39 @@ def prompt_pool(trace: Trace, batch: int, seed: int) -> PromptPool:
 class OnlineSplitPlanner:
     """The controller's split planner (:class:`core.tailsieve.controller.SplitPlanner`): ``tailsieve plan``'s
     fixed-split search run online on the consumed groups of the steps just measured. Those groups become a
-    prompt pool (each regeneration resamples a group's observed lengths, :func:`prompt_pool`); every split of
-    the coarse grid with m <= R/2 (the probe range) runs pinned for ``steps`` steps on ``seeds`` draws of it,
-    on ``cfg``'s replicas and engines; the split with the least mean makespan after its first step (which
-    aborts without a tail pool) wins, its makespan relative to one shared pool's.
+    prompt pool (each regeneration resamples a group's observed lengths, :func:`prompt_pool`); the splits of
+    the coarse grid with m <= R/2 (the probe range) run pinned on ``cfg``'s replicas and engines, and the
+    split with the least mean makespan after its first step (which aborts without a tail pool) over
+    ``steps`` steps on ``seeds`` draws of it wins, its makespan relative to one shared pool's.
 
-    Cost: 33 splits × 2 seeds × 10 steps at 512 × 16 on 8 replicas, 40-55 CPU-seconds, once per run; it
-    grows with R/2 × batch (64 splits and about 100 CPU-seconds on 16 replicas).
+    Not every split runs every step: ``screen`` races them (successive halving). Each (step, keep) round runs
+    the splits still in the race to that step on every draw and keeps the ``keep`` with the least mean
+    makespan of steps 1..step (one shared pool, the yardstick, always stays); the survivors run the rest
+    of the ``steps``, so the pick and its predicted makespan are the full search's wherever the full
+    search's pick survives the rounds. The first step of every split with the same q is the same engine
+    work (no tail pool yet): the race runs the splits in q order, so the engine's run cache serves it once
+    per q. The default, after step 1 keep 16, after step 4 keep 6, kept the full search's pick and
+    prediction on every recorded history tried (dense weak, dense8b weak, dense8b real at 512 × 16 with a
+    32k cap, and dense weak, dense8b weak at 256 × 16, 16k cap, seeds 0 and 1); in the eight whose full
+    grid was run the pick ranked at most 3rd of those kept. Keeping 4 after step 4 lost it once (dense weak
+    256 × 16 seed 0: (1, 1) at 0.903 for (4, 1) at 0.901); a race on one draw, or to step 2 only, lost it at
+    256 × 16 (14th-15th on one draw after step 1, first on both draws only from step 4).
+
+    Cost: at 512 × 16 on 8 replicas, 33 splits, about 280 pinned steps instead of 660 (33 × 2 draws × 10):
+    21-22 CPU-seconds on weak tails and 33-37 on real ones at a 32k cap (the full search: 55-56 and 88-102),
+    11 at 256 × 16 (27), once per run; it grows with R/2 × batch.
     No per-prompt record (a first epoch); the stream seeds are fixed, so a plan is reproducible."""
 
-    def __init__(self, cfg: SimConfig, perf: PerfModel, steps: int = 10, seeds: int = 2):
+    def __init__(self, cfg: SimConfig, perf: PerfModel, steps: int = 10, seeds: int = 2,
+                 screen: Sequence[tuple[int, int]] = ((1, 16), (4, 6))):
         if steps < 2 or seeds < 1:
             raise TailSieveError(f"an online plan needs >= 2 steps and >= 1 seed, got {steps}, {seeds}")
+        rounds = [t for t, _ in screen]
+        if any(not 1 <= t < steps or keep < 1 for t, keep in screen) or rounds != sorted(set(rounds)):
+            raise TailSieveError(f"a screen is (step, keep) rounds with 1 <= step < {steps} in increasing order, got {screen}")
         self.cfg = replace(cfg, policies=("verl",), prompt_record=False, record_replaces_aborts=False,
                            length_prior_sigma=None, steps=steps)
-        self.perf, self.steps, self.seeds = perf, steps, seeds
+        self.perf, self.steps, self.seeds, self.screen = perf, steps, seeds, tuple(screen)
         R, B = cfg.n_replicas, cfg.batch_size
         self.grid = [s for s in static_grid(R, B, cfg.controller.max_q_fraction, coarse=True) if s[1] <= R // 2]
 
@@ -67,16 +85,26 @@ class OnlineSplitPlanner:
         groups = tuple(Group(f"p{b}_{i}", tuple(int(x) for x in row[:size]), prompt_len)
                        for b, batch in enumerate(history) for i, (row, size) in enumerate(zip(batch.by_group, batch.sizes)))
         trace = Trace(groups, name="online plan")
-        makespans = {split: [] for split in self.grid}
-        for k in range(self.seeds):
-            cfg = replace(self.cfg, seed=1000 + k)
-            pool = prompt_pool(trace, cfg.batch_size, cfg.seed)
-            for split in self.grid:
-                pinned = static_split_runner(cfg, pool, self.perf, split, "fixed")
-                for t in range(self.steps):
-                    pinned.step(t, keep=False)
-                makespans[split].append(np.mean(pinned.result.makespans[1:]))
-        mean = {split: float(np.mean(v)) for split, v in makespans.items()}
+        cfgs = [replace(self.cfg, seed=1000 + k) for k in range(self.seeds)]
+        pools = [prompt_pool(trace, c.batch_size, c.seed) for c in cfgs]
+
+        def score(runs: list) -> float:  # mean makespan after the first step, over the draws
+            return float(np.mean([np.mean(r.result.makespans[1:]) for r in runs]))
+
+        # q order: the first steps of splits with the same q run back to back (the engine's run cache)
+        racing = {split: [static_split_runner(c, p, self.perf, split, "fixed") for c, p in zip(cfgs, pools)]
+                  for split in sorted(self.grid)}
+        t = 0
+        for until, keep in (*self.screen, (self.steps - 1, None)):
+            for t in range(t, until + 1):
+                for k in range(self.seeds):
+                    for runs in racing.values():
+                        runs[k].step(t, keep=False)
+            t = until + 1
+            if keep is not None:
+                ranked = sorted((s for s in racing if s != (0, 0)), key=lambda s: score(racing[s]))
+                racing = {s: runs for s, runs in racing.items() if s == (0, 0) or s in ranked[:keep]}
+        mean = {split: score(racing[split]) for split in self.grid if split in racing}  # grid order: ties as before
         (q, m) = min(mean, key=mean.get)
         return PlannedSplit(q, m, mean[q, m] / mean[0, 0])
 
