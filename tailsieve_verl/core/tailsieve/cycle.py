@@ -245,8 +245,8 @@ class TailSieveCycle:
         weighed against the plans' predictions (``plan_weight`` steps' worth)."""
         g, controller = self.guard, self.controller
         relative = controller.relative_makespan(obs)
-        if relative is None:
-            return
+        if relative is None or (plan.m == 0 and controller.state.m == 0):
+            return  # nothing measured, or the plan kept the controller's own split: nothing to weigh
         g.steps += 1
         g.measured_sum += relative
         g.predicted_sum += plan.predicted_relative if plan.m else 1.0
@@ -266,7 +266,7 @@ class TailSieveCycle:
                 "controller": self.controller.state_dict() if self.controller else None,
                 "prompt_record": self.record.state_dict() if self.record else None,
                 "abort_share": self.abort_share,
-                "record_plan": {"planning": self.planning, **vars(self.guard)}}
+                "record_plan": {"planning": self.planning, "prompt_len": self._prompt_len, **vars(self.guard)}}
 
     def load_state_dict(self, state: Mapping) -> None:
         self.selector.load_state_dict(state["selector"])
@@ -282,6 +282,7 @@ class TailSieveCycle:
         planned = state.get("record_plan") or {}  # absent before record planning: nothing planned yet
         try:
             self.planning = bool(planned.get("planning", False)) and self.step_planner is not None
-            self.guard = _PlanGuard(**{k: v for k, v in planned.items() if k != "planning"})
+            self._prompt_len = float(planned.get("prompt_len", 0.0))
+            self.guard = _PlanGuard(**{k: v for k, v in planned.items() if k not in ("planning", "prompt_len")})
         except TypeError as exc:
             raise SelectorError(f"malformed TailSieve checkpoint: record_plan {planned!r}: {exc}") from exc
