@@ -315,6 +315,12 @@ def later_epochs_lowest() -> str:
     return f"{min(c['mean']['tailsieve'] for c in record_plan_cells().values()):.3f}"
 
 
+def planner_cost() -> str:
+    """The step planner's CPU seconds per 512 x 16 step on 8 and 16 replicas, with the record's error draws."""
+    rows = [r for r in _jsonl(RESULTS / "per_prompt_record" / "planner_cost.jsonl") if r["spread"] > 0]
+    return " and ".join(f"{r['cpu_s_mean']:.1f} CPU s on {r['replicas']} replicas" for r in rows)
+
+
 RENDERERS = {
     "current-table": current_table,
     "current-detail": current_detail,
@@ -338,6 +344,7 @@ RENDERERS = {
     "later-epochs": later_epochs_table,
     "later-epochs-share": later_epochs_share,
     "later-epochs-lowest": later_epochs_lowest,
+    "planner-cost": planner_cost,
 }
 
 
