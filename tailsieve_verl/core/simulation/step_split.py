@@ -61,9 +61,11 @@ def best_split(planned: Sequence[Sequence[Group]], groups: Sequence[Group],
 class StepSplitPlanner:
     """Plans a step from its groups' predicted lengths (:data:`core.tailsieve.cycle.StepPlanner`): the best of
     :func:`split_grid` and one shared pool on the (tail, bulk) pools' engines, the tail the heaviest
-    predicted groups. With a prediction error (``spread``: the standard deviation of a group's log length
-    about its prediction) each split is timed on ``draws`` sets of groups, each group's lengths scaled by
-    exp(spread · z), z standard normal: a split that pays only if the predicted tail is the true one loses."""
+    predicted groups. Each split is timed on ``draws`` sets of groups the step may bring: every group's
+    samples drawn afresh from its predicted distribution (a group's longest sample is luck, which a typical
+    group has none of), all of them scaled by exp(spread · z), z standard normal per group (``spread``: the
+    standard deviation of a group's log length about its prediction). A split that pays only where the
+    predicted tail is the true one, sample by sample, is not taken."""
 
     def __init__(self, n_replicas: int, batch_size: int, perf: PerfModel, engines: tuple[EngineConfig, EngineConfig],
                  group_atomic: bool = False, seed: int = 0, draws: int = 3):
@@ -74,20 +76,27 @@ class StepSplitPlanner:
 
     def __call__(self, groups: Sequence[Group], spread: float = 0.0) -> PlannedSplit:
         shared = least_inflight_assignment(sum(g.n for g in groups), self.n_replicas, rng=self.rng)
-        planned = [groups] if spread <= 0 else [self._drawn(groups, spread) for _ in range(self.draws)]
+        planned = [self._drawn(groups, spread) for _ in range(self.draws)]
+        ranked_by = [float(sum(g.lengths)) for g in groups]
         best, shared_s, _, pick = best_split(planned, groups, self.candidates, self.n_replicas, self.perf, self.bulk,
-                                             self.group_atomic, self.rng, shared)
+                                             self.group_atomic, self.rng, shared, ranked_by)
         if pick is None:
             return PlannedSplit(0, 0, 1.0)
         q, m, _ = pick
         return PlannedSplit(q, m, best / shared_s)
 
     def _drawn(self, groups: Sequence[Group], spread: float) -> list[Group]:
-        """The groups with each one's lengths scaled by exp(spread · z), capped at the longest predicted length."""
+        """One set of groups the step may bring: each sample at a random quantile of its group's predicted lengths,
+        the group scaled by exp(spread · z); capped at the longest predicted length."""
         cap = max(max(g.lengths) for g in groups)
         factors = np.exp(spread * self.rng.standard_normal(len(groups)))
-        return [Group(g.prompt_id, tuple(int(min(cap, max(1, round(x * f)))) for x in g.lengths), g.prompt_len)
-                for g, f in zip(groups, factors)]
+        drawn = []
+        for g, f in zip(groups, factors):
+            typical = np.sort(np.asarray(g.lengths, dtype=float))
+            levels = (np.arange(g.n) + 0.5) / g.n
+            lengths = np.interp(self.rng.random(g.n), levels, typical) * f
+            drawn.append(Group(g.prompt_id, tuple(int(x) for x in np.clip(np.rint(lengths), 1, cap)), g.prompt_len))
+        return drawn
 
 
 def step_planner_for(controller: ControllerConfig, cfg: SimConfig, perf: PerfModel) -> StepSplitPlanner | None:
