@@ -9,8 +9,8 @@ as a run's record holds them after its first epoch (the warm steps, still first-
 controller measure one shared pool as it does in a first epoch). Then ``--steps`` second-epoch steps of:
 
 * ``verl`` — stock verl 0.9.1, the baseline;
-* ``tailsieve`` — the default: each step planned from the record where it knows the step's prompts;
-* ``tailsieve`` with ``record_plan`` off — TailSieve before this (its record only ranks candidates);
+* ``tailsieve`` with ``record_plan`` on — each step planned from the record where it knows the step's prompts;
+* ``tailsieve`` with ``record_plan`` off (the default) — its record only ranks candidates;
 * ``record-oracle-split`` — the same planner fed each prompt's true length distribution;
 * ``prompt-oracle-split`` — the per-prompt oracle of the grid references.
 
@@ -70,7 +70,7 @@ def run(job: dict) -> dict:
     spec = get_preset(preset, max_response_length=cap, length_trend=job["trend"])
     pool = PromptPool(spec, job["pool"], seed=job["seed"])
     t0 = time.process_time()
-    main = sim.simulate(cfg, pool, perf)
+    main = sim.simulate(replace(cfg, controller=replace(cfg.controller, record_plan=True)), pool, perf)
     off = sim.simulate(replace(cfg, policies=("tailsieve",), controller=replace(cfg.controller, record_plan=False)),
                        PromptPool(spec, job["pool"], seed=job["seed"]), perf)
     results = {**main.policies, NOW: off.policies["tailsieve"]}

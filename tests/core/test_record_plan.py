@@ -21,6 +21,7 @@ from tailsieve_verl.core.tailsieve.cycle import TailSieveCycle, spearman
 from tailsieve_verl.core.tailsieve.prompt_record import PromptLengthRecord, PromptRecordError
 
 PERF = parse_perf_model("table:h200-dense")
+PLAN = ControllerConfig(record_plan=True)  # opt-in
 
 
 def test_the_revisit_line_learns_the_trend_and_shrinks_noisy_measurements():
@@ -109,8 +110,8 @@ def _run(policies, steps, controller=None, **cfg):
 
 def test_later_epochs_are_planned_from_the_record_exactly_once_and_epoch_one_is_unchanged():
     """64 prompts, 16 a step: the record knows every prompt from the fifth step on."""
-    on = _run(("verl", "tailsieve"), 16).policies["tailsieve"]
-    off = _run(("tailsieve",), 16, ControllerConfig(record_plan=False)).policies["tailsieve"]
+    on = _run(("verl", "tailsieve"), 16, PLAN).policies["tailsieve"]
+    off = _run(("tailsieve",), 16).policies["tailsieve"]  # the default: record planning is opt-in
     planned = [r.step for r in on.records if r.record_planned]
     assert planned and min(planned) >= 4 and not any(r.record_planned for r in off.records)
     assert [r.makespan_s for r in on.records[:4]] == [r.makespan_s for r in off.records[:4]]  # epoch 1 unchanged
@@ -127,7 +128,7 @@ def test_record_oracle_split_plans_every_step_from_the_truth():
 
 
 def test_a_run_that_starts_in_a_later_epoch_holds_the_earlier_steps_in_its_record():
-    result = _run(("verl", "tailsieve"), 3, start_step=4)
+    result = _run(("verl", "tailsieve"), 3, PLAN, start_step=4)
     assert [r.step for r in result.policies["verl"].records] == [4, 5, 6]
     assert result.policies["tailsieve"].records[0].record_planned  # every prompt known at the start
     assert result.policies["tailsieve"].max_deferral_steps <= 1
@@ -144,14 +145,14 @@ def test_the_guard_returns_to_the_controller_when_planned_splits_measure_worse()
     engine = EngineConfig.verl_defaults("qwen3-1.7b", PERF)  # 13 groups of 32 on one replica queue at its cap
     cfg = sim.SimConfig(steps=12, n_replicas=4, batch_size=16, n=32, seed=1, policies=("tailsieve",), engine=engine)
     promise = lambda groups, spread: PlannedSplit(3, 3, 0.5)  # noqa: E731
-    runner = TailSieveRunner(cfg, pool, PERF, ControllerConfig(), "tailsieve", step_planner=promise)
+    runner = TailSieveRunner(cfg, pool, PERF, PLAN, "tailsieve", step_planner=promise)
     for t in range(12):
         runner.step(t, keep=False)
     planned = [r.step for r in runner.result.records if r.record_planned]
     assert planned and runner.cycle.guard.off.startswith("record-planned steps measured")
     assert max(planned) < 11 and not runner.cycle.planning
     state = json.loads(json.dumps(runner.cycle.state_dict()))
-    fresh = TailSieveCycle(16, 4, ControllerConfig(), PERF, prompt_key=prompt_of, step_planner=promise, group_size=32)
+    fresh = TailSieveCycle(16, 4, PLAN, PERF, prompt_key=prompt_of, step_planner=promise, group_size=32)
     fresh.load_state_dict(state)
     assert fresh.guard == runner.cycle.guard and fresh.record.state_dict() == runner.cycle.record.state_dict()
     fresh.load_state_dict({k: v for k, v in state.items() if k != "record_plan"})  # a checkpoint from before it

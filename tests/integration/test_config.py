@@ -150,9 +150,9 @@ def test_wiring_refuses_to_replace_a_users_router():
         wire_verl_config(config)
 
 
-def test_record_planned_steps_are_on_in_adaptive_mode_and_switched_off_from_hydra():
-    """The trainer's step planner (core.simulation.step_split.run_step_planner): adaptive runs get one; the
-    Hydra switch and a pinned split leave it out."""
+def test_record_planned_steps_are_opt_in_from_hydra_in_adaptive_mode():
+    """The trainer's step planner (core.simulation.step_split.run_step_planner): adaptive runs that ask for it get
+    one; the default and a pinned split leave it out."""
     from tailsieve_verl.core.engine.replica import NO_LIMITS
     from tailsieve_verl.core.simulation.step_split import StepSplitPlanner, run_step_planner
 
@@ -161,10 +161,11 @@ def test_record_planned_steps_are_on_in_adaptive_mode_and_switched_off_from_hydr
         return run_step_planner(settings.controller_config(), 4, 32, settings.perf(), (NO_LIMITS, NO_LIMITS),
                                 per_sample=not settings.group_atomic)
 
-    assert isinstance(planner([]), StepSplitPlanner) and not planner([]).group_atomic
-    assert planner(["+tailsieve.group_atomic=true"]).group_atomic
-    assert planner(["+tailsieve.controller.record_plan=false"]) is None
-    assert planner(["tailsieve.mode=fixed"]) is None
+    on = ["+tailsieve.controller.record_plan=true"]
+    assert isinstance(planner(on), StepSplitPlanner) and not planner(on).group_atomic
+    assert planner(on + ["+tailsieve.group_atomic=true"]).group_atomic
+    assert planner([]) is None  # opt-in
+    assert planner(on + ["tailsieve.mode=fixed"]) is None
     assert validate_verl_config(shipped(["+tailsieve.controller.record_plan_coverage=0.8"])).controller_config(
     ).record_plan_coverage == 0.8
 

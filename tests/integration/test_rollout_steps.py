@@ -118,7 +118,7 @@ def test_later_epochs_are_planned_from_the_record_and_a_resume_keeps_it(harness_
     from tailsieve_verl.core.tailsieve.cycle import TailSieveCycle
 
     caplog.set_level(logging.INFO, logger="tailsieve_verl.integration.trainer")
-    overrides = [f"data.train_files={assets.epoch_data}", "+tailsieve.tail_replicas=0",
+    overrides = [f"data.train_files={assets.epoch_data}", "+tailsieve.tail_replicas=0", "+tailsieve.controller.record_plan=true",
                  # the controller stays at one shared pool (no probe); any predicted gain is planned, and the
                  # plans' predictions, not one step's noise, decide the way back
                  "+tailsieve.controller.plan_probe=false", "+tailsieve.controller.switch_threshold=1.0",

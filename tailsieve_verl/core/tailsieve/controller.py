@@ -140,11 +140,13 @@ class ControllerConfig:
     plan_weight: float = 2.0
     """How many measured steps the plan's prediction is worth when a planned split is weighed against one
     shared pool (the way back): one step's measurement varies by about ±0.09 (``split_window``)."""
-    record_plan: bool = True
-    """Where the per-prompt record knows a step's prompts (from the second epoch on) and the rollout layer passes
-    a step planner, plan each step's split from their recorded lengths before it starts, abort nothing, and
-    return to the controller's decisions for good when the planned steps measure worse than one shared pool
-    (:mod:`core.tailsieve.cycle`)."""
+    record_plan: bool = False
+    """Opt-in: where the per-prompt record knows a step's prompts (from the second epoch on) and the rollout layer
+    passes a step planner, plan each step's split from their recorded lengths before it starts, abort nothing,
+    and return to the controller's decisions for good when the planned steps measure worse than the split it
+    holds (:mod:`core.tailsieve.cycle`). Off by default: with a record an epoch old its planned steps do not beat
+    the controller's and stay far from the per-prompt oracle (``scripts/experiments/record_plan.py``;
+    docs/results.md, "Later epochs")."""
     record_plan_coverage: float = 0.9
     """Plan a step from the record only where it has measured at least this share of the step's prompts."""
 
