@@ -315,6 +315,15 @@ def later_epochs_lowest() -> str:
     return f"{min(c['mean']['tailsieve'] for c in record_plan_cells().values()):.3f}"
 
 
+def later_epochs_rho(policy: str) -> str:
+    """The span over the later-epoch runs of a policy's record rho (TailSieve's record, or the truth fed to
+    record-oracle-split), two decimals."""
+    folder = RESULTS / "per_prompt_record"
+    rhos = [r[policy]["record_rho"] for name in RECORD_PLAN_FILES for r in _jsonl(folder / name)
+            if r[policy]["record_rho"] is not None]
+    return _span(rhos, 2)
+
+
 def planner_cost() -> str:
     """The step planner's CPU seconds per 512 x 16 step on 8 and 16 replicas, with the record's error draws."""
     rows = [r for r in _jsonl(RESULTS / "per_prompt_record" / "planner_cost.jsonl") if r["spread"] > 0]
@@ -344,6 +353,8 @@ RENDERERS = {
     "later-epochs": later_epochs_table,
     "later-epochs-share": later_epochs_share,
     "later-epochs-lowest": later_epochs_lowest,
+    "later-epochs-rho": lambda: later_epochs_rho("tailsieve"),
+    "later-epochs-oracle-rho": lambda: later_epochs_rho("record-oracle-split"),
     "planner-cost": planner_cost,
 }
 

@@ -7,8 +7,8 @@ the grid references of :mod:`core.simulation.references` (``prompt-oracle-split`
 ``clairvoyant-split``). The search: one shared pool under stock verl's routing, and every split of a small
 grid — the q heaviest groups on m tail replicas, the rest on the others, each pool routed as stock verl
 routes — timed by the engine model on the planned groups; the least makespan wins. Losers stop early
-(:func:`core.engine.replica.makespan_below`), so a step of 512 × 16 on 8 replicas plans in about a third of a
-CPU-second (``scripts/experiments/record_plan.py`` prints the cost).
+(:func:`core.engine.replica.makespan_below`); a step of 512 × 16 plans in a few CPU-seconds on three draws
+(``scripts/experiments/record_plan.py --cost``).
 """
 
 from __future__ import annotations
