@@ -308,7 +308,7 @@ def later_epochs_table(files: tuple[Path, ...] = ()) -> str:
 def later_epochs_share() -> str:
     """The span of TailSieve's share of the per-prompt oracle's gain over the later-epoch cells where it is >= 5 %."""
     shares = [c["share"] for c in record_plan_cells().values() if c["share"] is not None]
-    return _span([100 * x for x in shares], 0, "–") + " %"
+    return _span([100 * x for x in shares], 0, " to ") + " %"
 
 
 def later_epochs_lowest() -> str:
