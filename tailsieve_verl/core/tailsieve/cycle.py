@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
+from scipy.stats import spearmanr
 
 from ..data.trace import Group
 from .controller import (ControllerConfig, Decision, GroupRecord, HierarchicalController, PlannedSplit, SplitPlanner,
@@ -72,21 +73,9 @@ class RecordPlan:
 
 def spearman(x: Sequence[float], y: Sequence[float]) -> float | None:
     """Spearman's rank correlation (average ranks on ties); None with fewer than 3 pairs or a constant side."""
-    if len(x) < 3:
+    if len(x) < 3 or np.ptp(x) == 0 or np.ptp(y) == 0:
         return None
-    ranks = [_average_ranks(np.asarray(v, dtype=float)) for v in (x, y)]
-    if min(r.std() for r in ranks) == 0:
-        return None
-    return float(np.corrcoef(*ranks)[0, 1])
-
-
-def _average_ranks(v: np.ndarray) -> np.ndarray:
-    order = np.argsort(v, kind="stable")
-    ranks = np.empty(len(v))
-    ranks[order] = np.arange(len(v), dtype=float)
-    _, inverse, counts = np.unique(v, return_inverse=True, return_counts=True)
-    sums = np.bincount(inverse, weights=ranks)
-    return sums[inverse] / counts[inverse]
+    return float(spearmanr(x, y).statistic)
 
 
 @dataclass
