@@ -201,6 +201,31 @@ def test_typical_group_is_the_prompt_s_distribution_at_its_quantiles():
         POOL.typical_group("a", 0, 0)
 
 
+def test_history_oracle_split_knows_of_each_prompt_what_its_earlier_steps_can_tell():
+    """Issue 48: the ceiling of a per-prompt record. Knowing a pool only as far as history can tell is knowing
+    exactly the pool whose prompt x checkpoint interaction is sampling noise instead (same seed, so the same
+    difficulty and checkpoint draws): typical groups and lengths equal there, and so do history-oracle-split's
+    runs on the one and prompt-oracle-split's on the other, step for step."""
+    spec = get_preset("weak", max_response_length=2048)
+    folded = replace(spec, sampling_share=spec.sampling_share + spec.interaction_share, interaction_share=0.0)
+    pool, twin = PromptPool(spec, 128, seed=3), PromptPool(folded, 128, seed=3)
+    ids = pool.prompt_ids[:16]
+    for step in (0, 5):
+        assert ([pool.typical_group(p, 8, step, history_only=True) for p in ids]
+                == [twin.typical_group(p, 8, step) for p in ids])
+        assert ([pool.typical_length(p, step, history_only=True) for p in ids]
+                == [twin.typical_length(p, step) for p in ids])
+    # the interaction is the step's own: what the history can tell differs from what the step holds
+    assert [pool.typical_group(p, 8, 5, history_only=True) for p in ids] != [pool.typical_group(p, 8, 5) for p in ids]
+
+    cfg = SimConfig(steps=4, n_replicas=4, batch_size=16, n=4, seed=3)
+    history = simulate(replace(cfg, policies=("history-oracle-split",)), pool, PERF).policies["history-oracle-split"]
+    truth = simulate(replace(cfg, policies=("prompt-oracle-split",)), twin, PERF).policies["prompt-oracle-split"]
+    assert [r.m for r in history.records] == [r.m for r in truth.records] and history.choice == truth.choice
+    assert (history.lost, history.duplicated) == (0, 0)
+    assert (history.makespans != truth.makespans).any()  # run on the pool's own samples, not the twin's
+
+
 def test_group_oracle_split_is_the_routing_ceiling_of_the_per_prompt_reference():
     """group-oracle-split ranks by this step's true tokens on the same routing-only grid: the split a
     perfect group-length signal picks. It never loses to stock verl (its shared candidate is stock verl's

@@ -259,12 +259,13 @@ class PromptPool:
             raise WorkloadError("a trace-backed pool has no length model; use sample_group")
         return self._log_median(self._prompt_index(prompt_id), step) + rng.normal(0.0, self._sd["sampling"], n)
 
-    def _log_median(self, i: int, step: int) -> float:
+    def _log_median(self, i: int, step: int, history_only: bool = False) -> float:
         """Log median length of prompt ``i`` under the checkpoint of ``step``: its prompt and checkpoint
-        effects and the run's length trend, no sampling noise."""
+        effects and the run's length trend, no sampling noise; ``history_only``: without this step's
+        prompt × checkpoint interaction (see :meth:`typical_group`)."""
         checkpoint, interaction = self._effects_at(step)
         return (np.log(self.spec.median_len) + self.spec.length_trend * step + self.difficulty[i] + checkpoint
-                + interaction[i])
+                + (0.0 if history_only else interaction[i]))
 
     def _as_lengths(self, raw: np.ndarray) -> np.ndarray:
         """Raw lengths as the pool hands them out: transformed, whole tokens, 1..max_response_length."""
@@ -272,17 +273,24 @@ class PromptPool:
             raw = self._transform(raw)
         return np.clip(np.rint(raw), 1, self.spec.max_response_length).astype(np.int64)
 
-    def typical_length(self, prompt_id: str, step: int) -> int:
+    def typical_length(self, prompt_id: str, step: int, history_only: bool = False) -> int:
         """The prompt's median response length under the checkpoint of ``step``: all that can be known
         of its lengths before sampling (prompt and checkpoint effects, no sampling noise), so the best
-        any per-prompt predictor can do. A trace-backed pool gives the median it observed."""
+        any per-prompt predictor can do; ``history_only``: what earlier steps can tell (:meth:`typical_group`).
+        A trace-backed pool gives the median it observed."""
         i = self._prompt_index(prompt_id)
-        raw = np.median(self._observed[i]) if self._observed is not None else np.exp(self._log_median(i, step))
+        raw = (np.median(self._observed[i]) if self._observed is not None
+               else np.exp(self._log_median(i, step, history_only)))
         return int(self._as_lengths(np.array([raw], dtype=float))[0])  # the transform is monotone: median to median
 
-    def typical_group(self, prompt_id: str, n: int, step: int) -> Group:
+    def typical_group(self, prompt_id: str, n: int, step: int, history_only: bool = False) -> Group:
         """n lengths at evenly spaced quantiles of the prompt's length distribution under the checkpoint
-        of ``step`` (no sampling luck): what a perfect per-prompt predictor expects a group to look like."""
+        of ``step`` (no sampling luck): what a perfect per-prompt predictor expects a group to look like.
+
+        ``history_only``: the distribution as far as the prompt's earlier steps can tell it, however many:
+        its difficulty, the checkpoint and the trend, but not this step's prompt × checkpoint interaction,
+        which decorrelates within an epoch (``drift_corr`` 0.9 a step: 0.9³³ ≈ 0.03) and so joins the
+        sampling spread. The ceiling of any per-prompt record of past lengths."""
         if n < 1:
             raise WorkloadError(f"group size must be >= 1, got {n}")
         i = self._prompt_index(prompt_id)
@@ -291,7 +299,8 @@ class PromptPool:
             raw = np.quantile(self._observed[i].astype(float), levels)
         else:
             normal = np.array([NormalDist().inv_cdf(x) for x in levels])
-            raw = np.exp(self._log_median(i, step) + self._sd["sampling"] * normal)
+            sd = np.hypot(self._sd["sampling"], self._sd["interaction"]) if history_only else self._sd["sampling"]
+            raw = np.exp(self._log_median(i, step, history_only) + sd * normal)
         return self._group(prompt_id, i, raw)
 
     def sample_group(self, prompt_id: str, n: int, step: int, rng: np.random.Generator) -> Group:

@@ -112,6 +112,23 @@ class PromptOracleSplitRunner(GroupOracleSplitRunner):
         return [self.pool.typical_group(g.prompt_id, g.n, self.step_index) for g in groups]
 
 
+class HistoryOracleSplitRunner(PromptOracleSplitRunner):
+    """``history-oracle-split``: :class:`PromptOracleSplitRunner` knowing each prompt only as far as its
+    earlier steps can tell, however many were recorded (``PromptPool.typical_group(..., history_only=True)``):
+    difficulty, checkpoint and trend exact, this step's prompt × checkpoint interaction unknown. Its gain
+    over stock verl is the most any per-prompt record can plan; its gap to ``prompt-oracle-split`` is what
+    only a predictor of the prompt under the current policy could add. Not deployable."""
+
+    def __init__(self, cfg: SimConfig, pool: PromptPool, perf: PerfModel, name: str = "history-oracle-split"):
+        super().__init__(cfg, pool, perf, name)
+
+    def rank(self, groups: list[Group]) -> Sequence[float]:
+        return [self.pool.typical_length(g.prompt_id, self.step_index, history_only=True) * g.n for g in groups]
+
+    def plan_groups(self, groups: list[Group]) -> list[Group]:
+        return [self.pool.typical_group(g.prompt_id, g.n, self.step_index, history_only=True) for g in groups]
+
+
 class RecordOracleSplitRunner(TailSieveRunner):
     """``record-oracle-split``: adaptive TailSieve whose per-prompt record is the truth — each prompt's length
     distribution under this step's policy (:meth:`PromptPool.typical_group`) — so every step from the first is

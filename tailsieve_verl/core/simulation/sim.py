@@ -49,6 +49,9 @@ Policies:
   step's policy, nothing of this step's samples) instead of their true tokens: the best any per-prompt
   predictor of lengths can do (:class:`PromptOracleSplitRunner`; opt-in). The gap to
   ``clairvoyant-split`` is what per-sample chance costs; the gap from TailSieve to it, what its signal misses.
+* ``history-oracle-split`` — ``prompt-oracle-split`` knowing each prompt only as far as its earlier steps
+  can tell (its difficulty, the checkpoint and the trend, not this step's prompt × checkpoint
+  interaction): the ceiling of any per-prompt record (:class:`HistoryOracleSplitRunner`; opt-in).
 * ``record-oracle-split`` — adaptive TailSieve whose per-prompt record is replaced by the truth: every
   step planned by its step planner (:mod:`core.simulation.step_split`) on each prompt's true length
   distribution (:meth:`PromptPool.typical_group`) from the first step on (:class:`RecordOracleSplitRunner`;
@@ -89,7 +92,8 @@ from .results import (GroupSpan, PolicyResult, SimResult, StepRecord)
 from .runners import (_Runner, FallbackRunner, Ledger, prompt_of, PromptStream, StaticRunner, step_times,
                       TailSieveRunner)
 from .references import (BestStaticRunner, ClairvoyantSplitRunner, GroupOracleSplitRunner, HindsightRunner,
-                         PromptOracleSplitRunner, RecordOracleSplitRunner, static_grid, static_split_runner, stock_spec_runner)
+                         PromptOracleSplitRunner, HistoryOracleSplitRunner,
+                         RecordOracleSplitRunner, static_grid, static_split_runner, stock_spec_runner)
 from .split_planner import planner_for
 from .step_split import step_planner_for
 from .speculation import (DEFAULT_SPECULATION, engine_label, schedule_grid, schedule_text, SPEC_DEPTHS, spec_label,
@@ -123,6 +127,8 @@ def build_runners(cfg: SimConfig, pool: PromptPool, perf: PerfModel,
             runners.append(GroupOracleSplitRunner(cfg, pool, perf, name))
         elif name == "prompt-oracle-split":
             runners.append(PromptOracleSplitRunner(cfg, pool, perf, name))
+        elif name == "history-oracle-split":
+            runners.append(HistoryOracleSplitRunner(cfg, pool, perf, name))
         elif name == "record-oracle-split":
             adaptive = replace(cfg.controller, fixed_tail_replicas=None)
             runners.append(RecordOracleSplitRunner(cfg, pool, perf, name, planner_for(adaptive, cfg, perf)))
