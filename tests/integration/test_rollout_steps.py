@@ -165,7 +165,10 @@ def test_later_epochs_are_planned_from_the_record_and_a_resume_keeps_it(harness_
     assert not resumed.trainer.carried_rows and not resumed.trainer.drawn_rows
     record, guard = resumed.trainer.cycle.record, resumed.trainer.cycle.guard
     keys = list(record.state_dict()["prompts"])
-    assert len(keys) == 16 and guard.steps == (1 if stopped else 2)  # the planned steps measured
+    # the guard weighs the planned steps that split (the controller holds one shared pool); lengths are seeded by
+    # verl's request ids, so a plan may keep one shared pool on one run and split on the next
+    weighed = sum(r["metrics"]["tailsieve/record_planned"] == 1 and r["metrics"]["tailsieve/m"] > 0 for r in results)
+    assert len(keys) == 16 and guard.steps == weighed and (weighed >= 1 or not stopped)
     saved, predictions = record.state_dict(), record.predictions(keys)
     resumed.trainer._save_checkpoint()
     resumed.close()
