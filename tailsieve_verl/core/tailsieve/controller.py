@@ -441,6 +441,15 @@ class HierarchicalController:
                             self.per_sample, shared_only=True, engines=self.engines)
         return model.bulk_full(self.n_replicas)
 
+    @property
+    def settled(self) -> bool:
+        """The outer loop has measured one shared pool and the split it holds, and resolved its planned probe
+        (with a split planner): the yardstick record-planned steps are weighed against (core.tailsieve.cycle)."""
+        s = self.state
+        held, shared = s.splits.get(s.m), s.splits.get(0)
+        measured = held is not None and held.visits > 0 and shared is not None and shared.visits > 0
+        return measured and (self.planner is None or s.planned is not None)
+
     def relative_makespan(self, obs: StepObservation) -> float | None:
         """A step's makespan over the yardstick of its own consumed groups (None where either is 0)."""
         yardstick = self.yardstick_s(ConsumedBatch(*_work_arrays(obs.tail_groups + obs.bulk_groups)), obs.prompt_len)

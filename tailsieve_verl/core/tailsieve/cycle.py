@@ -167,7 +167,7 @@ class TailSieveCycle:
         typical = self.predict_groups(ids) if self.step_planner is not None else {}
         coverage = len(typical) / len(ids) if ids else 0.0
         sized = len(fresh_ids) == self.selector.batch_size - len(self.selector.carried)  # a pull that aborts nothing
-        if (self.step_planner is not None and not self.shared_hold and not self.guard.off
+        if (self.step_planner is not None and not self.shared_hold and not self.guard.off and self._weighable()
                 and (self.planning or (sized and coverage >= self.coverage_needed))):
             start = time.process_time()
             split = self._plan_from_record(ids, typical)
@@ -190,8 +190,16 @@ class TailSieveCycle:
                 self.abort_share = 1.0 - known  # for the next step, whose pull is sized before it is seen
             m = min(self.decision.m, n_replicas - 1) if plan.tail_ids else 0
             self._open = (RecordPlan(False, coverage), predicted)
-        self.planning = (self.step_planner is not None and not self.guard.off and coverage >= self.coverage_needed)
+        self.planning = (self.step_planner is not None and not self.guard.off and coverage >= self.coverage_needed
+                         and self._weighable())
         return plan, m
+
+    def _weighable(self) -> bool:
+        """A record's plans wait until the controller has settled (:attr:`HierarchicalController.settled`): the
+        guard weighs them against its measured split, and a run whose record predates its controller (a later
+        epoch at start, a seeded record) would otherwise keep the controller waiting at one shared pool for good.
+        A reference fed the truth (:attr:`predictor`) plans from its first step."""
+        return self.predictor is not None or self.controller.settled
 
     def finish(self, plan: StepPlan, finished_bulk_ids: Sequence[str], scores: Mapping[str, float], *,
                tail: Sequence[tuple[str, GroupRecord]], bulk: Sequence[tuple[str, GroupRecord]], m: int,
