@@ -262,7 +262,8 @@ def history_table_2026_12_03() -> str:
 
 # --- later epochs: steps planned from the per-prompt record (scripts/experiments/record_plan.py) ---
 
-RECORD_PLAN_FILES = ("record_plan.jsonl", "record_plan_64x8.jsonl")
+RECORD_PLAN_FILES = {2: ("record_plan.jsonl", "record_plan_64x8.jsonl"), 3: ("record_plan_epoch3.jsonl",)}
+HISTORY_ORACLE_FILES = {2: "history_oracle.jsonl", 3: "history_oracle_epoch3.jsonl"}  # record_plan.py --ceiling
 NOW = "tailsieve-record-off"  # record_plan.py's name for TailSieve with record planning off
 
 
@@ -271,7 +272,7 @@ def record_plan_cells(files: tuple[Path, ...] = ()) -> dict[tuple[str, str], dic
     """Per (shape, cell) of the later-epoch runs in ``files`` (default: the committed ones): seeds, the mean and
     worst speedups, the record's rho, planned and split steps, TailSieve's share of prompt-oracle-split's gain
     (None where that gain is < 5 %)."""
-    files = files or tuple(RESULTS / "per_prompt_record" / name for name in RECORD_PLAN_FILES)
+    files = files or _epoch_files(2)[0]
     rows = [r for path in files for r in _jsonl(path)]
     cells = {}
     for key in dict.fromkeys((r["shape"], r["cell"]) for r in rows):
@@ -289,20 +290,106 @@ def record_plan_cells(files: tuple[Path, ...] = ()) -> dict[tuple[str, str], dic
     return cells
 
 
+def _epoch_files(epoch: int) -> tuple[tuple[Path, ...], Path]:
+    """The later-epoch runs of ``epoch`` (record_plan.py, then its --ceiling)."""
+    folder = RESULTS / "per_prompt_record"
+    return tuple(folder / name for name in RECORD_PLAN_FILES[epoch]), folder / HISTORY_ORACLE_FILES[epoch]
+
+
+@cache
+def history_oracle_cells(epoch: int = 2) -> dict[tuple[str, str], dict]:
+    """Per (shape, cell) of ``record_plan.py --ceiling``'s runs of ``epoch``: the mean speedups of prompt-oracle-split
+    and history-oracle-split (the most any record of past lengths can plan) over all its seeds and over the seeds
+    of that epoch's record-planning runs (``paired``), and the mean ρ of each predictor. A seed of both must read
+    the same prompt-oracle-split in both: the same draws."""
+    plan_files, path = _epoch_files(epoch)
+    rows = _jsonl(path)
+    planned = {(r["shape"], r["cell"], r["seed"]): r["speedup_vs_verl"] for f in plan_files for r in _jsonl(f)}
+    cells = {}
+    for key in dict.fromkeys((r["shape"], r["cell"]) for r in rows):
+        rs = [r for r in rows if (r["shape"], r["cell"]) == key]
+        paired = [r for r in rs if (*key, r["seed"]) in planned]
+        for r in paired:
+            if abs(r["speedup_vs_verl"]["prompt-oracle-split"] - planned[*key, r["seed"]]["prompt-oracle-split"]) > 1e-9:
+                raise SystemExit(f"{path.name} {key} seed {r['seed']}: prompt-oracle-split is not the record-planning "
+                                 "run's (other draws?)")
+
+        def mean(runs: list) -> dict:
+            return {name: float(np.mean([r["speedup_vs_verl"][name] for r in runs])) for name in rs[0]["speedup_vs_verl"]}
+
+        cells[key] = {"mean": mean(rs), "paired": mean(paired) if paired else None, "seeds": len(rs),
+                      "rho": {name: float(np.mean([r["rho"][name] for r in rs])) for name in rs[0]["rho"]}}
+    return cells
+
+
+def _cell_order(cells: dict) -> list:
+    order = {cell: i for i, cell in enumerate(f"{s}-{t}" for s in SETUP_LABELS for t in TAILS)}
+    return sorted(cells.items(), key=lambda kv: (-int(kv[0][0].split("x")[0]), order[kv[0][1]]))
+
+
 def later_epochs_table(files: tuple[Path, ...] = ()) -> str:
     """docs/results.md's later-epoch table (and ``record_plan.py --report``'s, of its files)."""
     lines = ["| cell | shape | seeds | record ρ | TailSieve now [worst seed] | TailSieve, planned steps [worst seed] | "
-             "record-oracle-split | prompt-oracle-split | share of its gain | planned / split steps |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-    order = {cell: i for i, cell in enumerate(f"{s}-{t}" for s in SETUP_LABELS for t in TAILS)}
-    for (shape, cell), c in sorted(record_plan_cells(files).items(), key=lambda kv: (-int(kv[0][0].split("x")[0]),
-                                                                               order[kv[0][1]])):
+             "record-oracle-split | history-oracle-split | prompt-oracle-split | share of its gain | planned / split steps |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    history = history_oracle_cells()
+    for (shape, cell), c in _cell_order(record_plan_cells(files)):
         m, w = c["mean"], c["worst"]
         share = f"{c['share']:.0%}" if c["share"] is not None else "–"
+        paired = history[shape, cell]["paired"] if (shape, cell) in history else None
+        ceiling = f"{paired['history-oracle-split']:.3f}" if paired else "–"
         lines.append(f"| {cell} | {shape} | {c['seeds']} | {c['rho']:.2f} | {m[NOW]:.3f} [{w[NOW]:.3f}] | "
-                     f"{m['tailsieve']:.3f} [{w['tailsieve']:.3f}] | {m['record-oracle-split']:.3f} | "
+                     f"{m['tailsieve']:.3f} [{w['tailsieve']:.3f}] | {m['record-oracle-split']:.3f} | {ceiling} | "
                      f"{m['prompt-oracle-split']:.3f} | {share} | {c['planned']:.1f} / {c['split']:.1f} of {c['steps']} |")
     return "\n" + "\n".join(lines) + "\n"
+
+
+def _ceiling_shares(epoch: int = 2) -> dict:
+    """Per cell of ``epoch`` where prompt-oracle-split gains >= 5 %: history-oracle-split's share of that gain, and
+    TailSieve's (record planning off, on) share of history-oracle-split's."""
+    planned, history = record_plan_cells(_epoch_files(epoch)[0]), history_oracle_cells(epoch)
+    out = {}
+    for key, c in _cell_order(planned):
+        if c["share"] is None:
+            continue
+        every, paired = history[key]["mean"], history[key]["paired"]
+        h = paired["history-oracle-split"] - 1  # on the record-planning runs' own seeds
+        out[key] = {"history": (every["history-oracle-split"] - 1) / (every["prompt-oracle-split"] - 1),
+                    "now": (c["mean"][NOW] - 1) / h, "planned": (c["mean"]["tailsieve"] - 1) / h,
+                    "rho": c["rho"], "seeds": history[key]["seeds"]}
+    return out
+
+
+def later_epochs_ceiling_table() -> str:
+    """The cells where the per-prompt oracle gains >= 5 %: what each predictor ranks, what a record can reach, and
+    how much of it TailSieve reaches in the second and the third epoch."""
+    lines = ["| cell | shape | ρ: one group an epoch ago / all history / the prompt now | seeds | history-oracle-split | "
+             "prompt-oracle-split | history's share of the oracle's gain | TailSieve's share of history's gain, "
+             "epoch 2: now / planned (record ρ) | epoch 3: now / planned (record ρ) |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    history, third = history_oracle_cells(), _ceiling_shares(3)
+
+    def shares(s: dict | None) -> str:
+        return f"{s['now']:.0%} / {s['planned']:.0%} ({s['rho']:.2f})" if s else "–"
+
+    for (shape, cell), share in _ceiling_shares().items():
+        h = history[shape, cell]
+        rho = " / ".join(f"{h['rho'][name]:.2f}" for name in ("one_visit", "history", "truth"))
+        lines.append(f"| {cell} | {shape} | {rho} | {h['seeds']} | {h['mean']['history-oracle-split']:.3f} | "
+                     f"{h['mean']['prompt-oracle-split']:.3f} | {share['history']:.0%} | {shares(share)} | "
+                     f"{shares(third.get((shape, cell)))} |")
+    return "\n" + "\n".join(lines) + "\n"
+
+
+def later_epochs_ceiling_share() -> str:
+    """The span of history-oracle-split's share of prompt-oracle-split's gain where that is >= 5 %, in the second
+    and the third epoch."""
+    return _span([100 * s["history"] for epoch in (2, 3) for s in _ceiling_shares(epoch).values()], 0, " to ") + " %"
+
+
+def later_epochs_ladder_rho(name: str) -> str:
+    """The span over the later-epoch cells of one predictor's ρ in ``record_plan.py --ceiling``'s ladder."""
+    return _span([c["rho"][name] for epoch in (2, 3) for c in history_oracle_cells(epoch).values()], 2)
 
 
 def later_epochs_share() -> str:
@@ -315,12 +402,10 @@ def later_epochs_lowest() -> str:
     return f"{min(c['mean']['tailsieve'] for c in record_plan_cells().values()):.3f}"
 
 
-def later_epochs_rho(policy: str) -> str:
-    """The span over the later-epoch runs of a policy's record rho (TailSieve's record, or the truth fed to
-    record-oracle-split), two decimals."""
-    folder = RESULTS / "per_prompt_record"
-    rhos = [r[policy]["record_rho"] for name in RECORD_PLAN_FILES for r in _jsonl(folder / name)
-            if r[policy]["record_rho"] is not None]
+def later_epochs_rho() -> str:
+    """The span over the second-epoch runs of TailSieve's record rho, two decimals."""
+    rhos = [r["tailsieve"]["record_rho"] for path in _epoch_files(2)[0] for r in _jsonl(path)
+            if r["tailsieve"]["record_rho"] is not None]
     return _span(rhos, 2)
 
 
@@ -353,8 +438,12 @@ RENDERERS = {
     "later-epochs": later_epochs_table,
     "later-epochs-share": later_epochs_share,
     "later-epochs-lowest": later_epochs_lowest,
-    "later-epochs-rho": lambda: later_epochs_rho("tailsieve"),
-    "later-epochs-oracle-rho": lambda: later_epochs_rho("record-oracle-split"),
+    "later-epochs-rho": later_epochs_rho,
+    "later-epochs-ceiling": later_epochs_ceiling_table,
+    "later-epochs-ceiling-share": later_epochs_ceiling_share,
+    "later-epochs-one-visit-rho": lambda: later_epochs_ladder_rho("one_visit"),
+    "later-epochs-history-rho": lambda: later_epochs_ladder_rho("history"),
+    "later-epochs-truth-rho": lambda: later_epochs_ladder_rho("truth"),
     "planner-cost": planner_cost,
 }
 

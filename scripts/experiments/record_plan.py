@@ -16,11 +16,16 @@ controller measure one shared pool as it does in a first epoch). Then ``--steps`
 
 Speedups over stock verl on the second-epoch steps; the record's Spearman ρ (predicted against measured group
 work, per step, averaged); TailSieve's share of the oracle's gain where that gain is >= 5 %; the planner's
-CPU seconds per step. One JSON line per run to ``--out``::
+CPU seconds per step. ``--epoch 3`` measures the third epoch instead (the record has seen every prompt twice).
+One JSON line per run to ``--out``::
 
     python scripts/experiments/record_plan.py --shapes 512x16@32768 --seeds 2 --out record_plan.jsonl
     python scripts/experiments/record_plan.py --report record_plan.jsonl
     python scripts/experiments/record_plan.py --cost > planner_cost.jsonl   # the planner's CPU per step at 512 x 16
+    python scripts/experiments/record_plan.py --ceiling --cells dense-weak --shapes 512x16@32768 --out history_oracle.jsonl
+
+``--ceiling`` runs ``verl``, ``prompt-oracle-split`` and ``history-oracle-split`` (the same grid knowing each prompt only
+as far as its earlier steps can tell: the most any record of past lengths can plan) on the same draws.
 """
 
 from __future__ import annotations
@@ -39,11 +44,13 @@ from signal_gap import CELLS, cell_setting
 from tailsieve_verl.core.data.workload import PromptPool, get_preset
 from tailsieve_verl.core.simulation import sim, split_planner
 from tailsieve_verl.core.simulation.step_split import StepSplitPlanner
+from tailsieve_verl.core.tailsieve.cycle import spearman
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: the docs' table renderer
 from docs_numbers import NOW, later_epochs_table  # noqa: E402
 
 POLICIES = ("verl", "tailsieve", "record-oracle-split", "prompt-oracle-split")
+CEILING = ("verl", "prompt-oracle-split", "history-oracle-split")
 
 
 def _remembered(call):
@@ -63,21 +70,57 @@ def _remembered(call):
 split_planner.OnlineSplitPlanner.__call__ = _remembered(split_planner.OnlineSplitPlanner.__call__)
 
 
-def run(job: dict) -> dict:
-    cfg, perf, preset, cap = cell_setting(job, POLICIES)
+def setting(job: dict, policies: tuple[str, ...]):
+    """The job's run: its cell's config started ``warm`` steps before the epoch measured (``epoch``, default the
+    second), pool, perf model."""
+    cfg, perf, preset, cap = cell_setting(job, policies)
     epoch = job["pool"] // cfg.batch_size
-    cfg = replace(cfg, start_step=epoch - job["warm"], steps=job["warm"] + 1 + job["steps"])
+    start = (job.get("epoch", 2) - 1) * epoch - job["warm"]  # ``warm`` steps before the epoch measured
+    cfg = replace(cfg, start_step=start, steps=job["warm"] + 1 + job["steps"])
     spec = get_preset(preset, max_response_length=cap, length_trend=job["trend"])
-    pool = PromptPool(spec, job["pool"], seed=job["seed"])
-    t0 = time.process_time()
-    main = sim.simulate(replace(cfg, controller=replace(cfg.controller, record_plan=True)), pool, perf)
-    off = sim.simulate(replace(cfg, policies=("tailsieve",), controller=replace(cfg.controller, record_plan=False)),
-                       PromptPool(spec, job["pool"], seed=job["seed"]), perf)
-    results = {**main.policies, NOW: off.policies["tailsieve"]}
-    later = slice(job["warm"] + 1, None)  # the second epoch's steps (the first one also ends the first epoch)
+    return cfg, (lambda: PromptPool(spec, job["pool"], seed=job["seed"])), perf, epoch
+
+
+def speedups(job: dict, results: dict) -> dict:
+    """Each run's speedup over stock verl on the second epoch's steps (the first one also ends the first epoch)."""
+    later = slice(job["warm"] + 1, None)
     base = results["verl"].window_mean_s(later)
-    out = {**job, "cpu_s": time.process_time() - t0, "epoch_steps": epoch,
-           "speedup_vs_verl": {name: base / r.window_mean_s(later) for name, r in results.items()}}
+    return {name: base / r.window_mean_s(later) for name, r in results.items()}
+
+
+def ceiling(job: dict) -> dict:
+    """The per-prompt oracle and the most any record of past lengths can plan (``history-oracle-split``), on the
+    same draws: how much of the oracle's gain a record could reach at all."""
+    cfg, pool, perf, epoch = setting(job, CEILING)
+    t0 = time.process_time()
+    result = sim.simulate(cfg, pool(), perf)
+    return {**job, "cpu_s": time.process_time() - t0, "epoch_steps": epoch,
+            "speedup_vs_verl": speedups(job, result.policies),
+            "rho": rho_ladder(pool(), cfg.n, cfg.start_step + job["warm"], epoch, job["seed"])}
+
+
+def rho_ladder(pool: PromptPool, n: int, step: int, epoch: int, seed: int, prompts: int = 2048) -> dict:
+    """Spearman ρ of predicted against drawn group work at ``step`` (an epoch's first), for what each predictor
+    knows: the prompt under this step's policy (``truth``), all its history can tell (``history``), and one group
+    drawn an epoch earlier (``one_visit``: the record's raw input after one epoch)."""
+    rng = np.random.default_rng([seed, 48])
+    ids = pool.prompt_ids[:prompts]
+    drawn = [sum(g.lengths) for g in pool.sample_groups(ids, n, step, rng)]
+    known = {"truth": [sum(pool.typical_group(p, n, step).lengths) for p in ids],
+             "history": [sum(pool.typical_group(p, n, step, history_only=True).lengths) for p in ids],
+             "one_visit": [sum(g.lengths) for g in pool.sample_groups(ids, n, step - epoch, rng)]}
+    return {name: float(spearman(x, drawn)) for name, x in known.items()}
+
+
+def run(job: dict) -> dict:
+    cfg, pool, perf, epoch = setting(job, POLICIES)
+    t0 = time.process_time()
+    main = sim.simulate(replace(cfg, controller=replace(cfg.controller, record_plan=True)), pool(), perf)
+    off = sim.simulate(replace(cfg, policies=("tailsieve",), controller=replace(cfg.controller, record_plan=False)),
+                       pool(), perf)
+    results = {**main.policies, NOW: off.policies["tailsieve"]}
+    later = slice(job["warm"] + 1, None)
+    out = {**job, "cpu_s": time.process_time() - t0, "epoch_steps": epoch, "speedup_vs_verl": speedups(job, results)}
     for name in ("tailsieve", "record-oracle-split"):
         records = results[name].records[later]
         rhos = [r.record_rho for r in records if r.record_rho is not None]
@@ -122,15 +165,19 @@ def main() -> int:
     ap.add_argument("--cells", default=",".join(CELLS))
     ap.add_argument("--shapes", default="512x16@32768")
     ap.add_argument("--seeds", type=int, default=2)
+    ap.add_argument("--first-seed", type=int, default=0, help="seeds first-seed .. first-seed + seeds - 1")
     ap.add_argument("--steps", type=int, default=12, help="second-epoch steps")
     ap.add_argument("--warm", type=int, default=3, help="first-epoch steps simulated before them")
     ap.add_argument("--trend", type=float, default=0.004, help="log length growth per step (0.004: x1.14 an epoch "
                                                                 "of 33 steps)")
     ap.add_argument("--pool", type=int, default=17000)
+    ap.add_argument("--epoch", type=int, default=2, help="the epoch measured (>= 2): the record has measured each "
+                                                         "prompt epoch - 1 times")
     ap.add_argument("--jobs", type=int, default=1)
     ap.add_argument("--out")
     ap.add_argument("--report", nargs="+")
     ap.add_argument("--cost", type=int, nargs="?", const=4, help="time the planner on this many steps")
+    ap.add_argument("--ceiling", action="store_true", help="run " + ", ".join(CEILING) + " instead")
     args = ap.parse_args()
     if args.report:
         report(args.report)
@@ -139,10 +186,11 @@ def main() -> int:
         planner_cost(args.cost)
         return 0
     jobs = [{"cell": c, "shape": s, "seed": k, "steps": args.steps, "warm": args.warm, "trend": args.trend,
-             "pool": args.pool} for s in args.shapes.split(",") for c in args.cells.split(",") for k in range(args.seeds)]
+             "pool": args.pool, "epoch": args.epoch} for s in args.shapes.split(",") for c in args.cells.split(",")
+            for k in range(args.first_seed, args.first_seed + args.seeds)]
     out = open(args.out, "a") if args.out else None
     with ProcessPoolExecutor(args.jobs) as ex:
-        for r in ex.map(run, jobs):
+        for r in ex.map(ceiling if args.ceiling else run, jobs):
             print(json.dumps({k: r[k] for k in ("cell", "shape", "seed", "cpu_s", "speedup_vs_verl")}), flush=True)
             if out:
                 out.write(json.dumps(r) + "\n")
