@@ -387,6 +387,21 @@ def later_epochs_ceiling_share() -> str:
     return _span([100 * s["history"] for epoch in (2, 3) for s in _ceiling_shares(epoch).values()], 0, " to ") + " %"
 
 
+def _routing_ceiling_ratios() -> list[float]:
+    """Third epoch: TailSieve's speedup (record planning off and on) over group-oracle-split's on the same seed."""
+    folder = RESULTS / "per_prompt_record"
+    ceiling = {(r["shape"], r["cell"], r["seed"]): r["speedup_vs_verl"]["group-oracle-split"]
+               for r in _jsonl(folder / "routing_ceiling_epoch3.jsonl")}
+    return [r["speedup_vs_verl"][name] / ceiling[r["shape"], r["cell"], r["seed"]]
+            for path in _epoch_files(3)[0] for r in _jsonl(path) if (r["shape"], r["cell"], r["seed"]) in ceiling
+            for name in (NOW, "tailsieve")]
+
+
+def later_epochs_routing_ceiling() -> str:
+    ratios = _routing_ceiling_ratios()
+    return f"{sum(x <= 1 for x in ratios)} of {len(ratios)} runs, at most {max(ratios):.3f}× its speedup"
+
+
 def later_epochs_ladder_rho(name: str) -> str:
     """The span over the later-epoch cells of one predictor's ρ in ``record_plan.py --ceiling``'s ladder."""
     return _span([c["rho"][name] for epoch in (2, 3) for c in history_oracle_cells(epoch).values()], 2)
@@ -444,6 +459,7 @@ RENDERERS = {
     "later-epochs-one-visit-rho": lambda: later_epochs_ladder_rho("one_visit"),
     "later-epochs-history-rho": lambda: later_epochs_ladder_rho("history"),
     "later-epochs-truth-rho": lambda: later_epochs_ladder_rho("truth"),
+    "later-epochs-routing-ceiling": later_epochs_routing_ceiling,
     "planner-cost": planner_cost,
 }
 

@@ -25,7 +25,8 @@ One JSON line per run to ``--out``::
     python scripts/experiments/record_plan.py --ceiling --cells dense-weak --shapes 512x16@32768 --out history_oracle.jsonl
 
 ``--ceiling`` runs ``verl``, ``prompt-oracle-split`` and ``history-oracle-split`` (the same grid knowing each prompt only
-as far as its earlier steps can tell: the most any record of past lengths can plan) on the same draws.
+as far as its earlier steps can tell: the most any record of past lengths can plan) on the same draws;
+``--ceiling verl,group-oracle-split`` the routing ceiling TailSieve's partial rollout is held to.
 """
 
 from __future__ import annotations
@@ -90,8 +91,8 @@ def speedups(job: dict, results: dict) -> dict:
 
 def ceiling(job: dict) -> dict:
     """The per-prompt oracle and the most any record of past lengths can plan (``history-oracle-split``), on the
-    same draws: how much of the oracle's gain a record could reach at all."""
-    cfg, pool, perf, epoch = setting(job, CEILING)
+    same draws: how much of the oracle's gain a record could reach at all (or ``job["policies"]``)."""
+    cfg, pool, perf, epoch = setting(job, tuple(job["policies"].split(",")))
     t0 = time.process_time()
     result = sim.simulate(cfg, pool(), perf)
     return {**job, "cpu_s": time.process_time() - t0, "epoch_steps": epoch,
@@ -177,7 +178,8 @@ def main() -> int:
     ap.add_argument("--out")
     ap.add_argument("--report", nargs="+")
     ap.add_argument("--cost", type=int, nargs="?", const=4, help="time the planner on this many steps")
-    ap.add_argument("--ceiling", action="store_true", help="run " + ", ".join(CEILING) + " instead")
+    ap.add_argument("--ceiling", nargs="?", const=",".join(CEILING),
+                    help="run these policies instead (default " + ",".join(CEILING) + "), and the rho ladder")
     args = ap.parse_args()
     if args.report:
         report(args.report)
@@ -186,7 +188,7 @@ def main() -> int:
         planner_cost(args.cost)
         return 0
     jobs = [{"cell": c, "shape": s, "seed": k, "steps": args.steps, "warm": args.warm, "trend": args.trend,
-             "pool": args.pool, "epoch": args.epoch} for s in args.shapes.split(",") for c in args.cells.split(",")
+             "pool": args.pool, "epoch": args.epoch, **({"policies": args.ceiling} if args.ceiling else {})} for s in args.shapes.split(",") for c in args.cells.split(",")
             for k in range(args.first_seed, args.first_seed + args.seeds)]
     out = open(args.out, "a") if args.out else None
     with ProcessPoolExecutor(args.jobs) as ex:
