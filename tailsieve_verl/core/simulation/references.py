@@ -97,6 +97,8 @@ class PromptOracleSplitRunner(GroupOracleSplitRunner):
     step's samples. Picking on the samples themselves would use their luck: 2–9 points above this on the
     DAPO-sized cells (docs/results.md). Not deployable."""
 
+    history_only = False  # what the oracle knows of a prompt (PromptPool.typical_group)
+
     def __init__(self, cfg: SimConfig, pool: PromptPool, perf: PerfModel, name: str = "prompt-oracle-split"):
         super().__init__(cfg, pool, perf, name)
         self.step_index = 0
@@ -106,10 +108,10 @@ class PromptOracleSplitRunner(GroupOracleSplitRunner):
         super().step(t, keep)
 
     def rank(self, groups: list[Group]) -> Sequence[float]:
-        return [self.pool.typical_length(g.prompt_id, self.step_index) * g.n for g in groups]
+        return [self.pool.typical_length(g.prompt_id, self.step_index, self.history_only) * g.n for g in groups]
 
     def plan_groups(self, groups: list[Group]) -> list[Group]:
-        return [self.pool.typical_group(g.prompt_id, g.n, self.step_index) for g in groups]
+        return [self.pool.typical_group(g.prompt_id, g.n, self.step_index, self.history_only) for g in groups]
 
 
 class HistoryOracleSplitRunner(PromptOracleSplitRunner):
@@ -119,14 +121,10 @@ class HistoryOracleSplitRunner(PromptOracleSplitRunner):
     over stock verl is the most any per-prompt record can plan; its gap to ``prompt-oracle-split`` is what
     only a predictor of the prompt under the current policy could add. Not deployable."""
 
+    history_only = True
+
     def __init__(self, cfg: SimConfig, pool: PromptPool, perf: PerfModel, name: str = "history-oracle-split"):
         super().__init__(cfg, pool, perf, name)
-
-    def rank(self, groups: list[Group]) -> Sequence[float]:
-        return [self.pool.typical_length(g.prompt_id, self.step_index, history_only=True) * g.n for g in groups]
-
-    def plan_groups(self, groups: list[Group]) -> list[Group]:
-        return [self.pool.typical_group(g.prompt_id, g.n, self.step_index, history_only=True) for g in groups]
 
 
 class RecordOracleSplitRunner(TailSieveRunner):
