@@ -169,6 +169,9 @@ def _is_number(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
+_BATCH_TABLE_LIMIT = 1 << 16  # whole batch sizes read from TablePerf's table, below this
+
+
 class TablePerf(PerfModel):
     """Interpolates a measured (batch × context) table.
 
@@ -201,6 +204,8 @@ class TablePerf(PerfModel):
             order = np.argsort(b)
             self.kappa_levels.append(float(level))
             self.kappa_curves.append((np.log(b[order]), np.maximum(kappa[order], 0.0)))
+        self._levels = np.asarray(self.kappa_levels)
+        self._table_u, self._table_kappa = np.zeros(0), np.zeros((len(self.kappa_curves), 0))
 
     def _u(self, b: np.ndarray) -> np.ndarray:
         x, y = self.u_batch, self.u_step
@@ -211,27 +216,40 @@ class TablePerf(PerfModel):
             out[hi] = y[-1] + slope * (b[hi] - x[-1])
         return out
 
-    def _kappa(self, b: np.ndarray, ctx: np.ndarray) -> np.ndarray:
-        if not self.kappa_levels:
-            return np.zeros_like(b)
+    def _curves(self, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``u(b)`` and every context level's ``κ(b)`` (one row per level)."""
         logb = np.log(np.maximum(b, 1.0))
-        per_level = np.stack([np.interp(logb, xb, yk) for xb, yk in self.kappa_curves])
-        if len(self.kappa_levels) == 1:
-            return per_level[0]
-        levels = np.asarray(self.kappa_levels)
-        c = np.clip(ctx, levels[0], levels[-1])
-        j = np.clip(np.searchsorted(levels, c, side="right") - 1, 0, len(levels) - 2)
-        w = (c - levels[j]) / (levels[j + 1] - levels[j])
-        cols = np.arange(len(b))
-        return (1 - w) * per_level[j, cols] + w * per_level[j + 1, cols]
+        kappa = np.array([np.interp(logb, xb, yk) for xb, yk in self.kappa_curves]).reshape(-1, len(b))
+        return self._u(b), kappa
+
+    def _at_batch(self, b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """:meth:`_curves` as (u, κ rows, column of each b): read from a table over whole batch sizes when
+        every b is one (a walk prices ~10⁴ steps of a few hundred distinct batch sizes; the table's values
+        are the curves' own), else computed."""
+        whole = b.astype(np.int64)
+        if not len(b) or whole.min() < 0 or whole.max() >= _BATCH_TABLE_LIMIT or not np.array_equal(whole, b):
+            u, kappa = self._curves(b)
+            return u, kappa, np.arange(len(b))
+        if whole.max() >= len(self._table_u):
+            self._table_u, self._table_kappa = self._curves(np.arange(max(2 * (whole.max() + 1), 512), dtype=float))
+        return self._table_u[whole], self._table_kappa, whole
 
     def step_time(self, active, context=0.0):
         scalar = np.ndim(active) == 0 and np.ndim(context) == 0
         b, ctx = np.broadcast_arrays(np.atleast_1d(np.asarray(active, dtype=float)),
                                      np.atleast_1d(np.asarray(context, dtype=float)))
         b, ctx = b.astype(float), ctx.astype(float)
-        u = self._u(b)
-        step = u + b * (ctx - self.c0) * self._kappa(b, ctx)
+        u, kappa, col = self._at_batch(b)
+        levels = self.kappa_levels
+        if len(levels) > 1:  # linear in context between the two levels around it, constant beyond them
+            c = np.minimum(np.maximum(ctx, levels[0]), levels[-1])
+            j = np.minimum(np.searchsorted(levels, c, side="right") - 1, len(levels) - 2)
+            w = (c - self._levels[j]) / (self._levels[j + 1] - self._levels[j])
+            flat, width = kappa.ravel(), kappa.shape[1]
+            kappa = (1 - w) * flat[j * width + col] + w * flat[(j + 1) * width + col]
+        else:
+            kappa = kappa[0, col] if levels else 0.0
+        step = u + b * (ctx - self.c0) * kappa
         step = np.where(b > 0, np.maximum(step, 0.5 * u), 0.0)
         return float(step[0]) if scalar else step
 

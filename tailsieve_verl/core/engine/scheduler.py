@@ -189,9 +189,10 @@ def _walk(L, P, gid, hit_blocks, bs, cap, budget0, capacity, chunked, k_by_batch
     preemptions = recomputed = prefilled = 0
     drafted = accepted = 0.0
     unfinished = n
+    least_left = 0.0  # tokens left to the running request nearest its end, kept by the walked steps
     while unfinished:
         span = _quiet_steps(L, P, gid, hit_blocks, g, held, refs, run, n_run, queue, head, n_wait, n_prefilling, bs,
-                            cap, budget0, capacity, used, chunked, k_by_batch, last_scheduled)
+                            cap, budget0, capacity, used, chunked, k_by_batch, last_scheduled, least_left)
         while n_steps + span + 1 > len(rec_emit):  # room for the records: a step adds at most n waits, 4n knots
             rec_emit, rec_ctx, rec_query = (np.concatenate((rec_emit, rec_emit)), np.concatenate((rec_ctx, rec_ctx)),
                                             np.concatenate((rec_query, rec_query)))
@@ -212,6 +213,7 @@ def _walk(L, P, gid, hit_blocks, bs, cap, budget0, capacity, chunked, k_by_batch
             n_steps += span
             step += span
             last_scheduled = n_run
+            least_left -= span
             continue
         if n_waits + n > len(waits_from):
             waits_from, waits_to = np.concatenate((waits_from, waits_from)), np.concatenate((waits_to, waits_to))
@@ -226,6 +228,7 @@ def _walk(L, P, gid, hit_blocks, bs, cap, budget0, capacity, chunked, k_by_batch
         n_dec = n_chunks = 0
         preempted = done = False
         ctx_sum = 0.0
+        least_left = np.inf
         idx = 0
         while idx < n_run and budget > 0:  # running requests first, oldest first
             i = run[idx]
@@ -281,8 +284,12 @@ def _walk(L, P, gid, hit_blocks, bs, cap, budget0, capacity, chunked, k_by_batch
                     accepted += gained - 1
                 g[i] = L[i] if last else g[i] + gained
                 done = done or last
+                if not last:
+                    least_left = min(least_left, L[i] - g[i])
             budget -= new
             idx += 1
+        for rest in range(idx, n_run):  # left out of the step by the budget
+            least_left = min(least_left, L[run[rest]] - g[run[rest]])
         if not preempted:  # FCFS admission while a slot, budget and the whole sequence's blocks are free
             admitted = 0
             while n_wait and budget > 0 and n_run + admitted < cap:
@@ -349,6 +356,8 @@ def _walk(L, P, gid, hit_blocks, bs, cap, budget0, capacity, chunked, k_by_batch
                 n_prefilling -= 1
                 knot_req[n_knots], knot_step[n_knots], knot_tokens[n_knots] = i, step + 1, g[i]
                 n_knots += 1
+            if g[i] < L[i]:
+                least_left = min(least_left, L[i] - g[i])
         prefilled += prefill
         last_scheduled = n_dec + n_chunks
         rec_emit[n_steps], rec_ctx[n_steps], rec_query[n_steps] = emitting, ctx_sum, query
@@ -378,11 +387,12 @@ def _walk(L, P, gid, hit_blocks, bs, cap, budget0, capacity, chunked, k_by_batch
 
 
 def _quiet_steps(L, P, gid, hit_blocks, g, held, refs, run, n_run, queue, head, n_wait, n_prefilling, bs, cap, budget0,
-                 capacity, used, chunked, k_by_batch, last_scheduled):
+                 capacity, used, chunked, k_by_batch, last_scheduled, least_left):
     """Steps from now that the walk would spend with every running request decoding one token and
     nothing else happening (no speculation, no prefill, no finish, no admission, every new block
     free), so that :func:`_walk` can take them at once; 0 when the next step needs the scheduler.
-    Without speculation every count is a whole number, so the shortcut gives the walk's floats."""
+    Without speculation every count is a whole number, so the shortcut gives the walk's floats.
+    ``least_left``: the fewest tokens any running request has left (the walk keeps it as it goes)."""
     if not n_run or n_prefilling or k_by_batch[last_scheduled] or k_by_batch[n_run] or n_run > budget0:
         return 0
     if n_wait and n_run < cap and budget0 - n_run > 0:  # could the head be admitted (used only grows)?
@@ -395,15 +405,12 @@ def _quiet_steps(L, P, gid, hit_blocks, g, held, refs, run, n_run, queue, head, 
             if capacity < 0 or max(int(math.ceil(seq / bs)) - hit_blocks[i], 0) + (0 if shared else hit_blocks[i]) \
                     <= capacity - used:
                 return 0
-    span = 1 << 62
-    for idx in range(n_run):
-        i = run[idx]
-        span = min(span, int(L[i] - g[i]) - 1)  # the step a request finishes in is walked
+    span = int(least_left) - 1  # the step a request finishes in is walked
     if span <= 0 or capacity < 0:
         return max(span, 0)
     lo, hi = 0, span  # the most steps whose new blocks (tokens P + g + s at step s) fit in the free ones
+    mid = span  # the whole span first: its blocks are usually free, and then one pass decides
     while lo < hi:
-        mid = (lo + hi + 1) // 2
         taken = 0
         for idx in range(n_run):
             i = run[idx]
@@ -412,4 +419,5 @@ def _quiet_steps(L, P, gid, hit_blocks, g, held, refs, run, n_run, queue, head, 
             lo = mid
         else:
             hi = mid - 1
+        mid = (lo + hi + 1) // 2
     return lo
