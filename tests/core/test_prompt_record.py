@@ -2,10 +2,12 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from tailsieve_verl.core.engine.perf import parse_perf_model
-from tailsieve_verl.core.tailsieve.prompt_record import PromptLengthRecord, PromptRecordError
+from tailsieve_verl.core.tailsieve.prompt_record import (_LEVELS, PromptLengthRecord, PromptRecordError,
+                                                        _hazen_quantiles)
 from tailsieve_verl.core.tailsieve.selector import SelectorError, TailSelector
 from tailsieve_verl.core.simulation.sim import BestStaticRunner, SimConfig, simulate, static_grid
 from tailsieve_verl.core.data.workload import PromptPool, get_preset
@@ -27,6 +29,14 @@ def test_record_smooths_completed_groups_and_raises_on_aborts():
     assert other.predictions(["a", "b"]) == rec.predictions(["a", "b"])
     with pytest.raises(PromptRecordError):
         other.load_state_dict({"prompts": {"a": "x"}})
+
+
+def test_the_records_shape_is_numpys_hazen_quantiles_to_the_bit():
+    rng = np.random.default_rng(7)
+    for n in range(1, 70):
+        for values in (rng.integers(0, 40_000, n), rng.lognormal(7, 1.5, n), np.full(n, 512)):
+            values = np.sort(values.astype(float))
+            assert _hazen_quantiles(values).tobytes() == np.quantile(values, _LEVELS, method="hazen").tobytes(), n
 
 
 def test_selector_sends_predicted_long_fresh_prompts_to_the_tail_pool():

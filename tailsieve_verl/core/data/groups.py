@@ -10,6 +10,7 @@ prompt pool). Reading and writing them: :mod:`.trace` (trace files) and :mod:`.r
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Iterable, Sequence
 
 from ..errors import TailSieveError
@@ -39,11 +40,11 @@ class Group:
     def n(self) -> int:
         return len(self.lengths)
 
-    @property
+    @cached_property  # read millions of times by the searches; a group never changes
     def max_len(self) -> int:
         return max(self.lengths)
 
-    @property
+    @cached_property
     def total_len(self) -> int:
         return sum(self.lengths)
 

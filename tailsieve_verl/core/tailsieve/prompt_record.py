@@ -28,6 +28,7 @@ carried queue).
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 from typing import Iterable, Mapping, Sequence
 
 import numpy as np
@@ -36,6 +37,28 @@ from ..errors import TailSieveError
 
 SHAPE_POINTS = 16  # quantiles of a prompt's lengths the record keeps: a group of 16 (DAPO's n) exactly
 _LEVELS = (np.arange(SHAPE_POINTS) + 0.5) / SHAPE_POINTS
+
+
+@lru_cache(maxsize=256)
+def _hazen_points(n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """numpy's ``quantile(method="hazen")`` at :data:`_LEVELS` for n sorted values, as the (lower, upper)
+    order statistics, the weight of the upper one, and where numpy interpolates from it."""
+    at = n * _LEVELS + 0.5 - 1  # numpy's virtual index for hazen (alpha = beta = 1/2)
+    lower = np.floor(at)
+    upper = lower + 1
+    lower[at >= n - 1], upper[at >= n - 1] = -1, -1
+    lower[at < 0], upper[at < 0] = 0, 0
+    weight = at - lower
+    return lower.astype(np.intp), upper.astype(np.intp), weight, weight >= 0.5
+
+
+def _hazen_quantiles(values: np.ndarray) -> np.ndarray:
+    """:data:`SHAPE_POINTS` quantiles of sorted ``values`` (order statistic j at (j + ½)/n), the very floats of
+    ``np.quantile(values, _LEVELS, method="hazen")`` at a fraction of its cost: the record takes one a group."""
+    lower, upper, weight, from_upper = _hazen_points(len(values))
+    a, b = values[lower], values[upper]
+    gap = b - a
+    return np.where(from_upper, b - gap * (1 - weight), a + gap * weight)
 
 
 class PromptRecordError(TailSieveError):
@@ -70,7 +93,7 @@ class PromptLengthRecord:
         values = np.sort(np.fromiter((int(x) for x in lengths), dtype=float))
         if not len(values):
             return
-        work, shape = float(values.sum()), np.quantile(values, _LEVELS, method="hazen")  # order statistic j at (j + ½)/n
+        work, shape = float(values.sum()), _hazen_quantiles(values)
         old_shape = self._shape.get(prompt)
         if old_shape is not None and self._at.get(prompt, self.clock) < self.clock and min(old_shape.mean(), shape.mean()) > 0:
             self._revisits.append((math.log(old_shape.mean()), math.log(shape.mean())))
