@@ -14,8 +14,9 @@ setup(
     extras_require={
         # The verl layer; torch must already be installed (see docs/usage.md: a CPU torch first).
         "verl": ["verl[verl-core]==0.9.1", "hydra-core", "omegaconf"],
-        # wandb comes with verl; MLflow's client and its sqlite store (verl's default) for `compare`'s tests.
-        "test": ["pytest", "mlflow-skinny", "sqlalchemy", "alembic"],
+        # wandb comes with verl; MLflow's client and its sqlite store (verl's default) for `compare`'s tests;
+        # pytest-xdist runs the tests outside the verl integration tier on every core.
+        "test": ["pytest", "pytest-xdist", "mlflow-skinny", "sqlalchemy", "alembic"],
     },
     entry_points={
         "console_scripts": ["tailsieve = tailsieve_verl.cli:main"],
