@@ -15,7 +15,8 @@ Qwen3-8B dense (``table:h200-dense:qwen3-8b``) under verl 0.9.1's rollout defaul
   ``--steps`` and ``--seeds`` say.
 
 CPU seconds (``time.process_time`` of the run, the figure that survives a shared machine) and wall
-seconds, one core each (``jobs`` 1), numba's load of its compiled walk included. ``--after COMMIT`` measures
+seconds, one core each (``jobs`` 1), numba's load of its compiled walk from its on-disk cache included (each side's
+cache is filled first, so neither pays the compile). ``--after COMMIT`` measures
 that commit's package instead of this tree's (a tree with someone else's uncommitted work in it)::
 
     PYTHONPATH=. python scripts/bench_speed.py --steps 3 [--scenarios default,hindsight,plan,plan-quick] [--before 2b7a8b1] [--after COMMIT]
@@ -87,6 +88,22 @@ def package_at(commit: str, into: Path) -> Path:
 QUICK_PLAN = (3, 1)  # plan-quick's steps and seeds
 
 
+WARM = r"""
+import numpy as np
+from tailsieve_verl.core.engine.engine import EngineConfig
+from tailsieve_verl.core.engine.perf import parse_perf_model
+from tailsieve_verl.core.engine.scheduler import ReplicaScheduler
+perf = parse_perf_model("table:h200-dense:qwen3-8b")
+ReplicaScheduler(np.array([5, 9, 300]), np.array([64, 64, 64]), None, EngineConfig.verl_defaults("qwen3-8b", perf)).run_to_end(perf)
+"""
+
+
+def warm(tree: Path) -> None:
+    """Compile the tree's walk into numba's on-disk cache, as a user's second run finds it: an unpacked
+    commit has no cache yet, and its first run would pay the compile that this tree's run does not."""
+    subprocess.run([sys.executable, "-c", WARM], capture_output=True, cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)})  # a tree before the walk: nothing to warm
+
+
 def measure(tree: Path, scenario: str, steps: int, seeds: int) -> dict:
     if scenario == "plan-quick":
         scenario, (steps, seeds) = "plan", QUICK_PLAN
@@ -121,6 +138,8 @@ def main() -> int:
         sides = {"after": package_at(args.after, Path(tmp) / "after") if args.after else ROOT}
         if not args.after_only:
             sides = {"before": package_at(args.before, Path(tmp) / "before"), **sides}
+        for tree in sides.values():
+            warm(tree)
         for scenario in args.scenarios.split(","):
             cpu = {}
             for side, tree in sides.items():
