@@ -264,6 +264,7 @@ def history_table_2026_12_03() -> str:
 
 RECORD_PLAN_FILES = {2: ("record_plan.jsonl", "record_plan_64x8.jsonl"), 3: ("record_plan_epoch3.jsonl",)}
 HISTORY_ORACLE_FILES = {2: "history_oracle.jsonl", 3: "history_oracle_epoch3.jsonl"}  # record_plan.py --ceiling
+ROUTING_CEILING_FILE = "routing_ceiling_epoch3.jsonl"  # record_plan.py --epoch 3 --ceiling group-oracle-split
 NOW = "tailsieve-record-off"  # record_plan.py's name for TailSieve with record planning off
 
 
@@ -389,9 +390,8 @@ def later_epochs_ceiling_share() -> str:
 
 def _routing_ceiling_ratios() -> list[float]:
     """Third epoch: TailSieve's speedup (record planning off and on) over group-oracle-split's on the same seed."""
-    folder = RESULTS / "per_prompt_record"
     ceiling = {(r["shape"], r["cell"], r["seed"]): r["speedup_vs_verl"]["group-oracle-split"]
-               for r in _jsonl(folder / "routing_ceiling_epoch3.jsonl")}
+               for r in _jsonl(RESULTS / "per_prompt_record" / ROUTING_CEILING_FILE)}
     return [r["speedup_vs_verl"][name] / ceiling[r["shape"], r["cell"], r["seed"]]
             for path in _epoch_files(3)[0] for r in _jsonl(path) if (r["shape"], r["cell"], r["seed"]) in ceiling
             for name in (NOW, "tailsieve")]

@@ -441,14 +441,19 @@ class HierarchicalController:
                             self.per_sample, shared_only=True, engines=self.engines)
         return model.bulk_full(self.n_replicas)
 
+    def measured_splits(self) -> tuple[_SplitRecord, _SplitRecord] | None:
+        """(the split it holds, one shared pool) once both have been measured, else None."""
+        s = self.state
+        held, shared = s.splits.get(s.m), s.splits.get(0)
+        if held is None or not held.visits or shared is None or not shared.visits:
+            return None
+        return held, shared
+
     @property
     def settled(self) -> bool:
         """The outer loop has measured one shared pool and the split it holds, and resolved its planned probe
         (with a split planner): the yardstick record-planned steps are weighed against (core.tailsieve.cycle)."""
-        s = self.state
-        held, shared = s.splits.get(s.m), s.splits.get(0)
-        measured = held is not None and held.visits > 0 and shared is not None and shared.visits > 0
-        return measured and (self.planner is None or s.planned is not None)
+        return self.measured_splits() is not None and (self.planner is None or self.state.planned is not None)
 
     def relative_makespan(self, obs: StepObservation) -> float | None:
         """A step's makespan over the yardstick of its own consumed groups (None where either is 0)."""

@@ -247,10 +247,10 @@ class TailSieveCycle:
         g.steps += 1
         g.measured_sum += relative
         g.predicted_sum += plan.predicted_relative if plan.m else 1.0
-        held = controller.state.splits.get(controller.state.m)
-        shared = controller.state.splits.get(0)
-        if held is None or not held.visits or shared is None or not shared.visits:
+        measured = controller.measured_splits()
+        if measured is None:
             return  # nothing measured to weigh the plans against: plan on
+        held, shared = measured
         w = controller.config.plan_weight
         estimate = (w * (g.predicted_sum / g.steps) * shared.relative_makespan.value + g.measured_sum) / (w + g.steps)
         if held.relative_makespan.value < estimate:
