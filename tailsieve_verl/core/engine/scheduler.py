@@ -17,11 +17,15 @@ number of requests the previous step scheduled (vLLM's dynamic SD drafts for the
 Scheduling is step-based, never time-based, so the walk records per step what the cost model needs
 (requests emitting a token, their context sum, verify query tokens, k, prefilled tokens) and every
 step is priced in one vectorised call at the end. The walk (:func:`_walk`) visits the steps one
-request at a time, as vLLM does, in plain loops over arrays that numba compiles on first use (a
-DAPO-sized replica, ~2·10⁴ steps of ~250 requests, in ~10–30 ms); a stretch in which nothing but
-one token per running request happens (no speculation, prefill, finish, admission or shortage of
-blocks: :func:`_quiet_steps`) is taken at once, in whole numbers, so with the walk's floats.
-Without numba the same functions run as Python, slowly. ``tests/core/test_engine_recorded.py``
+request at a time, as vLLM does, in plain loops over arrays that numba compiles on first use; a
+stretch in which nothing but one token per running request happens (no speculation, prefill,
+finish, admission or shortage of blocks: :func:`_quiet_steps`) is taken at once, in whole numbers,
+so with the walk's floats. Without speculation, while no running request prefills and the free
+blocks cover every block a step opens, the walk keeps the running requests by formula instead of
+visiting them (a step then costs its admissions and finishes, not its ~250 running requests; see
+``lazy`` in :func:`_walk`), and writes them back for any other step. A DAPO-sized replica, ~2·10⁴
+steps of ~1,000 requests, takes ~1 ms where its KV cache suffices and ~10–30 ms where it preempts
+thousands of times. Without numba the same functions run as Python, slowly. ``tests/core/test_engine_recorded.py``
 holds the walk to the runs the earlier span-based evaluator recorded.
 """
 
@@ -140,14 +144,16 @@ _KERNEL = None
 
 def walk_kernel():
     """:func:`_walk`, compiled by numba on first use (cached on disk); the plain function without numba."""
-    global _KERNEL, _quiet_steps
+    global _KERNEL, _quiet_steps, _heap_push, _heap_pop
     if _KERNEL is None:
         try:
             import numba
         except ImportError:  # a --no-deps install: the same walk, interpreted
             _KERNEL = _walk
-        else:  # the helper first: the walk calls it compiled
+        else:  # the helpers first: the walk calls them compiled
             _quiet_steps = numba.njit(cache=True)(_quiet_steps)
+            _heap_push = numba.njit(cache=True)(_heap_push)
+            _heap_pop = numba.njit(cache=True)(_heap_pop)
             _KERNEL = numba.njit(cache=True)(_walk)
     return _KERNEL
 
@@ -190,9 +196,88 @@ def _walk(L, P, gid, hit_blocks, bs, cap, budget0, capacity, chunked, k_by_batch
     drafted = accepted = 0.0
     unfinished = n
     least_left = 0.0  # tokens left to the running request nearest its end, kept by the walked steps
+    # Plain decoding, taken in bulk (lazy): without speculation, while every running request decodes (none prefills,
+    # the budget covers them all) and the free blocks cover every block that a step's tokens open, a step does the
+    # same to each running request (one token, a new block every bs tokens, its finish when one token is left), so
+    # the walk keeps them by formula instead of visiting them: g = g_base + step, a block opens where
+    # (P + g_base + step - 1) % bs == 0 (requests counted per phase (P + g_base) % bs), finishes come off a heap by
+    # step (and leave in run order, as the pass would take them), and the context sum is ctx_base + n_lazy · step.
+    # Such a step costs its events, not its running requests; between a finish and the next, with admission
+    # blocked, the steps are written in one loop (quiet). The walk leaves the mode for any other step, writing
+    # every request's g and blocks back. The floats are the pass's: whole numbers, summed exactly.
+    plain = True
+    for b in range(len(k_by_batch)):
+        plain = plain and k_by_batch[b] == 0
+    lazy = False
+    run_len = 0  # run[:run_len]: the running requests, with finished ones among them while lazy
+    g_base = np.zeros(n, dtype=np.int64)
+    is_lazy = np.zeros(n, dtype=np.bool_)
+    phase_count = np.zeros(bs, dtype=np.int64)
+    heap_key, heap_req = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64)
+    heap_size = n_lazy = ctx_base = 0
+    quiet = False
+    just_done = np.zeros(n, dtype=np.int64)  # the requests a lazy step finishes
+    admitted_as = np.zeros(n, dtype=np.int64)  # admission count at its admission: run[] is in this order
+    n_admissions = 0
     while unfinished:
-        span = _quiet_steps(L, P, gid, hit_blocks, g, held, refs, run, n_run, queue, head, n_wait, n_prefilling, bs,
-                            cap, budget0, capacity, used, chunked, k_by_batch, last_scheduled, least_left)
+        if lazy and (n_prefilling or (limited and phase_count[(1 - step) % bs] > capacity - used)):
+            lazy = quiet = False  # write the running requests back and walk the step
+            kept = 0
+            least_left = np.inf
+            for idx in range(run_len):
+                i = run[idx]
+                if finish_idx[i] >= 0:
+                    continue
+                if is_lazy[i]:
+                    is_lazy[i] = False
+                    g[i] = g_base[i] + step
+                    if limited:
+                        held[i] = max(int(math.ceil((P[i] + g[i] - 1) / bs)) - hit_blocks[i], 0)
+                least_left = min(least_left, L[i] - g[i])
+                run[kept] = i
+                kept += 1
+            run_len = n_run = kept
+        if (not lazy and plain and n_run and not n_prefilling and n_run <= budget0
+                and (not limited or capacity - used >= n_run)):
+            tight = True  # every running request holds exactly its context's blocks (so a step opens at most one)
+            for idx in range(n_run if limited else 0):
+                i = run[idx]
+                tight = tight and held[i] == max(int(math.ceil((P[i] + g[i] - 1) / bs)) - hit_blocks[i], 0)
+            if tight:
+                lazy = True
+                heap_size = n_lazy = ctx_base = 0
+                phase_count[:] = 0
+                for idx in range(n_run):
+                    i = run[idx]
+                    g_base[i] = int(g[i]) - step
+                    is_lazy[i] = True
+                    phase_count[(P[i] + g_base[i]) % bs] += 1
+                    ctx_base += P[i] + g_base[i]
+                    n_lazy += 1
+                    heap_size = _heap_push(heap_key, heap_req, heap_size, L[i] - 1 - g_base[i], i)
+        if lazy and quiet and heap_size:  # decoding alone up to the next finish, while its new blocks are free
+            quiet = False
+            stop = heap_key[0]
+            while n_steps + (stop - step) + 1 > len(rec_emit):
+                rec_emit, rec_ctx, rec_query = (np.concatenate((rec_emit, rec_emit)), np.concatenate((rec_ctx, rec_ctx)),
+                                                np.concatenate((rec_query, rec_query)))
+                rec_k, rec_prefill = np.concatenate((rec_k, rec_k)), np.concatenate((rec_prefill, rec_prefill))
+            while step < stop:
+                if limited:
+                    opened = phase_count[(1 - step) % bs]
+                    if opened > capacity - used:
+                        break
+                    used += opened
+                rec_emit[n_steps], rec_ctx[n_steps], rec_query[n_steps] = n_lazy, float(ctx_base + n_lazy * step), n_lazy
+                rec_k[n_steps], rec_prefill[n_steps] = 0, 0
+                n_steps += 1
+                step += 1
+            last_scheduled = n_lazy
+            continue
+        span = 0
+        if not lazy:
+            span = _quiet_steps(L, P, gid, hit_blocks, g, held, refs, run, n_run, queue, head, n_wait, n_prefilling,
+                                bs, cap, budget0, capacity, used, chunked, k_by_batch, last_scheduled, least_left)
         while n_steps + span + 1 > len(rec_emit):  # room for the records: a step adds at most n waits, 4n knots
             rec_emit, rec_ctx, rec_query = (np.concatenate((rec_emit, rec_emit)), np.concatenate((rec_ctx, rec_ctx)),
                                             np.concatenate((rec_query, rec_query)))
@@ -229,7 +314,13 @@ def _walk(L, P, gid, hit_blocks, bs, cap, budget0, capacity, chunked, k_by_batch
         preempted = done = False
         ctx_sum = 0.0
         least_left = np.inf
-        idx = 0
+        idx = n_run if lazy else 0
+        if lazy:  # every running request decodes one token; the blocks its tokens open are free
+            n_dec = n_lazy
+            ctx_sum = float(ctx_base + n_lazy * step)
+            if limited:
+                used += phase_count[(1 - step) % bs]
+            budget -= n_lazy
         while idx < n_run and budget > 0:  # running requests first, oldest first
             i = run[idx]
             if prefilling[i]:
@@ -290,8 +381,8 @@ def _walk(L, P, gid, hit_blocks, bs, cap, budget0, capacity, chunked, k_by_batch
             idx += 1
         for rest in range(idx, n_run):  # left out of the step by the budget
             least_left = min(least_left, L[run[rest]] - g[run[rest]])
+        admitted = 0
         if not preempted:  # FCFS admission while a slot, budget and the whole sequence's blocks are free
-            admitted = 0
             while n_wait and budget > 0 and n_run + admitted < cap:
                 i = queue[head]
                 if L[i] == 0:  # nothing to generate: done on admission, holds nothing
@@ -321,8 +412,10 @@ def _walk(L, P, gid, hit_blocks, bs, cap, budget0, capacity, chunked, k_by_batch
                     used += held[i]
                 head = (head + 1) % n
                 n_wait -= 1
-                run[n_run + admitted] = i
+                run[run_len + admitted] = i
                 admitted += 1
+                admitted_as[i] = n_admissions
+                n_admissions += 1
                 refs[gid[i]] += 1
                 computed[i], target[i] = hit, seq
                 ctx_mid[i] = P[i] + (g[i] + L[i]) / 2
@@ -340,8 +433,10 @@ def _walk(L, P, gid, hit_blocks, bs, cap, budget0, capacity, chunked, k_by_batch
                 n_chunks += 1
                 budget -= chunk
             n_run += admitted
+            run_len += admitted
         # the chunks prefilled; a request whose prefill completes emits its first token
         emitting, query, prefill = n_dec, n_dec * (1 + k), 0
+        n_just_done = 0
         for j in range(n_chunks):
             i = chunk_req[j]
             computed[i] += chunk_new[j]
@@ -358,12 +453,54 @@ def _walk(L, P, gid, hit_blocks, bs, cap, budget0, capacity, chunked, k_by_batch
                 n_knots += 1
             if g[i] < L[i]:
                 least_left = min(least_left, L[i] - g[i])
+            if lazy and not prefilling[i]:  # decodes from the next step on, by formula; or is done already
+                if g[i] >= L[i]:
+                    just_done[n_just_done] = i
+                    n_just_done += 1
+                else:
+                    g_base[i] = int(g[i]) - (step + 1)
+                    is_lazy[i] = True
+                    phase_count[(P[i] + g_base[i]) % bs] += 1
+                    ctx_base += P[i] + g_base[i]
+                    n_lazy += 1
+                    heap_size = _heap_push(heap_key, heap_req, heap_size, L[i] - 1 - g_base[i], i)
         prefilled += prefill
         last_scheduled = n_dec + n_chunks
         rec_emit[n_steps], rec_ctx[n_steps], rec_query[n_steps] = emitting, ctx_sum, query
         rec_k[n_steps], rec_prefill[n_steps] = k, prefill
         n_steps += 1
         step += 1
+        if lazy:  # the requests whose last token this step emitted leave, and those done on their first token
+            while heap_size and heap_key[0] <= step - 1:
+                i = heap_req[0]
+                heap_size = _heap_pop(heap_key, heap_req, heap_size)
+                is_lazy[i] = False
+                g[i] = L[i]
+                phase_count[(P[i] + g_base[i]) % bs] -= 1
+                ctx_base -= P[i] + g_base[i]
+                n_lazy -= 1
+                just_done[n_just_done] = i
+                n_just_done += 1
+            for j in range(1, n_just_done):  # into run order, as the walk's pass takes them (insertion sort: a few)
+                i = just_done[j]
+                while j and admitted_as[just_done[j - 1]] > admitted_as[i]:
+                    just_done[j] = just_done[j - 1]
+                    j -= 1
+                just_done[j] = i
+            for j in range(n_just_done):  # the last of a group to leave frees its prompt blocks
+                i = just_done[j]
+                refs[gid[i]] -= 1
+                if limited:
+                    used -= max(int(math.ceil((P[i] + L[i] - 1) / bs)) - hit_blocks[i], 0) + \
+                        (hit_blocks[i] if refs[gid[i]] == 0 else 0)
+                    held[i] = 0
+                knot_req[n_knots], knot_step[n_knots], knot_tokens[n_knots] = i, step, L[i]
+                n_knots += 1
+                finish_idx[i] = step
+                unfinished -= 1
+            n_run -= n_just_done
+            quiet = admitted == 0 and n_just_done == 0  # then nothing can be admitted before the next finish
+            continue
         kept = 0  # finished requests leave (their group's prompt blocks with the last holder)
         for idx in range(n_run if done else 0):
             i = run[idx]
@@ -380,10 +517,41 @@ def _walk(L, P, gid, hit_blocks, bs, cap, budget0, capacity, chunked, k_by_batch
                 run[kept] = i
                 kept += 1
         n_run = kept if done else n_run
+        run_len = n_run
     return (rec_emit[:n_steps], rec_ctx[:n_steps], rec_query[:n_steps], rec_k[:n_steps], rec_prefill[:n_steps],
             finish_idx, first_admit, waits_from[:n_waits], waits_to[:n_waits], knot_req[:n_knots],
             knot_step[:n_knots], knot_tokens[:n_knots], np.array([preemptions, recomputed, prefilled]),
             np.array([drafted, accepted]))
+
+
+def _heap_push(keys, reqs, size, key, req):
+    """Push (key, req) on the binary min-heap keys[:size] (ties: either first); returns the new size."""
+    j = size
+    while j:
+        parent = (j - 1) // 2
+        if keys[parent] <= key:
+            break
+        keys[j], reqs[j] = keys[parent], reqs[parent]
+        j = parent
+    keys[j], reqs[j] = key, req
+    return size + 1
+
+
+def _heap_pop(keys, reqs, size):
+    """Drop the top of the binary min-heap keys[:size]; returns the new size."""
+    size -= 1
+    key, req = keys[size], reqs[size]
+    j = 0
+    while 2 * j + 1 < size:
+        child = 2 * j + 1
+        if child + 1 < size and keys[child + 1] < keys[child]:
+            child += 1
+        if keys[child] >= key:
+            break
+        keys[j], reqs[j] = keys[child], reqs[child]
+        j = child
+    keys[j], reqs[j] = key, req
+    return size
 
 
 def _quiet_steps(L, P, gid, hit_blocks, g, held, refs, run, n_run, queue, head, n_wait, n_prefilling, bs, cap, budget0,
