@@ -87,6 +87,13 @@ class ReplicaScheduler:
         self.k_max = self.spec.num_speculative_tokens if self.spec else 0
         if groups is not None and cfg.enable_prefix_caching:
             _, self.gid = np.unique(np.asarray(groups), return_inverse=True)
+            first = np.zeros(self.gid.max() + 1 if n else 0, dtype=np.int64)
+            first[self.gid[::-1]] = self.P[::-1]
+            odd = np.flatnonzero(first[self.gid] != self.P)
+            if len(odd):  # its shared prompt blocks would be counted at two sizes
+                i = int(odd[0])
+                raise EngineConfigError(f"the requests of a group share its prompt, but request {i} has a {int(self.P[i])}-token "
+                                        f"prompt and an earlier one of its group {int(first[self.gid[i]])}")
             self.hit_blocks = np.maximum(self.P - 1, 0) // self.bs  # vLLM recomputes at least the last prompt token
         else:
             self.gid = np.arange(n)
