@@ -32,9 +32,9 @@ def test_scheduler_equals_the_closed_form_on_random_replicas(seed):
     perf = PERFS[seed % 3]
     n = int(rng.integers(1, 80))
     lengths = rng.integers(0, 400, size=n)
-    prompts = rng.integers(0, 3000, size=n)
-    cap = [None, 1, 3, 7, 40][seed % 5]
     groups = np.arange(n) // 4
+    prompts = rng.integers(0, 3000, size=groups[-1] + 1)[groups]  # a group's requests share its prompt
+    cap = [None, 1, 3, 7, 40][seed % 5]
     closed = _closed_form(lengths, prompts, perf, cap)
     assert_same_run(ReplicaScheduler(lengths, prompts, groups, EngineConfig(max_num_seqs=cap)).run_to_end(perf), closed)
     roomy = EngineConfig(max_num_seqs=cap, num_gpu_blocks=10 ** 9, max_num_batched_tokens=10 ** 9)
