@@ -187,7 +187,7 @@ def _walk(L, P, gid, hit_blocks, bs, cap, budget0, capacity, chunked, k_by_batch
     first_admit = np.full(n, -1, dtype=np.int64)
     finish_idx = np.full(n, -1, dtype=np.int64)
     wait_from = np.zeros(n, dtype=np.int64)
-    run = np.zeros(n, dtype=np.int64)  # running requests, admission order: run[:n_run]
+    run = np.zeros(2 * n, dtype=np.int64)  # running requests, admission order: run[:n_run] (room for lazy tombstones)
     n_run = 0
     queue = np.arange(n)  # waiting requests: a ring, head first
     head, n_wait = 0, n
@@ -220,20 +220,20 @@ def _walk(L, P, gid, hit_blocks, bs, cap, budget0, capacity, chunked, k_by_batch
     g_base = np.zeros(n, dtype=np.int64)
     is_lazy = np.zeros(n, dtype=np.bool_)
     phase_count = np.zeros(bs, dtype=np.int64)
-    heap_key, heap_req = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64)
+    heap_key, heap_req = np.zeros(4 * n, dtype=np.int64), np.zeros(4 * n, dtype=np.int64)  # stale entries stay
     heap_size = n_lazy = ctx_base = 0
     quiet = False
     just_done = np.zeros(n, dtype=np.int64)  # the requests a lazy step finishes
     admitted_as = np.zeros(n, dtype=np.int64)  # admission count at its admission: run[] is in this order
     n_admissions = 0
     while unfinished:
-        if lazy and (n_prefilling or (limited and phase_count[(1 - step) % bs] > capacity - used)):
+        if lazy and n_prefilling:
             lazy = quiet = False  # write the running requests back and walk the step
             kept = 0
             least_left = np.inf
             for idx in range(run_len):
                 i = run[idx]
-                if finish_idx[i] >= 0:
+                if i < 0 or (not is_lazy[i] and not prefilling[i]):  # preempted or finished while lazy
                     continue
                 if is_lazy[i]:
                     is_lazy[i] = False
@@ -262,6 +262,8 @@ def _walk(L, P, gid, hit_blocks, bs, cap, budget0, capacity, chunked, k_by_batch
                     ctx_base += P[i] + g_base[i]
                     n_lazy += 1
                     heap_size = _heap_push(heap_key, heap_req, heap_size, L[i] - 1 - g_base[i], i)
+        while lazy and heap_size and not (is_lazy[heap_req[0]] and heap_key[0] == L[heap_req[0]] - 1 - g_base[heap_req[0]]):
+            heap_size = _heap_pop(heap_key, heap_req, heap_size)  # a preempted request's entry
         if lazy and quiet and heap_size:  # decoding alone up to the next finish, while its new blocks are free
             quiet = False
             stop = heap_key[0]
@@ -322,11 +324,57 @@ def _walk(L, P, gid, hit_blocks, bs, cap, budget0, capacity, chunked, k_by_batch
         ctx_sum = 0.0
         least_left = np.inf
         idx = n_run if lazy else 0
-        if lazy:  # every running request decodes one token; the blocks its tokens open are free
+        if lazy:  # every running request decodes one token and takes the block its token opens, if any
+            if run_len > n:  # drop the entries of requests that left, keeping run order
+                kept = 0
+                for idx in range(run_len):
+                    i = run[idx]
+                    if i >= 0 and is_lazy[i]:
+                        run[kept] = i
+                        kept += 1
+                run_len = kept
+            opening = (1 - step) % bs
+            if limited and phase_count[opening] > capacity - used:
+                # short of blocks: as the pass does, the openers in run order take the free ones, and one that finds
+                # none preempts the newest running request until a block is free or it is itself the newest
+                newest = run_len - 1
+                for idx in range(run_len):
+                    i = run[idx]
+                    if i < 0 or not is_lazy[i] or (P[i] + g_base[i]) % bs != opening:
+                        continue
+                    while capacity - used < 1:
+                        while run[newest] < 0 or not is_lazy[run[newest]]:
+                            newest -= 1
+                        j = run[newest]
+                        run[newest] = -1  # its entry: the request may come back, at the end
+                        preempted = True
+                        is_lazy[j] = False
+                        g[j] = g_base[j] + step
+                        phase_count[(P[j] + g_base[j]) % bs] -= 1
+                        ctx_base -= P[j] + g_base[j]
+                        n_lazy -= 1
+                        n_run -= 1
+                        refs[gid[j]] -= 1
+                        used -= max(int(math.ceil((P[j] + g[j] - 1) / bs)) - hit_blocks[j], 0) + \
+                            (hit_blocks[j] if refs[gid[j]] == 0 else 0)
+                        held[j] = 0
+                        computed[j] = 0
+                        head = (head - 1) % n
+                        queue[head] = j
+                        n_wait += 1
+                        wait_from[j] = step
+                        preemptions += 1
+                        knot_req[n_knots], knot_step[n_knots], knot_tokens[n_knots] = j, step, g[j]
+                        n_knots += 1
+                        if j == i:
+                            break
+                    if not is_lazy[i]:
+                        break  # it was the newest: every later opener went before it
+                    used += 1
+            elif limited:
+                used += phase_count[opening]
             n_dec = n_lazy
             ctx_sum = float(ctx_base + n_lazy * step)
-            if limited:
-                used += phase_count[(1 - step) % bs]
             budget -= n_lazy
         while idx < n_run and budget > 0:  # running requests first, oldest first
             i = run[idx]
@@ -465,6 +513,12 @@ def _walk(L, P, gid, hit_blocks, bs, cap, budget0, capacity, chunked, k_by_batch
                     just_done[n_just_done] = i
                     n_just_done += 1
                 else:
+                    if heap_size == len(heap_key):  # full of preempted requests' entries: the live ones only
+                        heap_size = 0
+                        for live in range(run_len):
+                            if run[live] >= 0 and is_lazy[run[live]]:
+                                heap_size = _heap_push(heap_key, heap_req, heap_size,
+                                                       L[run[live]] - 1 - g_base[run[live]], run[live])
                     g_base[i] = int(g[i]) - (step + 1)
                     is_lazy[i] = True
                     phase_count[(P[i] + g_base[i]) % bs] += 1
@@ -479,8 +533,10 @@ def _walk(L, P, gid, hit_blocks, bs, cap, budget0, capacity, chunked, k_by_batch
         step += 1
         if lazy:  # the requests whose last token this step emitted leave, and those done on their first token
             while heap_size and heap_key[0] <= step - 1:
-                i = heap_req[0]
+                i, key = heap_req[0], heap_key[0]
                 heap_size = _heap_pop(heap_key, heap_req, heap_size)
+                if not is_lazy[i] or key != L[i] - 1 - g_base[i]:
+                    continue  # a preempted request's entry
                 is_lazy[i] = False
                 g[i] = L[i]
                 phase_count[(P[i] + g_base[i]) % bs] -= 1
@@ -506,7 +562,7 @@ def _walk(L, P, gid, hit_blocks, bs, cap, budget0, capacity, chunked, k_by_batch
                 finish_idx[i] = step
                 unfinished -= 1
             n_run -= n_just_done
-            quiet = admitted == 0 and n_just_done == 0  # then nothing can be admitted before the next finish
+            quiet = admitted == 0 and n_just_done == 0 and not preempted  # nothing admitted before the next finish
             continue
         kept = 0  # finished requests leave (their group's prompt blocks with the last holder)
         for idx in range(n_run if done else 0):
