@@ -20,12 +20,13 @@ step is priced in one vectorised call at the end. The walk (:func:`_walk`) visit
 request at a time, as vLLM does, in plain loops over arrays that numba compiles on first use; a
 stretch in which nothing but one token per running request happens (no speculation, prefill,
 finish, admission or shortage of blocks: :func:`_quiet_steps`) is taken at once, in whole numbers,
-so with the walk's floats. Without speculation, while no running request prefills and the free
-blocks cover every block a step opens, the walk keeps the running requests by formula instead of
-visiting them (a step then costs its admissions and finishes, not its ~250 running requests; see
-``lazy`` in :func:`_walk`), and writes them back for any other step. A DAPO-sized replica, ~2·10⁴
-steps of ~1,000 requests, takes ~1 ms where its KV cache suffices and ~10–30 ms where it preempts
-thousands of times. Without numba the same functions run as Python, slowly. ``tests/core/test_engine_recorded.py``
+so with the walk's floats. Without speculation, while no running request prefills, the walk keeps
+the running requests by formula instead of visiting them (a step then costs its admissions,
+finishes and preemptions, not its ~250 running requests; see ``lazy`` in :func:`_walk`), and
+writes them back for any other step. A DAPO-sized replica, ~2·10⁴ steps of ~1,000 requests, walks
+in ~1 ms where its KV cache suffices and in ~5–15 ms where it preempts thousands of times (the
+recompute prefills that span steps are walked request by request). Without numba the same
+functions run as Python, slowly. ``tests/core/test_engine_recorded.py``
 holds the walk to the runs the earlier span-based evaluator recorded.
 """
 
@@ -204,14 +205,15 @@ def _walk(L, P, gid, hit_blocks, bs, cap, budget0, capacity, chunked, k_by_batch
     unfinished = n
     least_left = 0.0  # tokens left to the running request nearest its end, kept by the walked steps
     # Plain decoding, taken in bulk (lazy): without speculation, while every running request decodes (none prefills,
-    # the budget covers them all) and the free blocks cover every block that a step's tokens open, a step does the
-    # same to each running request (one token, a new block every bs tokens, its finish when one token is left), so
-    # the walk keeps them by formula instead of visiting them: g = g_base + step, a block opens where
-    # (P + g_base + step - 1) % bs == 0 (requests counted per phase (P + g_base) % bs), finishes come off a heap by
-    # step (and leave in run order, as the pass would take them), and the context sum is ctx_base + n_lazy · step.
-    # Such a step costs its events, not its running requests; between a finish and the next, with admission
-    # blocked, the steps are written in one loop (quiet). The walk leaves the mode for any other step, writing
-    # every request's g and blocks back. The floats are the pass's: whole numbers, summed exactly.
+    # the budget covers them all), a step does the same to each running request (one token, a new block every bs
+    # tokens, its finish when one token is left), so the walk keeps them by formula instead of visiting them:
+    # g = g_base + step, a block opens where (P + g_base + step - 1) % bs == 0 (requests counted per phase
+    # (P + g_base) % bs), finishes come off a heap by step (and leave in run order, as the pass would take them), and
+    # the context sum is ctx_base + n_lazy · step. A step short of blocks is the pass's: the openers, in run order,
+    # take the free blocks and preempt the newest. Such a step costs its events, not its running requests; between a
+    # finish and the next, with admission blocked, the steps are written in one loop (quiet). The walk leaves the
+    # mode when a request prefills, writing every request's g and blocks back. The floats are the pass's: whole
+    # numbers, summed exactly.
     plain = True
     for b in range(len(k_by_batch)):
         plain = plain and k_by_batch[b] == 0

@@ -63,9 +63,9 @@ class OnlineSplitPlanner:
     256 × 16 seed 0: (1, 1) at 0.903 for (4, 1) at 0.901); a race on one draw, or to step 2 only, lost it at
     256 × 16 (14th-15th on one draw after step 1, first on both draws only from step 4).
 
-    Cost: at 512 × 16 on 8 replicas, 33 splits, about 280 pinned steps instead of 660 (33 × 2 draws × 10):
-    21-22 CPU-seconds on weak tails and 33-37 on real ones at a 32k cap (the full search: 55-56 and 88-102),
-    11 at 256 × 16 (27), once per run; it grows with R/2 × batch.
+    Cost: at 512 × 16 on 8 replicas, 33 splits, about 280 pinned steps instead of 660 (33 × 2 draws × 10),
+    once per run; it grows with R/2 × batch. On the history of ``scripts/bench_speed.py``'s run (Qwen3-8B,
+    real tails, 32k cap, where every bulk replica preempts thousands of times) it takes about 21 CPU seconds.
     No per-prompt record (a first epoch); the stream seeds are fixed, so a plan is reproducible."""
 
     def __init__(self, cfg: SimConfig, perf: PerfModel, steps: int = 10, seeds: int = 2,
