@@ -236,17 +236,21 @@ class TablePerf(PerfModel):
 
     def step_time(self, active, context=0.0):
         scalar = np.ndim(active) == 0 and np.ndim(context) == 0
-        b, ctx = np.broadcast_arrays(np.atleast_1d(np.asarray(active, dtype=float)),
-                                     np.atleast_1d(np.asarray(context, dtype=float)))
-        b, ctx = b.astype(float), ctx.astype(float)
+        b, ctx = np.atleast_1d(np.asarray(active, dtype=float)), np.atleast_1d(np.asarray(context, dtype=float))
+        if b.shape != ctx.shape:
+            b, ctx = (x.astype(float) for x in np.broadcast_arrays(b, ctx))
         u, kappa, col = self._at_batch(b)
         levels = self.kappa_levels
         if len(levels) > 1:  # linear in context between the two levels around it, constant beyond them
             c = np.minimum(np.maximum(ctx, levels[0]), levels[-1])
-            j = np.minimum(np.searchsorted(levels, c, side="right") - 1, len(levels) - 2)
-            w = (c - self._levels[j]) / (self._levels[j + 1] - self._levels[j])
-            flat, width = kappa.ravel(), kappa.shape[1]
-            kappa = (1 - w) * flat[j * width + col] + w * flat[(j + 1) * width + col]
+            if len(levels) == 2:
+                w = (c - levels[0]) / (levels[1] - levels[0])
+                kappa = (1 - w) * kappa[0, col] + w * kappa[1, col]
+            else:
+                j = np.minimum(np.searchsorted(levels, c, side="right") - 1, len(levels) - 2)
+                w = (c - self._levels[j]) / (self._levels[j + 1] - self._levels[j])
+                flat, width = kappa.ravel(), kappa.shape[1]
+                kappa = (1 - w) * flat[j * width + col] + w * flat[(j + 1) * width + col]
         else:
             kappa = kappa[0, col] if levels else 0.0
         step = u + b * (ctx - self.c0) * kappa

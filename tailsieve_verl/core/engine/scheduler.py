@@ -142,7 +142,9 @@ class ReplicaScheduler:
                               max_queue_wait_s=float(waits.max()), tokens_recomputed=recomputed,
                               prefill_tokens=prefilled, spec_draft_tokens=float(spec_tokens[0]),
                               spec_accepted_tokens=float(spec_tokens[1]))
-        order = np.lexsort((knot_tokens, knot_step, knot_req))
+        # the walk writes knots in step order, a request's knots of one step in token order: sorted by request,
+        # stably, they are in (request, step, tokens) order
+        order = np.argsort(knot_req, kind="stable")
         progress = TokenProgress(clock, knot_req[order], knot_step[order], knot_tokens[order], self.L)
         return ReplicaRun(float(clock[-1]), clock[finish_idx], len(step), clock[first_admit], events, progress)
 
