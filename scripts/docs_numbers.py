@@ -430,6 +430,22 @@ def planner_cost() -> str:
     return " and ".join(f"{r['cpu_s_mean']:.1f} CPU s on {r['replicas']} replicas" for r in rows)
 
 
+
+SPEED_BENCH_FILE = RESULTS / "engine_model" / "speed_bench_512x16_walk.txt"  # scripts/bench_speed.py's output
+
+
+def speed_bench() -> str:
+    """bench_speed.py's side-by-side CPU seconds (before -> after) of each scenario in the speed bench file."""
+    cpu: dict[str, dict[str, float]] = {}
+    for line in SPEED_BENCH_FILE.read_text().splitlines():
+        fields = line.split()
+        if len(fields) > 3 and fields[0] in ("default", "plan-quick", "plan") and fields[1] in ("before", "after"):
+            cpu.setdefault(fields[0], {})[fields[1]] = float(fields[2])
+    labels = {"default": "30 steps of the default policies", "plan-quick": "a 3-step plan of one logged step",
+              "plan": "the 30-step, 5-seed plan (before the bulk decoding)"}
+    return "; ".join(f"{labels[name]} {c['before']:.1f} → {c['after']:.1f} CPU s" for name, c in cpu.items())
+
+
 RENDERERS = {
     "current-table": current_table,
     "current-detail": current_detail,
@@ -461,6 +477,7 @@ RENDERERS = {
     "later-epochs-truth-rho": lambda: later_epochs_ladder_rho("truth"),
     "later-epochs-routing-ceiling": later_epochs_routing_ceiling,
     "planner-cost": planner_cost,
+    "speed-bench": speed_bench,
 }
 
 
