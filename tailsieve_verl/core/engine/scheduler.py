@@ -154,7 +154,7 @@ _KERNEL = None
 
 def walk_kernel():
     """:func:`_walk`, compiled by numba on first use (cached on disk); the plain function without numba."""
-    global _KERNEL, _quiet_steps, _heap_push, _heap_pop
+    global _KERNEL, _quiet_steps, _heap_push, _heap_pop, _context_blocks, _preempt
     if _KERNEL is None:
         try:
             import numba
@@ -164,6 +164,8 @@ def walk_kernel():
             _quiet_steps = numba.njit(cache=True)(_quiet_steps)
             _heap_push = numba.njit(cache=True)(_heap_push)
             _heap_pop = numba.njit(cache=True)(_heap_pop)
+            _context_blocks = numba.njit(cache=True)(_context_blocks)
+            _preempt = numba.njit(cache=True)(_preempt)
             _KERNEL = numba.njit(cache=True)(_walk)
     return _KERNEL
 
@@ -243,7 +245,7 @@ def _walk(L, P, gid, hit_blocks, bs, cap, budget0, capacity, chunked, k_by_batch
                     is_lazy[i] = False
                     g[i] = g_base[i] + step
                     if limited:
-                        held[i] = max(int(math.ceil((P[i] + g[i] - 1) / bs)) - hit_blocks[i], 0)
+                        held[i] = _context_blocks(P[i], g[i], hit_blocks[i], bs)
                 least_left = min(least_left, L[i] - g[i])
                 run[kept] = i
                 kept += 1
@@ -253,7 +255,7 @@ def _walk(L, P, gid, hit_blocks, bs, cap, budget0, capacity, chunked, k_by_batch
             tight = True  # every running request holds exactly its context's blocks (so a step opens at most one)
             for idx in range(n_run if limited else 0):
                 i = run[idx]
-                tight = tight and held[i] == max(int(math.ceil((P[i] + g[i] - 1) / bs)) - hit_blocks[i], 0)
+                tight = tight and held[i] == _context_blocks(P[i], g[i], hit_blocks[i], bs)
             if tight:
                 lazy = True
                 heap_size = n_lazy = ctx_base = 0
@@ -302,7 +304,7 @@ def _walk(L, P, gid, hit_blocks, bs, cap, budget0, capacity, chunked, k_by_batch
                 base += P[i] + g[i]  # whole tokens: the sums below are exact, as the walk's would be
                 g[i] += span
                 if limited:
-                    more = max(max(int(math.ceil((P[i] + g[i] - 1) / bs)) - hit_blocks[i], 0) - held[i], 0)
+                    more = max(_context_blocks(P[i], g[i], hit_blocks[i], bs) - held[i], 0)
                     held[i] += more
                     used += more
             for s in range(span):
@@ -358,18 +360,11 @@ def _walk(L, P, gid, hit_blocks, bs, cap, budget0, capacity, chunked, k_by_batch
                         ctx_base -= P[j] + g_base[j]
                         n_lazy -= 1
                         n_run -= 1
-                        refs[gid[j]] -= 1
-                        used -= max(int(math.ceil((P[j] + g[j] - 1) / bs)) - hit_blocks[j], 0) + \
-                            (hit_blocks[j] if refs[gid[j]] == 0 else 0)
-                        held[j] = 0
-                        computed[j] = 0
-                        head = (head - 1) % n
-                        queue[head] = j
-                        n_wait += 1
-                        wait_from[j] = step
+                        held[j] = _context_blocks(P[j], g[j], hit_blocks[j], bs)
+                        used, head, n_wait, n_knots = _preempt(j, step, gid, hit_blocks, g, held, computed, refs, queue,
+                                                               wait_from, knot_req, knot_step, knot_tokens, used, head,
+                                                               n_wait, n_knots)
                         preemptions += 1
-                        knot_req[n_knots], knot_step[n_knots], knot_tokens[n_knots] = j, step, g[j]
-                        n_knots += 1
                         if j == i:
                             break
                     if not is_lazy[i]:
@@ -394,20 +389,13 @@ def _walk(L, P, gid, hit_blocks, bs, cap, budget0, capacity, chunked, k_by_batch
                     preempted = True
                     j = run[n_run - 1]
                     n_run -= 1
-                    refs[gid[j]] -= 1
-                    used -= held[j] + (hit_blocks[j] if refs[gid[j]] == 0 else 0)
-                    held[j] = 0
                     if prefilling[j]:
                         prefilling[j] = False
                         n_prefilling -= 1
-                    computed[j] = 0
-                    head = (head - 1) % n
-                    queue[head] = j
-                    n_wait += 1
-                    wait_from[j] = step
+                    used, head, n_wait, n_knots = _preempt(j, step, gid, hit_blocks, g, held, computed, refs, queue,
+                                                           wait_from, knot_req, knot_step, knot_tokens, used, head,
+                                                           n_wait, n_knots)
                     preemptions += 1
-                    knot_req[n_knots], knot_step[n_knots], knot_tokens[n_knots] = j, step, g[j]
-                    n_knots += 1
                     if j == i:
                         break
                 if n_run <= idx:  # the request itself was preempted
@@ -558,8 +546,7 @@ def _walk(L, P, gid, hit_blocks, bs, cap, budget0, capacity, chunked, k_by_batch
                 i = just_done[j]
                 refs[gid[i]] -= 1
                 if limited:
-                    used -= max(int(math.ceil((P[i] + L[i] - 1) / bs)) - hit_blocks[i], 0) + \
-                        (hit_blocks[i] if refs[gid[i]] == 0 else 0)
+                    used -= _context_blocks(P[i], L[i], hit_blocks[i], bs) + (hit_blocks[i] if refs[gid[i]] == 0 else 0)
                     held[i] = 0
                 knot_req[n_knots], knot_step[n_knots], knot_tokens[n_knots] = i, step, L[i]
                 n_knots += 1
@@ -589,6 +576,27 @@ def _walk(L, P, gid, hit_blocks, bs, cap, budget0, capacity, chunked, k_by_batch
             finish_idx, first_admit, waits_from[:n_waits], waits_to[:n_waits], knot_req[:n_knots],
             knot_step[:n_knots], knot_tokens[:n_knots], np.array([preemptions, recomputed, prefilled]),
             np.array([drafted, accepted]))
+
+
+def _context_blocks(prompt, generated, hit, bs):
+    """Private blocks of a decoding request after the step that generated its last token: its context less that
+    token's successor slot, beyond the ``hit`` prompt blocks its group shares."""
+    return max(int(math.ceil((prompt + generated - 1) / bs)) - hit, 0)
+
+
+def _preempt(j, step, gid, hit_blocks, g, held, computed, refs, queue, wait_from, knot_req, knot_step, knot_tokens,
+             used, head, n_wait, n_knots):
+    """Request j preempted (recompute): its blocks freed (its group's prompt blocks with the last holder), its
+    prefill progress dropped, back at the front of the waiting queue. Returns (used, head, n_wait, n_knots)."""
+    refs[gid[j]] -= 1
+    used -= held[j] + (hit_blocks[j] if refs[gid[j]] == 0 else 0)
+    held[j] = 0
+    computed[j] = 0
+    head = (head - 1) % len(queue)
+    queue[head] = j
+    wait_from[j] = step
+    knot_req[n_knots], knot_step[n_knots], knot_tokens[n_knots] = j, step, g[j]
+    return used, head, n_wait + 1, n_knots + 1
 
 
 def _heap_push(keys, reqs, size, key, req):
