@@ -20,13 +20,12 @@ step is priced in one vectorised call at the end. The walk (:func:`_walk`) visit
 request at a time, as vLLM does, in plain loops over arrays that numba compiles on first use; a
 stretch in which nothing but one token per running request happens (no speculation, prefill,
 finish, admission or shortage of blocks: :func:`_quiet_steps`) is taken at once, in whole numbers,
-so with the walk's floats. Without speculation, while no running request prefills, the walk keeps
-the running requests by formula instead of visiting them (a step then costs its admissions,
-finishes and preemptions, not its ~250 running requests; see ``lazy`` in :func:`_walk`), and
-writes them back for any other step. A DAPO-sized replica, ~2·10⁴ steps of ~1,000 requests, walks
-in ~1 ms where its KV cache suffices and in ~5–15 ms where it preempts thousands of times (the
-recompute prefills that span steps are walked request by request). Without numba the same
-functions run as Python, slowly. ``tests/core/test_engine_recorded.py``
+so with the walk's floats. Without speculation the walk keeps the decoding requests by formula
+instead of visiting them (a step then costs its admissions, finishes and preemptions, not its ~250
+running requests; see ``lazy`` in :func:`_walk`); the one request whose prefill spans steps, always
+the newest, is walked beside them. A DAPO-sized replica, ~2·10⁴ steps of ~1,000 requests, walks in
+~1 ms where its KV cache suffices and in ~4–5 ms where it preempts thousands of times, about 160 ns
+a step. Without numba the same functions run as Python, slowly. ``tests/core/test_engine_recorded.py``
 holds the walk to the runs the earlier span-based evaluator recorded.
 """
 
@@ -215,9 +214,11 @@ def _walk(L, P, gid, hit_blocks, bs, cap, budget0, capacity, chunked, k_by_batch
     # (P + g_base) % bs), finishes come off a heap by step (and leave in run order, as the pass would take them), and
     # the context sum is ctx_base + n_lazy · step. A step short of blocks is the pass's: the openers, in run order,
     # take the free blocks and preempt the newest. Such a step costs its events, not its running requests; between a
-    # finish and the next, with admission blocked, the steps are written in one loop (quiet). The walk leaves the
-    # mode when a request prefills, writing every request's g and blocks back. The floats are the pass's: whole
-    # numbers, summed exactly.
+    # finish and the next, with admission blocked, the steps are written in one loop (quiet). A prefill that spans
+    # steps takes the whole budget left, so nobody is admitted behind it: it is the one newest request, last in run
+    # order, and the pass's code walks it after the decoding requests (short of blocks, it preempts itself; an
+    # opener short of blocks preempts it first). Any other prefilling state leaves the mode, writing every
+    # request's g and blocks back. The floats are the pass's: whole numbers, summed exactly.
     plain = True
     for b in range(len(k_by_batch)):
         plain = plain and k_by_batch[b] == 0
@@ -233,7 +234,7 @@ def _walk(L, P, gid, hit_blocks, bs, cap, budget0, capacity, chunked, k_by_batch
     admitted_as = np.zeros(n, dtype=np.int64)  # admission count at its admission: run[] is in this order
     n_admissions = 0
     while unfinished:
-        if lazy and n_prefilling:
+        if lazy and n_prefilling and not (n_prefilling == 1 and run[run_len - 1] >= 0 and prefilling[run[run_len - 1]]):
             lazy = quiet = False  # write the running requests back and walk the step
             kept = 0
             least_left = np.inf
@@ -329,13 +330,12 @@ def _walk(L, P, gid, hit_blocks, bs, cap, budget0, capacity, chunked, k_by_batch
         preempted = done = False
         ctx_sum = 0.0
         least_left = np.inf
-        idx = n_run if lazy else 0
         if lazy:  # every running request decodes one token and takes the block its token opens, if any
             if run_len > n:  # drop the entries of requests that left, keeping run order
                 kept = 0
                 for idx in range(run_len):
                     i = run[idx]
-                    if i >= 0 and is_lazy[i]:
+                    if i >= 0 and (is_lazy[i] or prefilling[i]):
                         run[kept] = i
                         kept += 1
                 run_len = kept
@@ -349,18 +349,22 @@ def _walk(L, P, gid, hit_blocks, bs, cap, budget0, capacity, chunked, k_by_batch
                     if i < 0 or not is_lazy[i] or (P[i] + g_base[i]) % bs != opening:
                         continue
                     while capacity - used < 1:
-                        while run[newest] < 0 or not is_lazy[run[newest]]:
+                        while run[newest] < 0 or not (is_lazy[run[newest]] or prefilling[run[newest]]):
                             newest -= 1
                         j = run[newest]
                         run[newest] = -1  # its entry: the request may come back, at the end
                         preempted = True
-                        is_lazy[j] = False
-                        g[j] = g_base[j] + step
-                        phase_count[(P[j] + g_base[j]) % bs] -= 1
-                        ctx_base -= P[j] + g_base[j]
-                        n_lazy -= 1
                         n_run -= 1
-                        held[j] = _context_blocks(P[j], g[j], hit_blocks[j], bs)
+                        if prefilling[j]:  # the newest, still prefilling: its chunk is not scheduled yet
+                            prefilling[j] = False
+                            n_prefilling -= 1
+                        else:
+                            is_lazy[j] = False
+                            g[j] = g_base[j] + step
+                            phase_count[(P[j] + g_base[j]) % bs] -= 1
+                            ctx_base -= P[j] + g_base[j]
+                            n_lazy -= 1
+                            held[j] = _context_blocks(P[j], g[j], hit_blocks[j], bs)
                         used, head, n_wait, n_knots = _preempt(j, step, gid, hit_blocks, g, held, computed, refs, queue,
                                                                wait_from, knot_req, knot_step, knot_tokens, used, head,
                                                                n_wait, n_knots)
@@ -375,7 +379,8 @@ def _walk(L, P, gid, hit_blocks, bs, cap, budget0, capacity, chunked, k_by_batch
             n_dec = n_lazy
             ctx_sum = float(ctx_base + n_lazy * step)
             budget -= n_lazy
-        while idx < n_run and budget > 0:  # running requests first, oldest first
+        idx, end = (run_len - n_prefilling, run_len) if lazy else (0, n_run)  # run[idx:end]: the requests to visit
+        while idx < end and budget > 0:  # running requests first, oldest first (lazy: the one still prefilling)
             i = run[idx]
             if prefilling[i]:
                 new = int(min(target[i] - computed[i], budget))
@@ -387,7 +392,8 @@ def _walk(L, P, gid, hit_blocks, bs, cap, budget0, capacity, chunked, k_by_batch
                 more = max(max(int(math.ceil(tokens / bs)) - hit_blocks[i], 0) - held[i], 0)
                 while more > capacity - used:  # short of blocks: preempt the newest (recompute)
                     preempted = True
-                    j = run[n_run - 1]
+                    end -= 1
+                    j = run[end]
                     n_run -= 1
                     if prefilling[j]:
                         prefilling[j] = False
@@ -398,7 +404,7 @@ def _walk(L, P, gid, hit_blocks, bs, cap, budget0, capacity, chunked, k_by_batch
                     preemptions += 1
                     if j == i:
                         break
-                if n_run <= idx:  # the request itself was preempted
+                if end <= idx:  # the request itself was preempted
                     break
                 held[i] += more
                 used += more
@@ -426,8 +432,10 @@ def _walk(L, P, gid, hit_blocks, bs, cap, budget0, capacity, chunked, k_by_batch
                     least_left = min(least_left, L[i] - g[i])
             budget -= new
             idx += 1
-        for rest in range(idx, n_run):  # left out of the step by the budget
+        for rest in range(idx, end):  # left out of the step by the budget
             least_left = min(least_left, L[run[rest]] - g[run[rest]])
+        if lazy:
+            run_len = end
         admitted = 0
         if not preempted:  # FCFS admission while a slot, budget and the whole sequence's blocks are free
             while n_wait and budget > 0 and n_run + admitted < cap:
@@ -553,7 +561,7 @@ def _walk(L, P, gid, hit_blocks, bs, cap, budget0, capacity, chunked, k_by_batch
                 finish_idx[i] = step
                 unfinished -= 1
             n_run -= n_just_done
-            quiet = admitted == 0 and n_just_done == 0 and not preempted  # nothing admitted before the next finish
+            quiet = admitted == 0 and n_just_done == 0 and not preempted and not n_prefilling  # decoding alone
             continue
         kept = 0  # finished requests leave (their group's prompt blocks with the last holder)
         for idx in range(n_run if done else 0):
