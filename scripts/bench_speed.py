@@ -14,12 +14,13 @@ Qwen3-8B dense (``table:h200-dense:qwen3-8b``) under verl 0.9.1's rollout defaul
 * ``plan-quick``: the same plan at 3 steps and 1 seed (``tailsieve plan --steps 3 --seeds 1``), whatever
   ``--steps`` and ``--seeds`` say.
 
-CPU seconds (``time.process_time`` of the run, the figure that survives a shared machine) and wall
-seconds, one core each (``jobs`` 1), numba's load of its compiled walk from its on-disk cache included (each side's
-cache is filled first, so neither pays the compile). ``--after COMMIT`` measures
+CPU seconds (``time.process_time`` of the run and of its forked workers, the figure that survives a shared machine)
+and wall seconds, one core each by default (``--jobs 1``; ``--jobs 2`` runs as ``simulate``/``plan``'s default
+``--jobs`` on 2 cores, the plan goal's wall seconds), numba's load of its compiled walk from its on-disk cache included
+(each side's cache is filled first, so neither pays the compile). ``--after COMMIT`` measures
 that commit's package instead of this tree's (a tree with someone else's uncommitted work in it)::
 
-    PYTHONPATH=. python scripts/bench_speed.py --steps 3 [--scenarios default,hindsight,plan,plan-quick] [--before 2b7a8b1] [--after COMMIT]
+    PYTHONPATH=. python scripts/bench_speed.py --steps 3 [--scenarios default,hindsight,plan,plan-quick] [--jobs 2] [--before 2b7a8b1] [--after COMMIT]
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 BEFORE = "2b7a8b1"  # main before issue 32: the span-based scheduler
 
 DRIVER = r"""
-import json, sys, time
+import json, resource, sys, time
 try:  # the core by concept (issue 32), or the flat core before it
     from tailsieve_verl.core.simulation import sim
     from tailsieve_verl.core.engine.engine import EngineConfig
@@ -52,26 +53,30 @@ except ImportError:
     from tailsieve_verl.core.workload import PromptPool, generate_trace, get_preset
     from tailsieve_verl.core.planner import plan_from_trace
 from tailsieve_verl.core.errors import TailSieveError
-scenario, steps, seeds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+scenario, steps, seeds, jobs = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+kw = {"jobs": jobs} if jobs > 1 else {}  # a commit before --jobs takes none
 perf = parse_perf_model("table:h200-dense:qwen3-8b")
 engine = EngineConfig.verl_defaults("qwen3-8b", perf)
 workload = get_preset("real", max_response_length=32768)
 import tailsieve_verl
 out = {"package": tailsieve_verl.__path__[0]}
-wall, cpu = time.perf_counter(), time.process_time()
+def cpu_s():  # this process and its forked workers (their CPU counts once they are reaped)
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return time.process_time() + children.ru_utime + children.ru_stime
+wall, cpu = time.perf_counter(), cpu_s()
 if scenario == "plan":
     trace = generate_trace(workload, 512, 16, name="one-step")
     try:
-        plan = plan_from_trace(trace, 8, perf, batch_size=512, n=16, steps=steps, seeds=seeds, engine=engine)
+        plan = plan_from_trace(trace, 8, perf, batch_size=512, n=16, steps=steps, seeds=seeds, engine=engine, **kw)
         out["result"] = f"speedup {plan.speedup:.3f}, start q={plan.initial_q}, m={plan.initial_m}"
     except TailSieveError as e:
         out["result"] = f"refused: {e}"
 else:
     policies = sim.POLICIES if scenario == "default" else ("best-static", "clairvoyant-split")
     cfg = sim.SimConfig(steps=steps, n_replicas=8, batch_size=512, n=16, seed=0, policies=policies, engine=engine)
-    result = sim.simulate(cfg, PromptPool(workload, 2048, seed=0), perf)
+    result = sim.simulate(cfg, PromptPool(workload, 2048, seed=0), perf, **kw)
     out["result"] = ", ".join(f"{name} {r.mean_makespan_s:.1f} s" for name, r in result.policies.items())
-out["cpu_s"], out["wall_s"] = time.process_time() - cpu, time.perf_counter() - wall
+out["cpu_s"], out["wall_s"] = cpu_s() - cpu, time.perf_counter() - wall
 print(json.dumps(out))
 """
 
@@ -104,11 +109,11 @@ def warm(tree: Path) -> None:
     subprocess.run([sys.executable, "-c", WARM], capture_output=True, cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)})  # a tree before the walk: nothing to warm
 
 
-def measure(tree: Path, scenario: str, steps: int, seeds: int) -> dict:
+def measure(tree: Path, scenario: str, steps: int, seeds: int, jobs: int) -> dict:
     if scenario == "plan-quick":
         scenario, (steps, seeds) = "plan", QUICK_PLAN
     # run in the tree: ``python -c`` puts the working directory before PYTHONPATH
-    run = subprocess.run([sys.executable, "-c", DRIVER, scenario, str(steps), str(seeds)], capture_output=True,
+    run = subprocess.run([sys.executable, "-c", DRIVER, scenario, str(steps), str(seeds), str(jobs)], capture_output=True,
                          text=True, cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)})
     if run.returncode:
         return {"result": "failed: " + (run.stderr.strip().splitlines() or ["?"])[-1], "cpu_s": float("nan"),
@@ -127,12 +132,15 @@ def main() -> int:
     ap.add_argument("--seeds", type=int, default=5, help="plan: seeds")
     ap.add_argument("--scenarios", default="default,hindsight,plan",
                     help="comma-separated: default, hindsight, plan, plan-quick")
+    ap.add_argument("--jobs", type=int, default=1,
+                    help="processes a run may use (`simulate`/`plan --jobs`); CPU s then sums them, wall s is the goal's")
     ap.add_argument("--after-only", action="store_true", help="skip the before side (e.g. a long --steps run)")
     args = ap.parse_args()
     print(f"512 x 16 on 8 replicas, Qwen3-8B dense under verl's rollout defaults, real tails, 32k cap; "
           f"{args.steps} steps{f', plan {args.seeds} seeds' if 'plan' in args.scenarios.split(',') else ''}"
           f"{'; plan-quick %d steps, %d seed' % QUICK_PLAN if 'plan-quick' in args.scenarios.split(',') else ''}; "
-          f"before {args.before}, after {args.after or 'this tree'}; one core each")
+          f"before {args.before}, after {args.after or 'this tree'}; "
+          f"{'one core each' if args.jobs == 1 else f'{args.jobs} processes each'}")
     print(f"{'scenario':>10} {'side':>7} {'CPU s':>8} {'wall s':>8}  result")
     with tempfile.TemporaryDirectory() as tmp:
         sides = {"after": package_at(args.after, Path(tmp) / "after") if args.after else ROOT}
@@ -143,7 +151,7 @@ def main() -> int:
         for scenario in args.scenarios.split(","):
             cpu = {}
             for side, tree in sides.items():
-                m = measure(tree, scenario, args.steps, args.seeds)
+                m = measure(tree, scenario, args.steps, args.seeds, args.jobs)
                 if not m["result"].startswith(("refused", "failed")):
                     cpu[side] = m["cpu_s"]
                 print(f"{scenario:>10} {side:>7} {m['cpu_s']:8.1f} {m['wall_s']:8.1f}  {m['result']}", flush=True)

@@ -32,23 +32,29 @@ def test_the_fixed_split_is_never_worse_than_one_shared_pool_on_the_planned_stre
     assert len(plan.fixed_out_of_sample) == 2 and plan.to_json()["scored_on_seeds"] == [2, 3]
 
 
+def _seed_runs(patch) -> list:
+    """Collects the plan's seed simulations as (config, result) pairs: every policy of every seed it chooses on, run
+    by :func:`simulate_runs` (beside stock verl alone on the held-out seeds that score the fixed split, left out)."""
+    seen, real = [], planner.simulate_runs
+
+    def spy(runs, *args, **kwargs):
+        results = real(runs, *args, **kwargs)
+        seen.extend((cfg, result) for (cfg, _), result in zip(runs, results) if "tailsieve" in cfg.policies)
+        return results
+
+    patch.setattr(planner, "simulate_runs", spy)
+    return seen
+
+
 def test_the_planned_runs_do_not_use_the_per_prompt_record(monkeypatch):
     """A logged run's prompts recur every few steps in the planner's pool, far more often than in training;
     the record would exploit that (scripts/results/controller_vs_stock_verl/controller_v2_log.md, 2026-12-01, f610ae8),
     so the plan is a first epoch."""
-    from tailsieve_verl.core.simulation import planner
-
-    configs, real_simulate = [], planner.simulate
-
-    def spy(cfg, *args, **kwargs):
-        configs.append(cfg)
-        return real_simulate(cfg, *args, **kwargs)
-
-    monkeypatch.setattr(planner, "simulate", spy)
+    seen = _seed_runs(monkeypatch)
     plan_from_trace(generate_trace("weak", 64, 4, seed=0), 4, parse_perf_model("table:h200-moe"), batch_size=16,
                     steps=3, seeds=2)
-    assert [cfg.seed for cfg in configs if "tailsieve" in cfg.policies] == [0, 1]
-    assert not any(cfg.prompt_record for cfg in configs)
+    assert [cfg.seed for cfg, _ in seen if "tailsieve" in cfg.policies] == [0, 1]
+    assert not any(cfg.prompt_record for cfg, _ in seen)
 
 
 def test_plan_refuses_a_batch_larger_than_the_trace():
@@ -70,20 +76,10 @@ def test_a_trace_smaller_than_two_batches_is_planned_from_copies_of_its_groups()
 
 def _planned(monkeypatch, preset: str, speculation, **kwargs):
     """A small plan with speculation (4 replicas, 16 x 4, 6 steps, 2 seeds) and the simulations behind it."""
-    from tailsieve_verl.core.simulation import planner
-
-    results, real_simulate = [], planner.simulate
-
-    def spy(cfg, *args, **kw):
-        result = real_simulate(cfg, *args, **kw)
-        if "tailsieve" in cfg.policies:  # not the held-out seeds that score the fixed split (stock verl only)
-            results.append(result)
-        return result
-
-    monkeypatch.setattr(planner, "simulate", spy)
+    seen = _seed_runs(monkeypatch)
     plan = plan_from_trace(generate_trace(preset, 96, 4, seed=0), 4, parse_perf_model("table:h200-dense"),
                            batch_size=16, steps=6, seeds=2, speculation=speculation, **kwargs)
-    return plan, results
+    return plan, [result for _, result in seen]
 
 
 def _mean_steady(results, name, steps=6):
@@ -156,20 +152,11 @@ def test_the_plan_measures_tailsieve_against_the_best_per_prompt_predictor():
     """prompt-oracle-split runs on the planned streams: its speedup is the one the simulation measured,
     and the share of its gain TailSieve reaches is (TailSieve - 1) / (oracle - 1)."""
     trace = generate_trace("weak", 96, 4, seed=0)
-    seen = []
-    real_simulate = planner.simulate
-
-    def spy(cfg, *args, **kwargs):
-        result = real_simulate(cfg, *args, **kwargs)
-        if "tailsieve" in cfg.policies:
-            seen.append(result)
-        return result
-
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(planner, "simulate", spy)
+        seen = _seed_runs(patch)
         plan = plan_from_trace(trace, 4, parse_perf_model("table:h200-moe"), batch_size=16, steps=6, seeds=2, jobs=1)
     steady = slice(2, None)
-    expected = sum(r.speedup_vs("verl", steady)["prompt-oracle-split"] for r in seen) / len(seen)
+    expected = sum(r.speedup_vs("verl", steady)["prompt-oracle-split"] for _, r in seen) / len(seen)
     assert plan.prompt_oracle_speedup == pytest.approx(expected)
     assert plan.prompt_oracle_speedup > 1.01  # weak tails on the MoE table: per-prompt isolation pays
     assert plan.share_of_prompt_oracle_gain == pytest.approx((plan.speedup - 1) / (plan.prompt_oracle_speedup - 1))
@@ -193,34 +180,42 @@ def test_the_plan_searches_the_coarse_grid_a_subset_of_the_full_one():
         SimConfig(best_static_grid="fine").validate()
 
 
-def test_the_fixed_split_reuses_each_seeds_own_best_static_run(monkeypatch):
-    """A seed's best-static split is not simulated again (its run is best-static's); the other
-    (split, seed) pairs are, and the plan's pick is the split of best mean speedup over them all."""
+def test_the_fixed_split_is_scored_on_best_statics_own_runs(monkeypatch):
+    """Best-static ran every split of its grid on every seed: the fixed-split search reads each seed's best split
+    and one shared pool on every seed from those runs (the same makespans as a pinned run of the split) and
+    simulates nothing; only the seeds it scores the pick on run the pinned split again."""
     rerun = []
     real_runner = planner.static_split_runner
 
     def spy(cfg, pool, perf, split, name, *args):
-        if name == "fixed":
-            rerun.append((split, cfg.seed))
+        rerun.append((split, cfg.seed))
         return real_runner(cfg, pool, perf, split, name, *args)
 
     monkeypatch.setattr(planner, "static_split_runner", spy)
     captured = {}
     real_best = planner._best_fixed_split
 
-    def capture(runs, *args):
+    def capture(runs):
         captured["runs"] = runs
-        return real_best(runs, *args)
+        return real_best(runs)
 
     monkeypatch.setattr(planner, "_best_fixed_split", capture)
-    plan = plan_from_trace(generate_trace("weak", 96, 4, seed=0), 4, parse_perf_model("table:h200-moe"),
-                           batch_size=16, steps=6, seeds=2)
-    own = {(run.best_split, seed) for seed, run in enumerate(captured["runs"])}
-    splits = {(0, 0)} | {split for split, _ in own}
-    assert {pair for pair in rerun if pair[1] < 2} == {(split, seed) for split in splits for seed in range(2)} - own
+    seen = _seed_runs(monkeypatch)
+    trace = generate_trace("weak", 96, 4, seed=0)
+    plan = plan_from_trace(trace, 4, parse_perf_model("table:h200-moe"), batch_size=16, steps=6, seeds=2)
+    runs = captured["runs"]
+    splits = {(0, 0)} | {run.best_split for run in runs}
     assert (plan.fixed_q, plan.fixed_m) in splits
-    # scored on seeds 2 and 3, which it was not chosen on
-    assert {pair for pair in rerun if pair[1] >= 2} == {((plan.fixed_q, plan.fixed_m), 2), ((plan.fixed_q, plan.fixed_m), 3)}
+    steady = slice(2, None)
+    for seed, run in enumerate(runs):  # a split's makespans from best-static's grid are a pinned run's
+        for split in splits:
+            cfg = next(cfg for cfg, _ in seen if cfg.seed == seed)
+            pinned = real_runner(cfg, planner.prompt_pool(trace, 16, seed), parse_perf_model("table:h200-moe"), split, "fixed")
+            for t in range(cfg.steps):
+                pinned.step(t, keep=False)
+            assert run.split_s[split] == pinned.finish().window_mean_s(steady)
+    # scored on seeds 2 and 3, which it was not chosen on, and nothing else run again
+    assert rerun == [((plan.fixed_q, plan.fixed_m), 2), ((plan.fixed_q, plan.fixed_m), 3)]
     assert len(plan.fixed_out_of_sample) == 2
 
 

@@ -60,6 +60,19 @@ def test_the_screen_keeps_the_full_search_pick_and_refuses_bad_rounds():
             OnlineSplitPlanner(CFG, PERF, screen=screen)
 
 
+def test_the_race_costs_the_pinned_steps_it_says(monkeypatch):
+    """``pinned_steps``, what the simulator weighs a TailSieve run's planner by, counts the steps the race runs."""
+    from tailsieve_verl.core.simulation import runners
+
+    stepped, real_step = [], runners.TailSieveRunner.step
+    monkeypatch.setattr(runners.TailSieveRunner, "step", lambda self, t, keep: stepped.append(t) or real_step(self, t, keep))
+    for screen in (((1, 16), (4, 6)), ((2, 3),), ()):
+        planner, stepped[:] = OnlineSplitPlanner(CFG, PERF, screen=screen), []
+        planner(_measured("weak", 2), 200.0)
+        assert len(stepped) == planner.pinned_steps
+    assert OnlineSplitPlanner(CFG, PERF, screen=()).pinned_steps == len(planner.grid) * 10 * 2
+
+
 def test_the_planner_is_built_only_where_the_controller_plans():
     assert planner_for(ControllerConfig(), CFG, PERF) is not None
     assert planner_for(ControllerConfig(plan_probe=False), CFG, PERF) is None

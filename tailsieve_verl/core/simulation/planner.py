@@ -17,8 +17,8 @@ a 4-step log), far more often than in training, and the record would exploit rec
 run does not have (on strong tails it made 5 of 6 picks from 4-step logs lose 3.4–12 %).
 
 It also names a fixed split to pin: each seed's best-static split (on the coarse grid of
-:func:`static_grid`, 41 of 71 points at a DAPO-sized step on 8 replicas) and one shared pool are run on every seed
-and the one with the best mean steady-state speedup wins. That speedup is chosen on those seeds, so it flatters
+:func:`static_grid`, 41 of 71 points at a DAPO-sized step on 8 replicas) and one shared pool are scored on every seed
+(best-static ran every split of its grid on every seed) and the one with the best mean steady-state speedup wins. That speedup is chosen on those seeds, so it flatters
 the split; the split is scored again on as many other seeds (``seeds`` .. 2 × ``seeds`` − 1, stock verl and
 the pinned split only), the out-of-sample score a recommendation quotes. Where a split pays only a few
 per cent the adaptive controller cannot resolve it from 30 noisy steps; a split planned this way
@@ -45,7 +45,7 @@ from ..engine.engine import EngineConfig, SpeculativeConfig
 from ..errors import TailSieveError
 from ..engine.perf import PerfModel
 from .forked import forked_map
-from .sim import (LAUNCH_SPEC_POLICIES, STOCK_POLICIES, SimConfig, SimResult, engine_label, simulate,
+from .sim import (LAUNCH_SPEC_POLICIES, STOCK_POLICIES, SimConfig, SimResult, engine_label, simulate_runs,
                   static_split_runner, tailsieve_spec_config)
 from .split_planner import prompt_copies, prompt_pool
 from ..data.trace import Trace
@@ -169,8 +169,8 @@ def plan_from_trace(trace: Trace, n_replicas: int, perf: PerfModel, *, batch_siz
                     speculation: SpeculativeConfig | None = None, jobs: int = 1) -> Plan:
     """Predict TailSieve's speedup on ``trace``'s workload (see the module docstring); every replica
     runs ``engine`` (default: no limit binds). ``batch_size`` defaults to :func:`trace_batch`'s. With ``speculation`` (acceptance, draft cost, k) the plan
-    also chooses the engines (:func:`plan_engines`). ``jobs``: processes that simulate the seeds side by
-    side (the same plan: a seed's run depends on no other)."""
+    also chooses the engines (:func:`plan_engines`). ``jobs``: processes that simulate the seeds' policies side
+    by side, the costliest first (the same plan: a policy's run depends on no other)."""
     if seeds < 1 or steps < 3:
         raise PlanError(f"need --seeds >= 1 and --steps >= 3, got {seeds}, {steps}")
     prompts = len(trace)
@@ -188,17 +188,21 @@ def plan_from_trace(trace: Trace, n_replicas: int, perf: PerfModel, *, batch_siz
                          policies=policies, controller=controller or ControllerConfig(), prompt_record=False,
                          engine=engine, best_static_grid="coarse", **({"speculation": speculation} if speculation else {}))
                for seed in range(seeds)]
-    results = _simulate_seeds(configs, trace, perf, jobs)
-    for seed, (cfg, result) in enumerate(zip(configs, results)):
-        pool = prompt_pool(trace, batch, seed)
+    held = [replace(cfg, seed=cfg.seed + seeds, policies=("verl",)) for cfg in configs]  # the seeds not chosen on
+    pools = [prompt_pool(trace, batch, cfg.seed) for cfg in configs + held]
+    results = simulate_runs(list(zip(configs + held, pools)), perf, trace.name, jobs=jobs)
+    results, held_stock = results[:seeds], results[seeds:]
+    for result in results:
         speedups.append(result.speedup_vs("verl", steady)["tailsieve"])
         last = result.policies["tailsieve"].records[-1]
         finals.append((last.next_q, last.next_m))
         best = result.policies["best-static"]
-        runs.append(SeedRun(cfg, pool, result.policies["verl"].window_mean_s(steady),
-                            (best.records[-1].next_q, best.records[-1].next_m), best.window_mean_s(steady)))
-    (fixed_q, fixed_m), fixed_speedup = _best_fixed_split(runs, perf, steady, jobs)
-    held_out = _score_held_out(configs, trace, perf, (fixed_q, fixed_m), steady, jobs)
+        runs.append(SeedRun(result.policies["verl"].window_mean_s(steady), (best.records[-1].next_q, best.records[-1].next_m),
+                            {split: grid.window_mean_s(steady) for split, grid in best.alternatives.items()}))
+    (fixed_q, fixed_m), fixed_speedup = _best_fixed_split(runs)
+    pinned_s = forked_map(lambda k: _pinned_steady_mean(held[k], pools[seeds + k], perf, (fixed_q, fixed_m), steady),
+                          seeds, jobs)
+    held_out = tuple(r.policies["verl"].window_mean_s(steady) / s for r, s in zip(held_stock, pinned_s))
     left_stock = any(rec.m or rec.q for r in results for rec in r.policies["tailsieve"].records)
     speedups_arr = np.array(speedups)
     ms = [m for _, m in finals]
@@ -225,31 +229,12 @@ def trace_batch(trace: Trace) -> tuple[int, str]:
     return min(64, len(trace) // 2), "assumed min(64, groups/2): the trace holds several steps; give --batch"
 
 
-def _simulate_seeds(configs: list[SimConfig], trace: Trace, perf: PerfModel, jobs: int) -> list[SimResult]:
-    """One simulation per config (seed), ``jobs`` forked processes at a time; results in config order."""
-    def one(index: int) -> SimResult:
-        cfg = configs[index]
-        return simulate(cfg, prompt_pool(trace, cfg.batch_size, cfg.seed), perf, workload_name=trace.name)
-
-    return forked_map(one, len(configs), jobs)
-
-
-def _score_held_out(configs: list[SimConfig], trace: Trace, perf: PerfModel, split: tuple[int, int], steady: slice,
-                    jobs: int) -> tuple[float, ...]:
-    """``split``'s steady-state speedup over stock verl on the seeds after ``configs``' (as many as they are):
-    seeds it was not chosen on. Only stock verl and the pinned split run there."""
-    held = [replace(cfg, seed=cfg.seed + len(configs), policies=("verl",)) for cfg in configs]
-
-    def speedup(index: int) -> float:
-        cfg = held[index]
-        pool = prompt_pool(trace, cfg.batch_size, cfg.seed)
-        stock = simulate(cfg, pool, perf, workload_name=trace.name).policies["verl"]
-        pinned = static_split_runner(cfg, pool, perf, split, "fixed")
-        for t in range(cfg.steps):
-            pinned.step(t, keep=False)
-        return stock.window_mean_s(steady) / pinned.finish().window_mean_s(steady)
-
-    return tuple(float(x) for x in forked_map(speedup, len(held), jobs))
+def _pinned_steady_mean(cfg: SimConfig, pool: PromptPool, perf: PerfModel, split: tuple[int, int], steady: slice) -> float:
+    """The steady-state mean makespan of TailSieve pinned at ``split`` on ``cfg``'s stream."""
+    pinned = static_split_runner(cfg, pool, perf, split, "fixed")
+    for t in range(cfg.steps):
+        pinned.step(t, keep=False)
+    return pinned.finish().window_mean_s(steady)
 
 
 def _band(samples) -> tuple[float, float]:
@@ -305,30 +290,15 @@ def _engines(cfg: SimConfig, name: str, label: str) -> dict:
 class SeedRun(NamedTuple):
     """One seed of a plan, as the fixed-split search needs it."""
 
-    cfg: SimConfig
-    pool: PromptPool
     stock_s: float  # stock verl's steady-state mean makespan
     best_split: tuple[int, int]  # best-static's split
-    best_s: float  # that split's steady-state mean makespan
+    split_s: dict  # every split of best-static's grid: its steady-state mean makespan
 
 
-def _best_fixed_split(runs: list[SeedRun], perf: PerfModel, steady: slice, jobs: int) -> tuple[tuple[int, int], float]:
-    """Each seed's best-static split and one shared pool, run on every seed: the one with the best mean
-    speedup, and that speedup. A seed's own best is not run again (best-static ran it); ``jobs``
-    processes run the other (split, seed) pairs side by side."""
+def _best_fixed_split(runs: list[SeedRun]) -> tuple[tuple[int, int], float]:
+    """Each seed's best-static split and one shared pool, on every seed (best-static ran every split of its grid
+    on every seed): the one with the best mean speedup, and that speedup."""
     splits = sorted({(0, 0)} | {run.best_split for run in runs})
-    pairs = [(split, seed) for split in splits for seed, run in enumerate(runs) if run.best_split != split]
-
-    def steady_mean(index: int) -> float:
-        split, seed = pairs[index]
-        pinned = static_split_runner(runs[seed].cfg, runs[seed].pool, perf, split, "fixed")
-        for t in range(runs[seed].cfg.steps):
-            pinned.step(t, keep=False)
-        return pinned.finish().window_mean_s(steady)
-
-    makespan = dict(zip(pairs, forked_map(steady_mean, len(pairs), jobs)))
-    makespan |= {(run.best_split, seed): run.best_s for seed, run in enumerate(runs)}
-    mean_speedup = {split: float(np.mean([run.stock_s / makespan[split, seed] for seed, run in enumerate(runs)]))
-                    for split in splits}
+    mean_speedup = {split: float(np.mean([run.stock_s / run.split_s[split] for run in runs])) for split in splits}
     best = max(mean_speedup, key=mean_speedup.get)
     return best, mean_speedup[best]

@@ -199,6 +199,9 @@ class HindsightRunner:
         self.best = min(results, key=lambda key: results[key].mean_makespan_s)
         self.grid = {key: r.mean_makespan_s for key, r in results.items()}
         results[self.best].choice = self.label(self.best)
+        results[self.best].alternatives = {key: PolicyResult(r.name, [replace(step, consumed_lengths=(), spans=())
+                                                                      for step in r.records])
+                                           for key, r in results.items()}
         return results[self.best]
 
     def label(self, key) -> str:

@@ -80,7 +80,7 @@ version of its step.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Callable
+from typing import Callable, Sequence
 
 from ..engine.perf import PerfModel
 from ..tailsieve.controller import ControllerConfig
@@ -106,7 +106,7 @@ __all__ = ["ALL_POLICIES", "BASELINE", "BestStaticRunner", "ClairvoyantSplitRunn
            "SimError", "SimResult", "StaticRunner", "StepRecord", "TailSieveRunner", "engine_label", "prompt_of",
            "schedule_grid", "schedule_text", "spec_label", "static_grid", "static_split_runner", "step_times",
            "stock_engines", "stock_spec_runner", "tailsieve_spec_config", "vllm_doc_schedule", "with_speculation",
-           "adaptive_runner", "build_runners", "planner_for", "simulate"]
+           "adaptive_runner", "build_runners", "planner_for", "simulate", "simulate_runs"]
 
 
 def build_runners(cfg: SimConfig, pool: PromptPool, perf: PerfModel,
@@ -162,28 +162,58 @@ def simulate(cfg: SimConfig, pool: PromptPool, perf: PerfModel, workload_name: s
     (with ``jobs`` > 1, after each policy's last). ``execute`` runs each step's samples (default: the
     performance model; see :data:`Execute`). ``jobs``: processes that run the policies side by side
     (the same results: a policy's run depends on nothing another does)."""
-    cfg.validate()
-    if len(pool) < 2 * cfg.batch_size:
-        raise SimError(f"the prompt pool has {len(pool)} prompts; the simulation needs at least 2 × batch = "
-                       f"{2 * cfg.batch_size} (a prompt is in flight at most once)")
-    runners = build_runners(cfg, pool, perf, execute)
-    for runner in runners:
-        if cfg.start_step:
-            runner.skip_to(cfg.start_step)
-    steps = range(cfg.start_step, cfg.start_step + cfg.steps)
-    keep = steps[-1] if cfg.gantt_step is None else cfg.gantt_step
-    total = cfg.steps * len(runners)
-    if jobs > 1 and execute is None and len(runners) > 1:
-        results = _run_side_by_side(runners, steps, keep, jobs, progress)
+    return simulate_runs([(cfg, pool)], perf, workload_name, progress, execute, jobs)[0]
+
+
+def simulate_runs(runs: Sequence[tuple[SimConfig, PromptPool]], perf: PerfModel, workload_name: str = "",
+                  progress: Callable[[int, int], None] | None = None, execute: Execute | None = None,
+                  jobs: int = 1) -> list[SimResult]:
+    """:func:`simulate` of several runs (a plan's seeds), with ``jobs`` > 1 every policy of every run in one pool of
+    forked processes, the costliest first (:func:`_cost`), so that no process idles while another ends a
+    long run it started last."""
+    built = []
+    for cfg, pool in runs:
+        cfg.validate()
+        if len(pool) < 2 * cfg.batch_size:
+            raise SimError(f"the prompt pool has {len(pool)} prompts; the simulation needs at least 2 × batch = "
+                           f"{2 * cfg.batch_size} (a prompt is in flight at most once)")
+        runners = build_runners(cfg, pool, perf, execute)
+        for runner in runners:
+            if cfg.start_step:
+                runner.skip_to(cfg.start_step)
+        steps = range(cfg.start_step, cfg.start_step + cfg.steps)
+        built.append((runners, steps, steps[-1] if cfg.gantt_step is None else cfg.gantt_step))
+    total = sum(len(runners) * len(steps) for runners, steps, _ in built)
+    if jobs > 1 and execute is None and sum(len(runners) for runners, _, _ in built) > 1:
+        pairs = sorted(((k, j) for k, (runners, _, _) in enumerate(built) for j in range(len(runners))),
+                       key=lambda pair: -_cost(built[pair[0]][0][pair[1]], len(built[pair[0]][1])))
+        ended = forked_map(lambda i: _run_to_end(built[pairs[i][0]][0][pairs[i][1]], *built[pairs[i][0]][1:]),
+                           len(pairs), jobs, done=None if progress is None else lambda k: progress(
+                               sum(len(built[pairs[i][0]][1]) for i in range(k)), total))
+        by_pair = dict(zip(pairs, ended))
+        results = [[by_pair[k, j] for j in range(len(runners))] for k, (runners, _, _) in enumerate(built)]
     else:
-        for i, t in enumerate(steps):
-            for j, runner in enumerate(runners):
-                runner.step(t, keep=t == keep)
-                if progress is not None:
-                    progress(i * len(runners) + j + 1, total)
-        results = [r.finish() for r in runners]
-    return SimResult(cfg, workload_name or pool.spec.name, getattr(perf, "name", str(perf)),
-                     {r.name: result for r, result in zip(runners, results)})
+        results, done = [], 0
+        for runners, steps, keep in built:
+            for t in steps:
+                for runner in runners:
+                    runner.step(t, keep=t == keep)
+                    done += 1
+                    if progress is not None:
+                        progress(done, total)
+            results.append([r.finish() for r in runners])
+    return [SimResult(cfg, workload_name or pool.spec.name, getattr(perf, "name", str(perf)),
+                      {r.name: result for r, result in zip(runners, ended_results)})
+            for (cfg, pool), (runners, _, _), ended_results in zip(runs, built, results)]
+
+
+def _cost(runner, steps: int) -> int:
+    """A runner's rough cost in pinned-split steps, to start the costliest first: a hindsight reference runs one
+    runner per choice, a TailSieve run with a split planner adds the planner's race, any other one runs its steps."""
+    if isinstance(runner, HindsightRunner):
+        return len(runner.runners) * steps
+    planner = getattr(runner.cycle.controller, "planner", None) if isinstance(runner, TailSieveRunner) else None
+    return steps + (planner.pinned_steps if planner is not None else 0)
 
 
 def _run_to_end(runner, steps: range, keep: int) -> PolicyResult:
@@ -192,8 +222,3 @@ def _run_to_end(runner, steps: range, keep: int) -> PolicyResult:
     return runner.finish()
 
 
-def _run_side_by_side(runners: list, steps: range, keep: int, jobs: int,
-                      progress: Callable[[int, int], None] | None) -> list[PolicyResult]:
-    """Each runner's whole run in a forked worker process, ``jobs`` at a time; the results in runner order."""
-    return forked_map(lambda i: _run_to_end(runners[i], steps, keep), len(runners), jobs,
-                      done=None if progress is None else lambda k: progress(k * len(steps), len(runners) * len(steps)))

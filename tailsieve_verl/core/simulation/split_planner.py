@@ -81,6 +81,15 @@ class OnlineSplitPlanner:
         R, B = cfg.n_replicas, cfg.batch_size
         self.grid = [s for s in static_grid(R, B, cfg.controller.max_q_fraction, coarse=True) if s[1] <= R // 2]
 
+    @property
+    def pinned_steps(self) -> int:
+        """The pinned-split steps the race runs (the engine's run cache aside): its cost, in the simulator's unit."""
+        total, start, racing = 0, 0, len(self.grid)
+        for until, keep in (*self.screen, (self.steps - 1, None)):
+            total += racing * (until + 1 - start) * self.seeds
+            start, racing = until + 1, min(racing, keep + 1) if keep is not None else racing
+        return total
+
     def __call__(self, history: Sequence[ConsumedBatch], prompt_len: float) -> PlannedSplit:
         groups = tuple(Group(f"p{b}_{i}", tuple(int(x) for x in row[:size]), prompt_len)
                        for b, batch in enumerate(history) for i, (row, size) in enumerate(zip(batch.by_group, batch.sizes)))
