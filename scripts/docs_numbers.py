@@ -431,21 +431,27 @@ def planner_cost() -> str:
 
 
 
-SPEED_BENCH_FILE = RESULTS / "engine_model" / "speed_bench_512x16_walk.txt"  # scripts/bench_speed.py's output
+SPEED_BENCH_FILE = RESULTS / "engine_model" / "speed_bench_512x16_jobs.txt"  # scripts/bench_speed.py's output
 
 
 def speed_bench() -> str:
-    """bench_speed.py's side-by-side CPU seconds (before -> after) of each scenario in the speed bench file."""
-    cpu: dict[str, dict[str, float]] = {}
+    """bench_speed.py's side-by-side runs in the speed bench file (before -> after): CPU seconds on one core, wall
+    seconds on 2 processes (the CLI's default --jobs on 2 cores)."""
+    runs: dict[tuple[str, str], dict[str, tuple[float, float]]] = {}
+    mode = ""
     for line in SPEED_BENCH_FILE.read_text().splitlines():
+        if line.startswith("512 x 16"):  # a run's header: how many processes each side had
+            mode = "one core" if line.endswith("one core each") else "2 cores"
         fields = line.split()
-        if len(fields) > 3 and fields[0] in ("default", "plan-quick", "plan") and fields[1] in ("before", "after"):
-            cpu.setdefault(fields[0], {})[fields[1]] = float(fields[2])
+        if len(fields) > 4 and fields[0] in ("default", "plan-quick", "plan") and fields[1] in ("before", "after"):
+            runs.setdefault((mode, fields[0]), {})[fields[1]] = (float(fields[2]), float(fields[3]))
     labels = {"default": "30 steps of the default policies", "plan-quick": "a 3-step plan of one logged step",
               "plan": "the 30-step, 5-seed plan"}
-    wall = re.search(r"wall ([0-9.]+) s; speedup", SPEED_BENCH_FILE.read_text())  # the plan on 2 jobs
-    return "; ".join(f"{labels[name]} {c['before']:.1f} → {c['after']:.1f} CPU s" for name, c in cpu.items()) + (
-        f", {float(wall.group(1)):.0f} s wall on 2 cores" if wall else "")
+    one = [f"{labels[name]} {r['before'][0]:.1f} → {r['after'][0]:.1f} CPU s" for (mode, name), r in runs.items()
+           if mode == "one core"]
+    two = [f"{labels[name]} {r['before'][1]:.1f} → {r['after'][1]:.1f} s" for (mode, name), r in runs.items()
+           if mode == "2 cores"]
+    return f"on one core, {'; '.join(one)}; wall on 2 cores, {'; '.join(two)}"
 
 
 RENDERERS = {

@@ -48,7 +48,7 @@ def register(subparsers) -> None:
                         "as many more (stock verl and the split only)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
-                   help="processes simulating the seeds side by side (the same plan; default: 2, or 1 on one CPU)")
+                   help="processes simulating the seeds' policies side by side (the same plan; default: 2, or 1 on one CPU)")
     add_length_cap_args(p)
     add_engine_args(p, defaults="auto")
     p.set_defaults(func=run)

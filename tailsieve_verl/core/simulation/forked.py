@@ -1,5 +1,5 @@
 """Independent simulations side by side in forked processes: the policies of one run (``simulate
---jobs``) or the seeds of a plan (``plan --jobs``). Each worker inherits the work and what it reads
+--jobs``), of every seed of a plan (``plan --jobs``). Each worker inherits the work and what it reads
 through fork, so nothing but the results is pickled."""
 
 from __future__ import annotations
