@@ -181,9 +181,9 @@ def test_the_plan_searches_the_coarse_grid_a_subset_of_the_full_one():
 
 
 def test_the_fixed_split_is_scored_on_best_statics_own_runs(monkeypatch):
-    """Best-static ran every split of its grid on every seed: the fixed-split search reads each seed's best split
-    and one shared pool on every seed from those runs (the same makespans as a pinned run of the split) and
-    simulates nothing; only the seeds it scores the pick on run the pinned split again."""
+    """Best-static ran every split of its grid on every seed (6 steps: its screen, after 8, never stops one): the
+    fixed-split search reads each seed's best split and one shared pool on every seed from those runs (the same
+    makespans as a pinned run of the split) and simulates none; only the seeds it scores the pick on run it pinned."""
     rerun = []
     real_runner = planner.static_split_runner
 
@@ -195,9 +195,9 @@ def test_the_fixed_split_is_scored_on_best_statics_own_runs(monkeypatch):
     captured = {}
     real_best = planner._best_fixed_split
 
-    def capture(runs):
+    def capture(runs, *args):
         captured["runs"] = runs
-        return real_best(runs)
+        return real_best(runs, *args)
 
     monkeypatch.setattr(planner, "_best_fixed_split", capture)
     seen = _seed_runs(monkeypatch)
@@ -217,6 +217,34 @@ def test_the_fixed_split_is_scored_on_best_statics_own_runs(monkeypatch):
     # scored on seeds 2 and 3, which it was not chosen on, and nothing else run again
     assert rerun == [((plan.fixed_q, plan.fixed_m), 2), ((plan.fixed_q, plan.fixed_m), 3)]
     assert len(plan.fixed_out_of_sample) == 2
+
+
+def test_splits_best_statics_screen_stopped_are_run_pinned_for_the_fixed_split(monkeypatch):
+    """Where best-static's screen stopped a split on a seed (here after 2 steps, keeping 1), the fixed-split search
+    runs it pinned there: the pick and its speedup are those of every (split, seed) pair run pinned."""
+    trace, perf = generate_trace("strong", 96, 4, seed=0), parse_perf_model("table:h200-dense")
+    captured, real_best, rerun, real_runner = {}, planner._best_fixed_split, [], planner.static_split_runner
+
+    def capture(runs, *args):
+        captured["runs"] = [run._replace(split_s=dict(run.split_s)) for run in runs]  # as best-static left them
+        return real_best(runs, *args)
+
+    def spy(cfg, pool, perf, split, name, *args):
+        rerun.append((split, cfg.seed))
+        return real_runner(cfg, pool, perf, split, name, *args)
+
+    monkeypatch.setattr(planner, "_best_fixed_split", capture)
+    monkeypatch.setattr(planner, "static_split_runner", spy)
+    monkeypatch.setattr(planner, "SimConfig", lambda **kw: SimConfig(**kw, best_static_screen=(2, 1)))
+    plan = planner.plan_from_trace(trace, 4, perf, batch_size=16, steps=6, seeds=2)
+    runs = captured["runs"]
+    splits = sorted({(0, 0)} | {run.best_split for run in runs})
+    missing = {(split, seed) for split in splits for seed, run in enumerate(runs) if split not in run.split_s}
+    assert missing and {pair for pair in rerun if pair[1] < 2} == missing
+    speedup = {split: sum(run.stock_s / planner._pinned_steady_mean(run.cfg, run.pool, perf, split, slice(2, None))
+                          for run in runs) / len(runs) for split in splits}
+    pick = max(speedup, key=speedup.get)
+    assert (plan.fixed_q, plan.fixed_m) == pick and plan.fixed_speedup == pytest.approx(speedup[pick], rel=1e-12)
 
 
 def test_a_short_plan_charges_the_work_it_defers_past_its_last_step():

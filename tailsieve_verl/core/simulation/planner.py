@@ -18,7 +18,8 @@ run does not have (on strong tails it made 5 of 6 picks from 4-step logs lose 3.
 
 It also names a fixed split to pin: each seed's best-static split (on the coarse grid of
 :func:`static_grid`, 41 of 71 points at a DAPO-sized step on 8 replicas) and one shared pool are scored on every seed
-(best-static ran every split of its grid on every seed) and the one with the best mean steady-state speedup wins. That speedup is chosen on those seeds, so it flatters
+(from best-static's own runs where its screen kept the split running, else pinned) and the one with the best mean
+steady-state speedup wins. That speedup is chosen on those seeds, so it flatters
 the split; the split is scored again on as many other seeds (``seeds`` .. 2 × ``seeds`` − 1, stock verl and
 the pinned split only), the out-of-sample score a recommendation quotes. Where a split pays only a few
 per cent the adaptive controller cannot resolve it from 30 noisy steps; a split planned this way
@@ -192,14 +193,15 @@ def plan_from_trace(trace: Trace, n_replicas: int, perf: PerfModel, *, batch_siz
     pools = [prompt_pool(trace, batch, cfg.seed) for cfg in configs + held]
     results = simulate_runs(list(zip(configs + held, pools)), perf, trace.name, jobs=jobs)
     results, held_stock = results[:seeds], results[seeds:]
-    for result in results:
+    for cfg, pool, result in zip(configs, pools, results):
         speedups.append(result.speedup_vs("verl", steady)["tailsieve"])
         last = result.policies["tailsieve"].records[-1]
         finals.append((last.next_q, last.next_m))
         best = result.policies["best-static"]
-        runs.append(SeedRun(result.policies["verl"].window_mean_s(steady), (best.records[-1].next_q, best.records[-1].next_m),
+        runs.append(SeedRun(cfg, pool, result.policies["verl"].window_mean_s(steady),
+                            (best.records[-1].next_q, best.records[-1].next_m),
                             {split: grid.window_mean_s(steady) for split, grid in best.alternatives.items()}))
-    (fixed_q, fixed_m), fixed_speedup = _best_fixed_split(runs)
+    (fixed_q, fixed_m), fixed_speedup = _best_fixed_split(runs, perf, steady, jobs)
     pinned_s = forked_map(lambda k: _pinned_steady_mean(held[k], pools[seeds + k], perf, (fixed_q, fixed_m), steady),
                           seeds, jobs)
     held_out = tuple(r.policies["verl"].window_mean_s(steady) / s for r, s in zip(held_stock, pinned_s))
@@ -290,15 +292,27 @@ def _engines(cfg: SimConfig, name: str, label: str) -> dict:
 class SeedRun(NamedTuple):
     """One seed of a plan, as the fixed-split search needs it."""
 
+    cfg: SimConfig
+    pool: PromptPool
     stock_s: float  # stock verl's steady-state mean makespan
     best_split: tuple[int, int]  # best-static's split
-    split_s: dict  # every split of best-static's grid: its steady-state mean makespan
+    split_s: dict  # the steady-state mean makespan of every split best-static ran to the end (its screen stops the rest)
 
 
-def _best_fixed_split(runs: list[SeedRun]) -> tuple[tuple[int, int], float]:
-    """Each seed's best-static split and one shared pool, on every seed (best-static ran every split of its grid
-    on every seed): the one with the best mean speedup, and that speedup."""
+def _best_fixed_split(runs: list[SeedRun], perf: PerfModel, steady: slice, jobs: int) -> tuple[tuple[int, int], float]:
+    """Each seed's best-static split and one shared pool, on every seed: the one with the best mean speedup, and that
+    speedup. Best-static ran most (split, seed) pairs to the end already; ``jobs`` processes run the others (those its
+    screen stopped) pinned, side by side."""
     splits = sorted({(0, 0)} | {run.best_split for run in runs})
-    mean_speedup = {split: float(np.mean([run.stock_s / run.split_s[split] for run in runs])) for split in splits}
+    missing = [(split, seed) for split in splits for seed, run in enumerate(runs) if split not in run.split_s]
+    def pinned(index: int) -> float:
+        split, seed = missing[index]
+        return _pinned_steady_mean(runs[seed].cfg, runs[seed].pool, perf, split, steady)
+
+    ran = forked_map(pinned, len(missing), jobs)
+    split_s = {(split, seed): s for seed, run in enumerate(runs) for split, s in run.split_s.items()}
+    split_s |= dict(zip(missing, ran))
+    mean_speedup = {split: float(np.mean([run.stock_s / split_s[split, seed] for seed, run in enumerate(runs)]))
+                    for split in splits}
     best = max(mean_speedup, key=mean_speedup.get)
     return best, mean_speedup[best]

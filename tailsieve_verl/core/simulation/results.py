@@ -63,8 +63,8 @@ class PolicyResult:
     stale: int = 0  # consumed groups generated under an older policy version
     max_deferral_steps: int = 0  # the most steps a prompt waited between its pull and its consumption
     choice: str = ""  # a best-in-hindsight policy's pick (best-static's split, verl-spec's k, a schedule)
-    alternatives: dict = field(default_factory=dict)  # a best-in-hindsight policy's every choice (the pick among
-    #   them), by key: its steps without spans or lengths, enough for window_mean_s
+    alternatives: dict = field(default_factory=dict)  # a best-in-hindsight policy's choices that ran to the end (the
+    #   pick among them; a screen stops the rest), by key: their steps without spans or lengths, for window_mean_s
 
     @property
     def makespans(self) -> np.ndarray:
