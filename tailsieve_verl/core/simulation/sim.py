@@ -168,9 +168,9 @@ def simulate(cfg: SimConfig, pool: PromptPool, perf: PerfModel, workload_name: s
 def simulate_runs(runs: Sequence[tuple[SimConfig, PromptPool]], perf: PerfModel, workload_name: str = "",
                   progress: Callable[[int, int], None] | None = None, execute: Execute | None = None,
                   jobs: int = 1) -> list[SimResult]:
-    """:func:`simulate` of several runs (a plan's seeds), with ``jobs`` > 1 every policy of every run in one pool of
-    forked processes, the costliest first (:func:`_cost`), so that no process idles while another ends a
-    long run it started last."""
+    """:func:`simulate` of several runs (a plan's seeds); with ``jobs`` > 1 their policies in one pool of forked
+    processes, the costliest first (:func:`_cost`), so that no process idles while another ends a long run it
+    started last."""
     built = []
     for cfg, pool in runs:
         cfg.validate()
@@ -185,23 +185,27 @@ def simulate_runs(runs: Sequence[tuple[SimConfig, PromptPool]], perf: PerfModel,
         built.append((runners, steps, steps[-1] if cfg.gantt_step is None else cfg.gantt_step))
     total = sum(len(runners) * len(steps) for runners, steps, _ in built)
     if jobs > 1 and execute is None and sum(len(runners) for runners, _, _ in built) > 1:
-        pairs = sorted(((k, j) for k, (runners, _, _) in enumerate(built) for j in range(len(runners))),
-                       key=lambda pair: -_cost(built[pair[0]][0][pair[1]], len(built[pair[0]][1])))
-        ended = forked_map(lambda i: _run_to_end(built[pairs[i][0]][0][pairs[i][1]], *built[pairs[i][0]][1:]),
-                           len(pairs), jobs, done=None if progress is None else lambda k: progress(
-                               sum(len(built[pairs[i][0]][1]) for i in range(k)), total))
-        by_pair = dict(zip(pairs, ended))
+        # With a run for every process, a run's policies share one (and its length draws, drawn once per step),
+        # but a hindsight reference, the costliest, runs in its own; with fewer runs, every policy runs in its own.
+        tasks = []
+        for k, (runners, steps, _) in enumerate(built):
+            alone = [j for j, r in enumerate(runners) if len(built) < jobs or isinstance(r, HindsightRunner)]
+            rest = [j for j in range(len(runners)) if j not in alone]
+            tasks += [[(k, j)] for j in alone] + ([[(k, j) for j in rest]] if rest else [])
+        tasks.sort(key=lambda task: -sum(_cost(built[k][0][j], len(built[k][1])) for k, j in task))
+
+        def run_task(i: int) -> list[PolicyResult]:
+            k = tasks[i][0][0]
+            return _run_lockstep([built[k][0][j] for _, j in tasks[i]], *built[k][1:])
+
+        ended = forked_map(run_task, len(tasks), jobs, done=None if progress is None else lambda n: progress(
+            sum(len(tasks[i]) * len(built[tasks[i][0][0]][1]) for i in range(n)), total))
+        by_pair = {pair: result for task, results in zip(tasks, ended) for pair, result in zip(task, results)}
         results = [[by_pair[k, j] for j in range(len(runners))] for k, (runners, _, _) in enumerate(built)]
     else:
-        results, done = [], 0
-        for runners, steps, keep in built:
-            for t in steps:
-                for runner in runners:
-                    runner.step(t, keep=t == keep)
-                    done += 1
-                    if progress is not None:
-                        progress(done, total)
-            results.append([r.finish() for r in runners])
+        done = iter(range(1, total + 1))
+        results = [_run_lockstep(runners, steps, keep, None if progress is None else lambda: progress(next(done), total))
+                   for runners, steps, keep in built]
     return [SimResult(cfg, workload_name or pool.spec.name, getattr(perf, "name", str(perf)),
                       {r.name: result for r, result in zip(runners, ended_results)})
             for (cfg, pool), (runners, _, _), ended_results in zip(runs, built, results)]
@@ -216,9 +220,14 @@ def _cost(runner, steps: int) -> int:
     return steps + (planner.pinned_steps if planner is not None else 0)
 
 
-def _run_to_end(runner, steps: range, keep: int) -> PolicyResult:
+def _run_lockstep(runners: list, steps: range, keep: int, stepped: Callable[[], None] | None = None) -> list[PolicyResult]:
+    """The runners' runs, step by step together (so that they share each step's length draws: ``_Runner.sample``);
+    ``stepped()`` after each runner's step."""
     for t in steps:
-        runner.step(t, keep=t == keep)
-    return runner.finish()
+        for runner in runners:
+            runner.step(t, keep=t == keep)
+            if stepped is not None:
+                stepped()
+    return [runner.finish() for runner in runners]
 
 
