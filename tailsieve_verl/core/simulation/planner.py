@@ -305,6 +305,7 @@ def _best_fixed_split(runs: list[SeedRun], perf: PerfModel, steady: slice, jobs:
     screen stopped) pinned, side by side."""
     splits = sorted({(0, 0)} | {run.best_split for run in runs})
     missing = [(split, seed) for split in splits for seed, run in enumerate(runs) if split not in run.split_s]
+
     def pinned(index: int) -> float:
         split, seed = missing[index]
         return _pinned_steady_mean(runs[seed].cfg, runs[seed].pool, perf, split, steady)

@@ -82,10 +82,15 @@ class OnlineSplitPlanner:
         self.grid = [s for s in static_grid(R, B, cfg.controller.max_q_fraction, coarse=True) if s[1] <= R // 2]
 
     @property
+    def rounds(self) -> tuple[tuple[int, int | None], ...]:
+        """The race's (last step, splits kept besides one shared pool) rounds; the last keeps every survivor (None)."""
+        return (*self.screen, (self.steps - 1, None))
+
+    @property
     def pinned_steps(self) -> int:
         """The pinned-split steps the race runs (the engine's run cache aside): its cost, in the simulator's unit."""
         total, start, racing = 0, 0, len(self.grid)
-        for until, keep in (*self.screen, (self.steps - 1, None)):
+        for until, keep in self.rounds:
             total += racing * (until + 1 - start) * self.seeds
             start, racing = until + 1, min(racing, keep + 1) if keep is not None else racing
         return total
@@ -104,7 +109,7 @@ class OnlineSplitPlanner:
         racing = {split: [static_split_runner(c, p, self.perf, split, "fixed") for c, p in zip(cfgs, pools)]
                   for split in sorted(self.grid)}
         t = 0
-        for until, keep in (*self.screen, (self.steps - 1, None)):
+        for until, keep in self.rounds:
             for t in range(t, until + 1):
                 for k in range(self.seeds):
                     for runs in racing.values():
