@@ -197,6 +197,7 @@ class HindsightRunner:
     def finish(self) -> PolicyResult:
         results = {key: runner.finish() for key, runner in self.runners.items()}
         self.best = min(results, key=lambda key: results[key].mean_makespan_s)
+        self.grid = {key: r.mean_makespan_s for key, r in results.items()}
         results[self.best].choice = self.label(self.best)
         results[self.best].alternatives = {key: PolicyResult(r.name, [replace(step, consumed_lengths=(), spans=())
                                                                       for step in r.records])
