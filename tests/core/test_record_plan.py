@@ -127,6 +127,20 @@ def test_record_oracle_split_plans_every_step_from_the_truth():
     assert result.record_rho > 0.8
 
 
+def test_record_history_oracle_split_plans_every_step_from_what_the_history_tells():
+    """record-oracle-split's planned steps, its record fed each prompt as history-oracle-split knows it: the
+    checkpoint and trend exact, this step's prompt x checkpoint interaction not (a wider, differently placed group)."""
+    result = _run(("verl", "record-history-oracle-split"), 6).policies["record-history-oracle-split"]
+    assert all(r.record_planned for r in result.records)
+    assert (result.lost, result.duplicated, result.max_deferral_steps) == (0, 0, 0)
+    pool = PromptPool(get_preset("weak", max_response_length=8192), 64, seed=3)
+    runner = sim.RecordHistoryOracleSplitRunner(sim.SimConfig(n_replicas=4, batch_size=16, n=4, seed=3), pool, PERF)
+    runner.step_index = 5
+    prompt = pool.prompt_ids[0]
+    history = pool.typical_group(prompt, 4, 5, history_only=True).lengths
+    assert runner.cycle.predictor(f"{prompt}#1") == history != pool.typical_group(prompt, 4, 5).lengths
+
+
 def test_a_run_that_starts_in_a_later_epoch_holds_the_earlier_steps_in_its_record():
     """Every prompt is known from the start, but the record plans only once the controller has settled (measured
     one shared pool, planned and probed its split): the planned steps are weighed against that."""

@@ -41,11 +41,12 @@ STOCK_POLICIES = ("verl",) + STOCK_SPEC_POLICIES  # what a verl 0.9.1 user can r
 # opt-in (``--policies ...,best-static``): one TailSieve run per grid point, ~50 runs at R = 8;
 # ``verl-redraw``: the noise floor, stock verl again with an independent set of length draws
 REFERENCE_SPLITS = ("clairvoyant-split", "group-oracle-split", "prompt-oracle-split", "history-oracle-split",
-                    "record-oracle-split")  # a grid of splits, best per step (engine model only)
+                    "record-oracle-split", "record-history-oracle-split")  # a grid of splits, best per step (engine model only)
 
 
 ALL_POLICIES = POLICIES + ("best-static", "verl-redraw") + SPEC_POLICIES + ("group-oracle-split", "prompt-oracle-split",
-                                                                          "history-oracle-split", "record-oracle-split")
+                                                                          "history-oracle-split", "record-oracle-split",
+                                                                          "record-history-oracle-split")
 
 
 BASELINE = "verl"  # every speedup is measured against stock verl first

@@ -133,6 +133,8 @@ class RecordOracleSplitRunner(TailSieveRunner):
     planned by its step planner on it. The same mechanism as TailSieve's later epochs with a perfect record:
     TailSieve's gap to it is the record's error. Not deployable."""
 
+    history_only = False  # what the record is fed of each prompt (PromptPool.typical_group)
+
     def __init__(self, cfg: SimConfig, pool: PromptPool, perf: PerfModel, name: str = "record-oracle-split",
                  planner: SplitPlanner | None = None):
         """``planner``: the controller's split planner, for the steps after the guard stops the planning."""
@@ -140,12 +142,26 @@ class RecordOracleSplitRunner(TailSieveRunner):
         super().__init__(replace(cfg, prompt_record=True), pool, perf, adaptive, name, planner=planner,
                          step_planner=step_planner_for(adaptive, cfg, perf))
         self.step_index = 0
-        self.cycle.predictor = lambda identity: pool.typical_group(prompt_of(identity), cfg.n, self.step_index).lengths
+        self.cycle.predictor = lambda identity: pool.typical_group(prompt_of(identity), cfg.n, self.step_index,
+                                                                   self.history_only).lengths
         self.cycle.planning = True
 
     def step(self, t: int, keep: bool) -> None:
         self.step_index = t
         super().step(t, keep)
+
+
+class RecordHistoryOracleSplitRunner(RecordOracleSplitRunner):
+    """``record-history-oracle-split``: :class:`RecordOracleSplitRunner` fed each prompt only as far as its earlier
+    steps can tell (``history-oracle-split``'s knowledge): TailSieve's planned steps with the best record any number
+    of visits could hold. TailSieve's gap to it is what its record's visits have not yet told; its own gap to
+    ``prompt-oracle-split``, what no record can know. Not deployable."""
+
+    history_only = True
+
+    def __init__(self, cfg: SimConfig, pool: PromptPool, perf: PerfModel, name: str = "record-history-oracle-split",
+                 planner: SplitPlanner | None = None):
+        super().__init__(cfg, pool, perf, name, planner)
 
 
 def static_grid(n_replicas: int, batch_size: int, max_q_fraction: float = 0.5,

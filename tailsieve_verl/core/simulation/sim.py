@@ -57,6 +57,9 @@ Policies:
   distribution (:meth:`PromptPool.typical_group`) from the first step on (:class:`RecordOracleSplitRunner`;
   opt-in). The gap from TailSieve to it is what the record's predictions miss; its gap to
   ``prompt-oracle-split``, what the mechanism costs.
+* ``record-history-oracle-split`` — the same, its record fed each prompt only as far as its earlier steps can
+  tell (``history-oracle-split``'s knowledge): the most TailSieve's planned steps could reach from any
+  number of visits (:class:`RecordHistoryOracleSplitRunner`; opt-in).
 * ``clairvoyant-group`` / ``clairvoyant-sample`` — know this step's lengths: the B fresh groups
   (or their single samples) routed ``topk-balanced`` (:mod:`core.routing.policies`) with the best (k, m),
   searched coarse-to-fine within ``oracle_time_limit_s`` per step, on ``SimConfig.engine`` (no per-pool
@@ -92,8 +95,8 @@ from .results import (GroupSpan, PolicyResult, SimResult, StepRecord)
 from .runners import (_Runner, FallbackRunner, Ledger, prompt_of, PromptStream, StaticRunner, step_times,
                       TailSieveRunner)
 from .references import (BestStaticRunner, ClairvoyantSplitRunner, GroupOracleSplitRunner, HindsightRunner,
-                         PromptOracleSplitRunner, HistoryOracleSplitRunner,
-                         RecordOracleSplitRunner, static_grid, static_split_runner, stock_spec_runner)
+                         PromptOracleSplitRunner, HistoryOracleSplitRunner, RecordOracleSplitRunner,
+                         RecordHistoryOracleSplitRunner, static_grid, static_split_runner, stock_spec_runner)
 from .split_planner import planner_for
 from .step_split import step_planner_for
 from .speculation import (DEFAULT_SPECULATION, engine_label, schedule_grid, schedule_text, SPEC_DEPTHS, spec_label,
@@ -102,6 +105,7 @@ from .speculation import (DEFAULT_SPECULATION, engine_label, schedule_grid, sche
 __all__ = ["ALL_POLICIES", "BASELINE", "BestStaticRunner", "ClairvoyantSplitRunner", "DEFAULT_SPECULATION", "GroupOracleSplitRunner",
            "Execute", "FallbackRunner", "GroupSpan", "HindsightRunner", "LAUNCH_SPEC_POLICIES", "Ledger",
            "POLICIES", "POOL_ENGINE_POLICIES", "PolicyResult", "PromptOracleSplitRunner", "PromptStream",
+           "RecordHistoryOracleSplitRunner", "RecordOracleSplitRunner",
            "REFERENCE_SPLITS", "SPEC_DEPTHS", "SPEC_POLICIES", "STOCK_POLICIES", "STOCK_SPEC_POLICIES", "SimConfig",
            "SimError", "SimResult", "StaticRunner", "StepRecord", "TailSieveRunner", "engine_label", "prompt_of",
            "schedule_grid", "schedule_text", "spec_label", "static_grid", "static_split_runner", "step_times",
@@ -129,9 +133,10 @@ def build_runners(cfg: SimConfig, pool: PromptPool, perf: PerfModel,
             runners.append(PromptOracleSplitRunner(cfg, pool, perf, name))
         elif name == "history-oracle-split":
             runners.append(HistoryOracleSplitRunner(cfg, pool, perf, name))
-        elif name == "record-oracle-split":
+        elif name in ("record-oracle-split", "record-history-oracle-split"):
             adaptive = replace(cfg.controller, fixed_tail_replicas=None)
-            runners.append(RecordOracleSplitRunner(cfg, pool, perf, name, planner_for(adaptive, cfg, perf)))
+            kind = RecordOracleSplitRunner if name == "record-oracle-split" else RecordHistoryOracleSplitRunner
+            runners.append(kind(cfg, pool, perf, name, planner_for(adaptive, cfg, perf)))
         elif name == "best-static":
             runners.append(BestStaticRunner(cfg, pool, perf, name, execute))
         elif name in ("tailsieve", "tailsieve-dynsd"):
