@@ -265,6 +265,8 @@ def history_table_2026_12_03() -> str:
 RECORD_PLAN_FILES = {2: ("record_plan.jsonl", "record_plan_64x8.jsonl"), 3: ("record_plan_epoch3.jsonl",)}
 HISTORY_ORACLE_FILES = {2: "history_oracle.jsonl", 3: "history_oracle_epoch3.jsonl"}  # record_plan.py --ceiling
 ROUTING_CEILING_FILE = "routing_ceiling_epoch3.jsonl"  # record_plan.py --epoch 3 --ceiling group-oracle-split
+RECORD_HISTORY_FILES = {2: "record_history_oracle.jsonl", 3: "record_history_oracle_epoch3.jsonl"}  # --ceiling
+#   verl,record-history-oracle-split: the record-planned steps fed what any number of visits can tell
 NOW = "tailsieve-record-off"  # record_plan.py's name for TailSieve with record planning off
 
 
@@ -345,39 +347,71 @@ def later_epochs_table(files: tuple[Path, ...] = ()) -> str:
     return "\n" + "\n".join(lines) + "\n"
 
 
+@cache
+def record_history_cells(epoch: int = 2) -> dict[tuple[str, str], dict]:
+    """Per (shape, cell): record-history-oracle-split's mean speedup over its seeds and over the record-planning
+    runs' seeds (``paired``), and prompt-oracle-split's on its seeds (from ``record_plan.py --ceiling``'s runs of
+    the same jobs: the same draws)."""
+    folder = RESULTS / "per_prompt_record"
+    rows = _jsonl(folder / RECORD_HISTORY_FILES[epoch])
+    job = ("cell", "shape", "seed", "steps", "warm", "trend", "pool")
+    oracle = {tuple(r[k] for k in job): r["speedup_vs_verl"]["prompt-oracle-split"]
+              for r in _jsonl(folder / HISTORY_ORACLE_FILES[epoch])}
+    planned = {(r["shape"], r["cell"], r["seed"]) for f in _epoch_files(epoch)[0] for r in _jsonl(f)}
+    cells = {}
+    for key in dict.fromkeys((r["shape"], r["cell"]) for r in rows):
+        rs = [r for r in rows if (r["shape"], r["cell"]) == key]
+        missing = [r["seed"] for r in rs if tuple(r[k] for k in job) not in oracle]
+        if missing:
+            raise SystemExit(f"{RECORD_HISTORY_FILES[epoch]} {key}: seeds {missing} have no --ceiling run of the same job")
+        speed = [r["speedup_vs_verl"]["record-history-oracle-split"] for r in rs]
+        paired = [x for x, r in zip(speed, rs) if (*key, r["seed"]) in planned]
+        cells[key] = {"mean": float(np.mean(speed)), "paired": float(np.mean(paired)) if paired else None,
+                      "oracle": float(np.mean([oracle[tuple(r[k] for k in job)] for r in rs])), "seeds": len(rs)}
+    return cells
+
+
 def _ceiling_shares(epoch: int = 2) -> dict:
-    """Per cell of ``epoch`` where prompt-oracle-split gains >= 5 %: history-oracle-split's share of that gain, and
-    TailSieve's (record planning off, on) share of history-oracle-split's."""
+    """Per cell of ``epoch`` where prompt-oracle-split gains >= 5 %: history-oracle-split's and
+    record-history-oracle-split's shares of that gain, and TailSieve's (record planning off, on) share of
+    history-oracle-split's and record-history-oracle-split's (on the record-planning runs' own seeds)."""
     planned, history = record_plan_cells(_epoch_files(epoch)[0]), history_oracle_cells(epoch)
+    fed = record_history_cells(epoch)
     out = {}
     for key, c in _cell_order(planned):
         if c["share"] is None:
             continue
         every, paired = history[key]["mean"], history[key]["paired"]
         h = paired["history-oracle-split"] - 1  # on the record-planning runs' own seeds
+        r = fed[key]["paired"] - 1
         out[key] = {"history": (every["history-oracle-split"] - 1) / (every["prompt-oracle-split"] - 1),
+                    "fed": (fed[key]["mean"] - 1) / (fed[key]["oracle"] - 1),
                     "now": (c["mean"][NOW] - 1) / h, "planned": (c["mean"]["tailsieve"] - 1) / h,
+                    "now_fed": (c["mean"][NOW] - 1) / r, "planned_fed": (c["mean"]["tailsieve"] - 1) / r,
                     "rho": c["rho"], "seeds": history[key]["seeds"]}
     return out
 
 
 def later_epochs_ceiling_table() -> str:
-    """The cells where the per-prompt oracle gains >= 5 %: what each predictor ranks, what a record can reach, and
-    how much of it TailSieve reaches in the second and the third epoch."""
+    """The cells where the per-prompt oracle gains >= 5 %: what each predictor ranks, what a record can reach (the
+    grid and TailSieve's own planned steps fed the best record), and how much of the latter TailSieve reaches in
+    the second and the third epoch."""
     lines = ["| cell | shape | ρ: one group an epoch ago / all history / the prompt now | seeds | history-oracle-split | "
-             "prompt-oracle-split | history's share of the oracle's gain | TailSieve's share of history's gain, "
-             "epoch 2: now / planned (record ρ) | epoch 3: now / planned (record ρ) |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-    history, third = history_oracle_cells(), _ceiling_shares(3)
+             "record-history-oracle-split | prompt-oracle-split | share of the oracle's gain: history-oracle-split / "
+             "record-history-oracle-split | TailSieve's share of record-history-oracle-split's gain, epoch 2: now / "
+             "planned (record ρ) | epoch 3: now / planned (record ρ) |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    history, fed, third = history_oracle_cells(), record_history_cells(), _ceiling_shares(3)
 
     def shares(s: dict | None) -> str:
-        return f"{s['now']:.0%} / {s['planned']:.0%} ({s['rho']:.2f})" if s else "–"
+        return f"{s['now_fed']:.0%} / {s['planned_fed']:.0%} ({s['rho']:.2f})" if s else "–"
 
     for (shape, cell), share in _ceiling_shares().items():
         h = history[shape, cell]
         rho = " / ".join(f"{h['rho'][name]:.2f}" for name in ("one_visit", "history", "truth"))
         lines.append(f"| {cell} | {shape} | {rho} | {h['seeds']} | {h['mean']['history-oracle-split']:.3f} | "
-                     f"{h['mean']['prompt-oracle-split']:.3f} | {share['history']:.0%} | {shares(share)} | "
+                     f"{fed[shape, cell]['mean']:.3f} | {h['mean']['prompt-oracle-split']:.3f} | "
+                     f"{share['history']:.0%} / {share['fed']:.0%} | {shares(share)} | "
                      f"{shares(third.get((shape, cell)))} |")
     return "\n" + "\n".join(lines) + "\n"
 
@@ -386,6 +420,25 @@ def later_epochs_ceiling_share() -> str:
     """The span of history-oracle-split's share of prompt-oracle-split's gain where that is >= 5 %, in the second
     and the third epoch."""
     return _span([100 * s["history"] for epoch in (2, 3) for s in _ceiling_shares(epoch).values()], 0, " to ") + " %"
+
+
+def later_epochs_fed_share() -> str:
+    """The span of record-history-oracle-split's share of prompt-oracle-split's gain where that is >= 5 %, in the
+    second and the third epoch."""
+    return _span([100 * s["fed"] for epoch in (2, 3) for s in _ceiling_shares(epoch).values()], 0, " to ") + " %"
+
+
+def later_epochs_fed_short() -> str:
+    """In how many (cell, epoch) pairs of the ceiling table record-history-oracle-split stays under 80 % of the
+    per-prompt oracle's gain (issue 48's goal for TailSieve)."""
+    fed = [s["fed"] for epoch in (2, 3) for s in _ceiling_shares(epoch).values()]
+    return f"{sum(x < 0.8 for x in fed)} of {len(fed)}"
+
+
+def later_epochs_fed_reached(epoch: int, key: str) -> str:
+    """The span of TailSieve's share of record-history-oracle-split's gain in ``epoch`` (``key``: planned_fed with
+    record planning, now_fed without), over the cells where the per-prompt oracle gains >= 5 %."""
+    return _span([100 * s[key] for s in _ceiling_shares(epoch).values()], 0, " to ") + " %"
 
 
 def _routing_ceiling_ratios() -> list[float]:
@@ -417,11 +470,57 @@ def later_epochs_lowest() -> str:
     return f"{min(c['mean']['tailsieve'] for c in record_plan_cells().values()):.3f}"
 
 
+def later_epochs_lowest_now() -> str:
+    """The later-epoch cell where TailSieve with record planning off (the default) reads lowest: its mean, its cell."""
+    (shape, cell), c = min(record_plan_cells().items(), key=lambda kv: kv[1]["mean"][NOW])
+    return f"{c['mean'][NOW]:.3f}× stock verl ({cell.replace('-', ' ')} {_shape_label(shape)}, {c['seeds']} seeds)"
+
+
 def later_epochs_rho() -> str:
     """The span over the second-epoch runs of TailSieve's record rho, two decimals."""
     rhos = [r["tailsieve"]["record_rho"] for path in _epoch_files(2)[0] for r in _jsonl(path)
             if r["tailsieve"]["record_rho"] is not None]
     return _span(rhos, 2)
+
+
+YARDSTICK_FILE = RESULTS / "per_prompt_record" / "yardstick_check.jsonl"  # scripts/experiments/yardstick_check.py
+
+
+def _yardstick_runs(files: tuple[Path, ...] = ()) -> list[dict]:
+    return [r for path in (files or (YARDSTICK_FILE,)) for r in _jsonl(path)]
+
+
+def yardstick_table(files: tuple[Path, ...] = ()) -> str:
+    """Per (epoch, shape, cell) of yardstick_check.py's runs: TailSieve against stock verl, and on the runs' split
+    steps the truth beside the consumed and the pulled batches' prices relative to stock verl's own batch."""
+    runs = _yardstick_runs(files)
+    lines = ["| epoch | cell | shape | runs with split steps | TailSieve vs stock verl, mean [worst run] | "
+             "its split steps' makespan / stock verl's, mean [range] | consumed batch / stock's: mean ± s.e. [range] | "
+             "pulled batch / stock's, mean |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for key in sorted({(r["epoch"], r["shape"], r["cell"]) for r in runs},
+                      key=lambda k: (k[0], -int(k[1].split("x")[0]), k[2])):
+        rs = [r for r in runs if (r["epoch"], r["shape"], r["cell"]) == key]
+        split = [r for r in rs if r["split_steps"]]
+        speed = [r["speedup_vs_verl"] for r in rs]
+        row = f"| {key[0]} | {key[2]} | {key[1]} | {len(split)} of {len(rs)} | {np.mean(speed):.3f} [{min(speed):.3f}] | "
+        if not split:
+            lines.append(row + "– | – | – |")
+            continue
+        truth, consumed = [r["truth"] for r in split], np.array([r["consumed_vs_stock"] for r in split])
+        error = consumed.std(ddof=1) / np.sqrt(len(consumed)) if len(consumed) > 1 else float("nan")
+        lines.append(row + f"{np.mean(truth):.3f} [{_span(truth)}] | {consumed.mean():.3f} ± {error:.3f} "
+                     f"[{_span(consumed)}] | {np.mean([r['pulled_vs_stock'] for r in split]):.3f} |")
+    return "\n" + "\n".join(lines) + "\n"
+
+
+def yardstick_worst() -> str:
+    """The worst run of yardstick_check.py: its speedup, its split steps' truth and the controller's verdict."""
+    r = min(_yardstick_runs(), key=lambda r: r["speedup_vs_verl"])
+    return (f"{r['cell']} {_shape_label(r['shape'])}, seed {r['seed']}, epoch {r['epoch']}: {r['speedup_vs_verl']:.3f}× "
+            f"stock verl; on its {r['split_steps']} split steps {r['truth']:.3f}× stock verl's makespan, while the batches "
+            f"it consumed priced {r['consumed_vs_stock']:.3f}× stock verl's own, so its yardstick read the split at "
+            f"{r['truth'] / r['consumed_vs_stock']:.3f}")
 
 
 def planner_cost() -> str:
@@ -484,6 +583,15 @@ RENDERERS = {
     "later-epochs-history-rho": lambda: later_epochs_ladder_rho("history"),
     "later-epochs-truth-rho": lambda: later_epochs_ladder_rho("truth"),
     "later-epochs-routing-ceiling": later_epochs_routing_ceiling,
+    "later-epochs-lowest-now": later_epochs_lowest_now,
+    "later-epochs-fed-share": later_epochs_fed_share,
+    "later-epochs-fed-short": later_epochs_fed_short,
+    "later-epochs-fed-planned-2": lambda: later_epochs_fed_reached(2, "planned_fed"),
+    "later-epochs-fed-planned-3": lambda: later_epochs_fed_reached(3, "planned_fed"),
+    "later-epochs-fed-now-2": lambda: later_epochs_fed_reached(2, "now_fed"),
+    "later-epochs-fed-now-3": lambda: later_epochs_fed_reached(3, "now_fed"),
+    "yardstick-check": yardstick_table,
+    "yardstick-worst": yardstick_worst,
     "planner-cost": planner_cost,
     "speed-bench": speed_bench,
 }

@@ -36,6 +36,7 @@ import json
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
+from contextlib import nullcontext
 from dataclasses import replace
 from pathlib import Path
 
@@ -161,6 +162,17 @@ def planner_cost(repeats: int) -> None:
                               "last_pick": [pick.q, pick.m, round(pick.relative, 4)]}), flush=True)
 
 
+def map_to_jsonl(fn, jobs: list[dict], workers: int, out: str | None, shown: tuple[str, ...] = ()) -> None:
+    """``fn`` on every job in ``workers`` processes: each result printed (its ``shown`` keys, or all) and appended to
+    ``out`` as one JSON line as it comes."""
+    with open(out, "a") if out else nullcontext() as sink, ProcessPoolExecutor(workers) as ex:
+        for r in ex.map(fn, jobs):
+            print(json.dumps({k: r[k] for k in shown} if shown else r), flush=True)
+            if sink:
+                sink.write(json.dumps(r) + "\n")
+                sink.flush()
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cells", default=",".join(CELLS))
@@ -190,13 +202,8 @@ def main() -> int:
     jobs = [{"cell": c, "shape": s, "seed": k, "steps": args.steps, "warm": args.warm, "trend": args.trend,
              "pool": args.pool, "epoch": args.epoch, **({"policies": args.ceiling} if args.ceiling else {})} for s in args.shapes.split(",") for c in args.cells.split(",")
             for k in range(args.first_seed, args.first_seed + args.seeds)]
-    out = open(args.out, "a") if args.out else None
-    with ProcessPoolExecutor(args.jobs) as ex:
-        for r in ex.map(ceiling if args.ceiling else run, jobs):
-            print(json.dumps({k: r[k] for k in ("cell", "shape", "seed", "cpu_s", "speedup_vs_verl")}), flush=True)
-            if out:
-                out.write(json.dumps(r) + "\n")
-                out.flush()
+    map_to_jsonl(ceiling if args.ceiling else run, jobs, args.jobs, args.out,
+                 shown=("cell", "shape", "seed", "cpu_s", "speedup_vs_verl"))
     return 0
 
 
