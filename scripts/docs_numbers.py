@@ -374,20 +374,18 @@ def record_history_cells(epoch: int = 2) -> dict[tuple[str, str], dict]:
 def _ceiling_shares(epoch: int = 2) -> dict:
     """Per cell of ``epoch`` where prompt-oracle-split gains >= 5 %: history-oracle-split's and
     record-history-oracle-split's shares of that gain, and TailSieve's (record planning off, on) share of
-    history-oracle-split's and record-history-oracle-split's (on the record-planning runs' own seeds)."""
+    record-history-oracle-split's (on the record-planning runs' own seeds)."""
     planned, history = record_plan_cells(_epoch_files(epoch)[0]), history_oracle_cells(epoch)
     fed = record_history_cells(epoch)
     out = {}
     for key, c in _cell_order(planned):
         if c["share"] is None:
             continue
-        every, paired = history[key]["mean"], history[key]["paired"]
-        h = paired["history-oracle-split"] - 1  # on the record-planning runs' own seeds
-        r = fed[key]["paired"] - 1
+        every = history[key]["mean"]
+        ceiling = fed[key]["paired"] - 1  # on the record-planning runs' own seeds
         out[key] = {"history": (every["history-oracle-split"] - 1) / (every["prompt-oracle-split"] - 1),
                     "fed": (fed[key]["mean"] - 1) / (fed[key]["oracle"] - 1),
-                    "now": (c["mean"][NOW] - 1) / h, "planned": (c["mean"]["tailsieve"] - 1) / h,
-                    "now_fed": (c["mean"][NOW] - 1) / r, "planned_fed": (c["mean"]["tailsieve"] - 1) / r,
+                    "now": (c["mean"][NOW] - 1) / ceiling, "planned": (c["mean"]["tailsieve"] - 1) / ceiling,
                     "rho": c["rho"], "seeds": history[key]["seeds"]}
     return out
 
@@ -404,7 +402,7 @@ def later_epochs_ceiling_table() -> str:
     history, fed, third = history_oracle_cells(), record_history_cells(), _ceiling_shares(3)
 
     def shares(s: dict | None) -> str:
-        return f"{s['now_fed']:.0%} / {s['planned_fed']:.0%} ({s['rho']:.2f})" if s else "–"
+        return f"{s['now']:.0%} / {s['planned']:.0%} ({s['rho']:.2f})" if s else "–"
 
     for (shape, cell), share in _ceiling_shares().items():
         h = history[shape, cell]
@@ -436,8 +434,8 @@ def later_epochs_fed_short() -> str:
 
 
 def later_epochs_fed_reached(epoch: int, key: str) -> str:
-    """The span of TailSieve's share of record-history-oracle-split's gain in ``epoch`` (``key``: planned_fed with
-    record planning, now_fed without), over the cells where the per-prompt oracle gains >= 5 %."""
+    """The span of TailSieve's share of record-history-oracle-split's gain in ``epoch`` (``key``: planned with
+    record planning, now without), over the cells where the per-prompt oracle gains >= 5 %."""
     return _span([100 * s[key] for s in _ceiling_shares(epoch).values()], 0, " to ") + " %"
 
 
@@ -586,10 +584,10 @@ RENDERERS = {
     "later-epochs-lowest-now": later_epochs_lowest_now,
     "later-epochs-fed-share": later_epochs_fed_share,
     "later-epochs-fed-short": later_epochs_fed_short,
-    "later-epochs-fed-planned-2": lambda: later_epochs_fed_reached(2, "planned_fed"),
-    "later-epochs-fed-planned-3": lambda: later_epochs_fed_reached(3, "planned_fed"),
-    "later-epochs-fed-now-2": lambda: later_epochs_fed_reached(2, "now_fed"),
-    "later-epochs-fed-now-3": lambda: later_epochs_fed_reached(3, "now_fed"),
+    "later-epochs-fed-planned-2": lambda: later_epochs_fed_reached(2, "planned"),
+    "later-epochs-fed-planned-3": lambda: later_epochs_fed_reached(3, "planned"),
+    "later-epochs-fed-now-2": lambda: later_epochs_fed_reached(2, "now"),
+    "later-epochs-fed-now-3": lambda: later_epochs_fed_reached(3, "now"),
     "yardstick-check": yardstick_table,
     "yardstick-worst": yardstick_worst,
     "planner-cost": planner_cost,

@@ -32,12 +32,10 @@ from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 
-import numpy as np
-
 from record_plan import map_to_jsonl, setting, speedups
 from tailsieve_verl.core.simulation import sim
 from tailsieve_verl.core.tailsieve import cycle
-from tailsieve_verl.core.tailsieve.controller import GroupRecord
+from tailsieve_verl.core.tailsieve.controller import GroupRecord, _work_arrays
 from tailsieve_verl.core.tailsieve.fluid import ConsumedBatch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: the docs' table renderer
@@ -75,9 +73,7 @@ def run(job: dict) -> dict:
     controller = steps[0]["controller"]
 
     def price(groups, prompt_len: float) -> float:
-        lengths = np.array([x for g in groups for x in g.lengths], dtype=np.int64)
-        sizes = np.array([len(g.lengths) for g in groups], dtype=np.int64)
-        return controller.yardstick_s(ConsumedBatch(lengths, sizes), prompt_len)
+        return controller.yardstick_s(ConsumedBatch(*_work_arrays(groups)), prompt_len)
 
     sums = dict.fromkeys(("makespan", "verl", "consumed", "pulled", "stock"), 0.0)
     n_split = 0

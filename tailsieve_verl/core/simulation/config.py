@@ -40,8 +40,9 @@ STOCK_POLICIES = ("verl",) + STOCK_SPEC_POLICIES  # what a verl 0.9.1 user can r
 
 # opt-in (``--policies ...,best-static``): one TailSieve run per grid point, ~50 runs at R = 8;
 # ``verl-redraw``: the noise floor, stock verl again with an independent set of length draws
+# the references: a grid of splits, best per step (engine model only)
 REFERENCE_SPLITS = ("clairvoyant-split", "group-oracle-split", "prompt-oracle-split", "history-oracle-split",
-                    "record-oracle-split", "record-history-oracle-split")  # a grid of splits, best per step (engine model only)
+                    "record-oracle-split", "record-history-oracle-split")
 
 
 ALL_POLICIES = POLICIES + ("best-static", "verl-redraw") + SPEC_POLICIES + ("group-oracle-split", "prompt-oracle-split",
