@@ -57,7 +57,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field, replace
-from typing import Callable, TypeVar
+from typing import Callable, Sequence, TypeVar
 
 import numpy as np
 import ray
@@ -75,7 +75,7 @@ from tailsieve_verl.core.tailsieve.bias import LengthBiasMonitor
 from tailsieve_verl.core.kinds import DecisionKind, Pool
 from tailsieve_verl.core.simulation.split_planner import run_planner
 from tailsieve_verl.core.simulation.step_split import run_step_planner
-from tailsieve_verl.core.tailsieve.controller import GroupRecord
+from tailsieve_verl.core.tailsieve.controller import AbortedGroup, GroupRecord
 from tailsieve_verl.core.tailsieve.cycle import TailSieveCycle
 from tailsieve_verl.core.tailsieve.selector import StepOutcome, StepPlan, fresh_cutoff, group_work
 from tailsieve_verl.integration.checkpoint import (Restore, RunShape, checkpoint_state, restore_for_resume,
@@ -207,17 +207,20 @@ def _generated_lengths(batch: KVBatchMeta, uids: set[str]) -> dict[str, tuple[in
     return {uid: tuple(s[k] for k in sorted(s)) for uid, s in by_session.items()}
 
 
-def _pulled_work(plan: StepPlan, consumed: list[tuple[str, GroupRecord]], aborted: list[tuple[dict, int]]
+def _as_aborted(report: dict, n: int) -> AbortedGroup:
+    """An aborted group's report (of its ``n`` samples) as the abort left it: each sample's work and whether the
+    abort cut it (then its work is a lower bound on its length; a sample that reported nothing counts as cut at 0)."""
+    tokens, cut = tuple(report.get("tokens", ())), tuple(report.get("sample_aborted", ()))
+    return AbortedGroup(tokens + (0,) * (n - len(tokens)), cut + (True,) * (n - len(cut)))
+
+
+def _pulled_work(plan: StepPlan, consumed: list[tuple[str, GroupRecord]], aborted: Sequence[AbortedGroup]
                  ) -> tuple[list[tuple[int, ...]], list[tuple[bool, ...]]]:
     """Every group the step pulled fresh from the data set, for the length-bias monitor's reference:
-    the consumed ones whole, the aborted ones (all fresh: their report, their number of samples) as
-    each sample's work and whether the abort cut it (then its work is a lower bound on its length; a
-    sample that reported nothing counts as cut at 0)."""
+    the consumed ones whole, the aborted ones (all fresh) as each sample's work and whether the abort cut it."""
     fresh = set(plan.bulk_fresh_ids) | set(plan.fresh_tail_ids)
     groups = [(g.lengths, (False,) * len(g.lengths)) for identity, g in consumed if identity in fresh]
-    for report, n in aborted:
-        tokens, cut = tuple(report.get("tokens", ())), tuple(report.get("sample_aborted", ()))
-        groups.append((tokens + (0,) * (n - len(tokens)), cut + (True,) * (n - len(cut))))
+    groups += [(g.tokens, g.cut) for g in aborted]
     return [lengths for lengths, _ in groups], [cut for _, cut in groups]
 
 
@@ -773,8 +776,8 @@ class TailSieveTrainer(PPOTrainerSync):
                 raise RolloutStepError(f"group {state.groups[uid].identity} was aborted but selected for training")
         identity = {uid: g.identity for uid, g in state.groups.items()}
         rows = {g.identity: g.row for g in state.groups.values()}
-        scores = {identity[u]: group_work(reports.get(u, {}).get("tokens", ())) for u in dropped}
-        fresh_aborted = [(reports.get(u, {}), state.groups[u].samples) for u in dropped]  # the bias reference
+        aborted = {identity[u]: _as_aborted(reports.get(u, {}), state.groups[u].samples) for u in dropped}
+        scores = {pid: group_work(group.tokens) for pid, group in aborted.items()}
         self._forget(state, [uid for uid in dropped if uid not in settling])
         self._let_settle(state, settling)
         self._clear_settled_aborts()
@@ -790,7 +793,7 @@ class TailSieveTrainer(PPOTrainerSync):
         outcome, observation = self.cycle.finish(
             plan, [identity[u] for u in consumed_bulk], scores, tail=tail, bulk=bulk, m=state.m_used,
             cutoff_s=max((g.finish_s for _, g in bulk), default=0.0), prompt_len=self._mean_prompt_len(batch),
-            policy_version=self.global_steps)
+            policy_version=self.global_steps, aborted=aborted)
         record_plan = self.cycle.last_record_plan
         # the split moves: say why (a plan, a probe, the way back); a record-planned step leaves the decision as it was
         if self.cycle.decision.kind == DecisionKind.OUTER and not record_plan.planned:
@@ -815,7 +818,7 @@ class TailSieveTrainer(PPOTrainerSync):
         if self.bias_monitor is not None and consumed_lengths:
             self._watch_bias(self.bias_monitor.update(consumed_lengths))
             self.tailsieve_metrics.update(self.bias_monitor.metrics())
-            self.bias_monitor.add_reference(*_pulled_work(plan, tail + bulk, fresh_aborted))
+            self.bias_monitor.add_reference(*_pulled_work(plan, tail + bulk, list(aborted.values())))
         self.step_state = None
         return batch, {}
 

@@ -5,12 +5,18 @@ import json
 import numpy as np
 import pytest
 
-from tailsieve_verl.core.tailsieve.controller import (ControllerConfig, ControllerError, GroupRecord, HierarchicalController,
-                                            StepObservation)
+from tailsieve_verl.core.tailsieve.controller import (AbortedGroup, ControllerConfig, ControllerError, GroupRecord,
+                                                     HierarchicalController, StepObservation)
 from tailsieve_verl.core.kinds import DecisionKind
 from tailsieve_verl.core.engine.perf import LinearPerf, parse_perf_model
 
 B, R = 64, 8
+
+
+def _pulled_as(groups) -> tuple[AbortedGroup, ...]:
+    """A split step's aborted groups as the ones it regenerated in the tail pool, every sample run to its end
+    before the abort: the step's pull is then the population it consumed."""
+    return tuple(AbortedGroup(g.lengths, (False,) * len(g.lengths)) for g in groups)
 
 
 def _obs(q: int, m: int, tail_s: float, bulk_s: float, rng: np.random.Generator, n_tail: int | None = None,
@@ -23,7 +29,7 @@ def _obs(q: int, m: int, tail_s: float, bulk_s: float, rng: np.random.Generator,
     finish[-1] = bulk_s
     bulk = tuple(GroupRecord(tuple(int(x) for x in rng.integers(200, 1500, 8)), float(f)) for f in finish)
     return StepObservation(m=m, tail_makespan_s=tail_s if n_tail else 0.0, bulk_cutoff_s=bulk_s,
-                           tail_groups=tail, bulk_groups=bulk, n_aborted=2 * q)
+                           tail_groups=tail, bulk_groups=bulk, aborted_groups=_pulled_as(tail))
 
 
 @pytest.fixture(scope="module")
@@ -145,10 +151,10 @@ def _plant_obs(q: int, m: int, rng: np.random.Generator, makespan_s: float, long
     groups = [tuple(int(x) for x in rng.integers(200, 4000, 8)) for _ in range(B - long_groups)]
     groups = [tuple(int(x) for x in rng.integers(*long_tokens, 8)) for _ in range(long_groups)] + groups
     n_tail = q if m else 0
+    tail = tuple(GroupRecord(g, makespan_s) for g in groups[:n_tail])
     return StepObservation(m=m, tail_makespan_s=makespan_s if n_tail else 0.0, bulk_cutoff_s=makespan_s,
-                           tail_groups=tuple(GroupRecord(g, makespan_s) for g in groups[:n_tail]),
-                           bulk_groups=tuple(GroupRecord(g, makespan_s) for g in groups[n_tail:]),
-                           n_aborted=2 * q)
+                           tail_groups=tail, bulk_groups=tuple(GroupRecord(g, makespan_s) for g in groups[n_tail:]),
+                           aborted_groups=_pulled_as(tail))
 
 
 def test_outer_loop_falls_back_to_one_shared_pool_when_isolation_does_not_pay(perf):
@@ -265,7 +271,7 @@ def test_a_transition_step_measures_no_split(perf):
     before = ctl.state.splits[0].visits
     obs = _plant_obs(0, 0, rng, 10.0)
     ctl.observe(StepObservation(m=0, tail_makespan_s=0.0, bulk_cutoff_s=10.0, tail_groups=(),
-                                bulk_groups=obs.bulk_groups, n_aborted=8))
+                                bulk_groups=obs.bulk_groups, aborted_groups=_pulled_as(obs.bulk_groups[:8])))
     assert ctl.state.splits[0].visits == before
 
 

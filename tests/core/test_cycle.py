@@ -2,7 +2,7 @@
 
 import pytest
 
-from tailsieve_verl.core.tailsieve.controller import ControllerConfig, GroupRecord
+from tailsieve_verl.core.tailsieve.controller import AbortedGroup, ControllerConfig, GroupRecord
 from tailsieve_verl.core.tailsieve.cycle import TailSieveCycle
 from tailsieve_verl.core.engine.perf import LinearPerf
 from tailsieve_verl.core.tailsieve.selector import SelectorError, bulk_cutoff
@@ -27,7 +27,8 @@ def _run_step(cycle: TailSieveCycle, fresh: list[str], lengths: dict[str, int], 
     record = lambda i: (i, GroupRecord((lengths[_key(i)],), lengths[_key(i)] / 100))  # noqa: E731
     outcome, obs = cycle.finish(plan, done, scores, tail=[record(i) for i in plan.tail_ids],
                                 bulk=[record(i) for i in done], m=m, cutoff_s=max(lengths[_key(i)] for i in done) / 100,
-                                prompt_len=0.0, policy_version=version)
+                                prompt_len=0.0, policy_version=version,
+                                aborted={i: AbortedGroup((score,), (True,)) for i, score in scores.items()})
     return plan, m, outcome, obs
 
 

@@ -14,8 +14,8 @@ from tailsieve_verl.core.kinds import DecisionKind
 from tailsieve_verl.core.simulation.config import SimConfig
 from tailsieve_verl.core.simulation.sim import simulate
 from tailsieve_verl.core.simulation.split_planner import OnlineSplitPlanner, planner_for, run_planner
-from tailsieve_verl.core.tailsieve.controller import (ControllerConfig, ControllerError, GroupRecord,
-                                                      HierarchicalController, PlannedSplit, StepObservation)
+from tailsieve_verl.core.tailsieve.controller import (AbortedGroup, ControllerConfig, ControllerError, GroupRecord,
+                                                      HierarchicalController, PlannedSplit, StepObservation, _work_arrays)
 from tailsieve_verl.core.tailsieve.fluid import ConsumedBatch
 from tailsieve_verl.core.engine.engine import EngineConfig
 from tailsieve_verl.core.errors import TailSieveError
@@ -93,7 +93,8 @@ def _split_step(batch: ConsumedBatch, q: int, m: int, makespan_s: float) -> Step
     groups = [GroupRecord(tuple(int(x) for x in row[:size]), makespan_s * (i + 1) / len(batch.sizes))
               for i, (row, size) in enumerate(zip(batch.by_group, batch.sizes))]
     return StepObservation(m=m, tail_makespan_s=makespan_s, bulk_cutoff_s=makespan_s, tail_groups=tuple(groups[:q]),
-                           bulk_groups=tuple(groups[q:]), n_aborted=2 * q, prompt_len=200.0)
+                           bulk_groups=tuple(groups[q:]), prompt_len=200.0,
+                           aborted_groups=tuple(AbortedGroup(g.lengths, (False,) * len(g.lengths)) for g in groups[:q]))
 
 
 def _planned_controller(plan: PlannedSplit, calls: list) -> HierarchicalController:
@@ -144,6 +145,53 @@ def test_no_probe_where_the_plan_misses_the_margin_and_the_plan_survives_a_check
     restored.load_state_dict(ctl.state_dict())
     assert restored.state.planned == PlannedSplit(6, 1, 0.98)
     assert restored.observe(_shared_step(batches[0], 100.0)).split == (0, 0) and len(calls) == 1
+
+
+def _carried_step(batch: ConsumedBatch, q: int, m: int, makespan_s: float, heavier: float) -> StepObservation:
+    """A split step that pulled ``batch`` (its first q groups aborted, the rest consumed) and consumed, in the
+    tail pool, q groups carried from the step before that run ``heavier`` times as long: the carry filled the
+    consumed batch with slow groups the pull did not hold."""
+    groups = [GroupRecord(tuple(int(x) for x in row[:size]), makespan_s * (i + 1) / len(batch.sizes))
+              for i, (row, size) in enumerate(zip(batch.by_group, batch.sizes))]
+    carried = tuple(GroupRecord(tuple(int(x * heavier) for x in g.lengths), makespan_s) for g in groups[:q])
+    aborted = tuple(AbortedGroup(tuple(x // 2 for x in g.lengths), (True,) * len(g.lengths)) for g in groups[:q])
+    return StepObservation(m=m, tail_makespan_s=makespan_s, bulk_cutoff_s=makespan_s, tail_groups=carried,
+                           bulk_groups=tuple(groups[q:]), aborted_groups=aborted, prompt_len=200.0,
+                           fresh_groups=tuple(groups[q:]))
+
+
+def test_a_split_is_priced_on_what_it_pulled_not_on_what_the_carry_filled_its_batch_with():
+    """Split steps whose makespan matches what one shared pool would take on their consumed batches (the batch
+    the carry filled with the last step's slowest groups) but exceeds stock verl's price of what they pulled:
+    the price of the consumed batch reads parity and holds the split; stock verl's price of the pulls (the
+    aborted groups' lengths drawn past the abort) resolves the loss and returns to one shared pool."""
+    calls: list = []
+    ctl = _planned_controller(PlannedSplit(6, 1, 0.9), calls)
+    batches = _measured("weak", 4)
+    for batch in batches:
+        ctl.observe(_shared_step(batch, 100.0))
+    assert ctl.decision.split == (6, 1)
+    shared = ctl.state.splits[0].relative_makespan.value
+    decisions = []
+    for step in range(8):
+        obs = _carried_step(batches[step % 2], 6, 1, 1.0, heavier=3.0)
+        consumed = ConsumedBatch(*_work_arrays(obs.tail_groups + obs.bulk_groups))
+        obs = replace(obs, tail_makespan_s=0.99 * shared * ctl.yardstick_s(consumed, 200.0))  # parity, a little under
+        obs = replace(obs, bulk_cutoff_s=obs.tail_makespan_s)
+        assert ctl.stock_price_s(obs) < 0.9 * ctl.yardstick_s(consumed, 200.0)  # the pull prices well below
+        decisions.append(ctl.observe(obs))
+        if decisions[-1].split == (0, 0):
+            break
+    assert decisions[-1].split == (0, 0) and "stock verl's run of its pulls" in decisions[-1].reason
+    assert len(decisions) <= 4  # resolved within a few steps
+
+
+def test_a_plan_whose_gain_is_within_its_noise_is_not_probed():
+    for spread, probed in ((0.1, False), (0.05, True)):
+        ctl = _planned_controller(PlannedSplit(6, 1, 0.9, spread), [])
+        for batch in _measured("weak", 5):
+            ctl.observe(_shared_step(batch, 100.0))
+        assert (ctl.decision.split == (6, 1)) is probed  # 0.9 + 1.0 × spread against 1 − plan_margin = 0.97
 
 
 @pytest.mark.parametrize("kwargs", [{"plan_margin": 1.0}, {"plan_margin": -0.1}, {"plan_weight": -1.0}])

@@ -13,7 +13,7 @@ import pytest
 import torch
 from verl.utils import tensordict_utils as tu
 
-from tailsieve_verl.core.tailsieve.controller import ControllerConfig, GroupRecord
+from tailsieve_verl.core.tailsieve.controller import AbortedGroup, ControllerConfig, GroupRecord
 from tailsieve_verl.core.tailsieve.cycle import TailSieveCycle
 from tailsieve_verl.core.engine.perf import LinearPerf
 from tailsieve_verl.integration import checkpoint
@@ -40,7 +40,8 @@ def _state_after_one_step() -> tuple[dict, list[str]]:
     done = list(plan.bulk_fresh_ids[:plan.bulk_quota])
     aborted = [p for p in plan.bulk_fresh_ids if p not in done]
     cycle.finish(plan, done, {p: 10.0 for p in aborted}, tail=[], bulk=[(p, GroupRecord((5,), 1.0)) for p in done],
-                 m=m, cutoff_s=1.0, prompt_len=0.0, policy_version=1)
+                 m=m, cutoff_s=1.0, prompt_len=0.0, policy_version=1,
+                 aborted={p: AbortedGroup((10,), (True,)) for p in aborted})
     carried = list(cycle.selector.carried)
     assert len(carried) == 2
     return checkpoint_state(cycle.state_dict(), _rows(carried), SHAPE), carried

@@ -288,7 +288,13 @@ def priority_admission_order(groups: Sequence[Group], sample_replica: Sequence[i
 
 
 def tokens_generated_at(groups: Sequence[Group], ev: Evaluation, t: float) -> np.ndarray:
-    """Response tokens each group had generated at time t (a cutoff's abort moment).
+    """Response tokens each group had generated at time t (a cutoff's abort moment), summed over its samples
+    (:func:`sample_tokens_at`)."""
+    return np.add.reduceat(sample_tokens_at(groups, ev, t), ev.group_starts) if len(groups) else np.zeros(0)
+
+
+def sample_tokens_at(groups: Sequence[Group], ev: Evaluation, t: float) -> np.ndarray:
+    """Response tokens each sample had generated at time t, flat, group after group.
 
     A replica whose samples all started at 0 and decoded one token per step (no queueing,
     preemption or speculation) interpolates between its finish times; otherwise each sample's
@@ -306,4 +312,4 @@ def tokens_generated_at(groups: Sequence[Group], ev: Evaluation, t: float) -> np
         xs = np.concatenate([[0.0], finish[order]])
         ys = np.concatenate([[0.0], np.maximum.accumulate(lengths[order].astype(float))])
         tokens[members] = np.minimum(lengths[members], np.floor(np.interp(t, xs, ys)))
-    return np.add.reduceat(tokens, ev.group_starts) if len(groups) else np.zeros(0)
+    return tokens

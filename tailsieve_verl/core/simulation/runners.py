@@ -12,7 +12,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ..tailsieve.controller import ControllerConfig, GroupRecord, SplitPlanner
+from ..tailsieve.controller import AbortedGroup, ControllerConfig, GroupRecord, SplitPlanner
 from ..tailsieve.cycle import StepPlanner, TailSieveCycle
 from ..engine.engine import EngineConfig
 from ..tailsieve.fallback import Arm, FallbackConfig, StockFallback
@@ -20,7 +20,7 @@ from ..engine.perf import PerfModel
 from ..routing.oracle import SetCost
 from ..routing.policies import (best_k_search, expand_to_samples, least_inflight_assignment, longest_to_tail, pool_assignment,
                                 route, singletons)
-from ..engine.replica import Evaluation, evaluate_samples, makespan_below, tokens_generated_at
+from ..engine.replica import Evaluation, evaluate_samples, makespan_below, sample_tokens_at
 from ..tailsieve.selector import Cutoff, bulk_cutoff
 from ..kinds import Pool
 from ..data.trace import Group
@@ -297,14 +297,21 @@ class TailSieveRunner(_Runner):
         # evaluator runs every sample to its end): an upper bound on the bulk pool's end.
         tail_s, cut = step_times(ev, len(tail), len(plan.requeued_ids), plan.fresh_quota)
         makespan = max(tail_s, cut.bulk_end_s)
-        at_abort = tokens_generated_at(groups, ev, cut.cutoff_s)[len(tail):]
-        scores = self.abort_scores([bulk_ids[i] for i in cut.aborted], [int(at_abort[i]) for i in cut.aborted], t)
+        sample_tokens = sample_tokens_at(groups, ev, cut.cutoff_s)
+        at_abort = np.add.reduceat(sample_tokens, ev.group_starts)[len(tail):] if len(groups) else np.zeros(0)
+        aborted = {}
+        for i in cut.aborted:
+            start = ev.group_starts[len(tail) + i]
+            tokens = tuple(int(x) for x in sample_tokens[start:start + bulk[i].n])
+            aborted[bulk_ids[i]] = AbortedGroup(tokens, tuple(x < n for x, n in zip(tokens, bulk[i].lengths)))
+        scores = self.abort_scores(list(aborted), [int(at_abort[i]) for i in cut.aborted], t)
         done = list(cut.consumed)
         outcome, _ = self.cycle.finish(
             plan, [bulk_ids[i] for i in done], scores,
             tail=[(pid, GroupRecord(g.lengths, float(f))) for pid, g, f in zip(plan.tail_ids, tail, tail_finish)],
             bulk=[(bulk_ids[i], GroupRecord(bulk[i].lengths, float(bulk_finish[i]))) for i in done],
-            m=m, cutoff_s=cut.bulk_end_s, prompt_len=float(np.mean([g.prompt_len for g in groups])), policy_version=t)
+            m=m, cutoff_s=cut.bulk_end_s, prompt_len=float(np.mean([g.prompt_len for g in groups])), policy_version=t,
+            aborted=aborted)
         self.ledger.consume(outcome.consumed_ids, self.generated, t)
         for pid in outcome.consumed_ids:
             del self.generated[pid]

@@ -120,7 +120,15 @@ class OnlineSplitPlanner:
                 racing = {s: runs for s, runs in racing.items() if s == (0, 0) or s in ranked[:keep]}
         mean = {split: score(racing[split]) for split in self.grid if split in racing}  # grid order: ties as before
         (q, m) = min(mean, key=mean.get)
-        return PlannedSplit(q, m, mean[q, m] / mean[0, 0])
+        return PlannedSplit(q, m, mean[q, m] / mean[0, 0], _spread(racing[q, m], racing[0, 0]))
+
+
+def _spread(split: list, shared: list) -> float:
+    """The standard error of a split's makespan relative to one shared pool's, from its simulated steps after the
+    first, each paired with one shared pool's step on the same draws."""
+    ratios = np.concatenate([np.asarray(a.result.makespans[1:]) / np.asarray(b.result.makespans[1:])
+                             for a, b in zip(split, shared)])
+    return float(ratios.std(ddof=1) / np.sqrt(len(ratios))) if len(ratios) > 1 else 0.0
 
 
 def planner_for(controller: ControllerConfig, cfg: SimConfig, perf: PerfModel) -> OnlineSplitPlanner | None:

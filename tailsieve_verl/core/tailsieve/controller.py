@@ -27,14 +27,17 @@ response lengths and finish times, abort counts — never future lengths.
   work and a step of regenerated tails). Both rules together took the DAPO-sized and 64 × 8 cells
   below 0.99× stock verl from 7 of 27 to none (``scripts/experiments/probe_margin.py``).
 
-**The planned probe** (the default wherever the rollout layer passes a split planner, as the simulator's
-and the trainer's TailSieve do). The fluid prior ranks splits well but picks their q badly (it assumes a
+**The planned probe and the judge of a split** (the default wherever the rollout layer passes a split planner,
+as the simulator's and the trainer's TailSieve do). The fluid prior ranks splits well but picks their q badly (it assumes a
 perfect tail signal), and the inner loop's balance rule then wanders q on a makespan that rises steeply
 above the best q. So after measuring one shared pool the controller asks the planner
 (:class:`core.simulation.split_planner.OnlineSplitPlanner`: pinned splits simulated on the groups just
 measured) for a split, probes it where the plan predicts ``plan_margin`` over one shared pool, holds its q
 (no inner loop) and leaves it only for one shared pool, when one shared pool measures better than the
-split's record weighed against the plan's prediction (``plan_weight``). It plans once per run. On the four
+split's record weighed against the plan's prediction (``plan_weight``), or as soon as the split's makespans over
+stock verl's price of what its steps pulled (:meth:`HierarchicalController.stock_price_s`, the aborted groups'
+lengths drawn past the abort) resolve a loss; it probes only a plan whose gain clears the plan's own standard
+error (``confidence_z``). It plans once per run. On the four
 weak DAPO-sized cells this reaches 95-119 % of the per-prompt oracle's gain, against 50-100 % for the
 prior and both loops (``scripts/experiments/probe_margin.py``; docs/results.md).
 
@@ -59,11 +62,13 @@ from dataclasses import asdict, dataclass, field
 from typing import Callable, Sequence
 
 import numpy as np
+from scipy import stats
 
 from ..engine.engine import EngineConfig
 from ..errors import TailSieveError
 from ..kinds import DecisionKind
 from ..engine.perf import PerfModel
+from .censored import LengthSurvival
 from .fluid import NO_LIMITS, Candidates, ConsumedBatch, FluidModel, StepTable
 
 
@@ -120,6 +125,11 @@ class ControllerConfig:
     """Steps at a split (and after any q change by the outer loop) before the outer loop decides again."""
     history_steps: int = 2
     """Consumed batches kept as the prior's response-work history."""
+    survival_steps: int = 4
+    """Steps whose samples (finished, and cut by an abort) estimate the length distribution past an abort, which
+    prices a split step's aborted groups as stock verl would have run them (:meth:`HierarchicalController.stock_price_s`)."""
+    price_draws: int = 16
+    """Draws of the aborted groups' lengths past the abort averaged into a split step's stock-verl price."""
     check_feasibility: bool = True
     """Outer loop requires deadline feasibility of a replica move (the enlarged pool absorbs, by the
     current makespan, at least the groups the reduced pool releases)."""
@@ -136,7 +146,13 @@ class ControllerConfig:
     one shared pool. False (or no planner): the fluid prior picks the probe and both loops search. On the
     four weak DAPO-sized cells it took TailSieve from 1.057-1.143 to 1.108-1.177 (``probe_margin.py``)."""
     plan_margin: float = 0.03
-    """The planned split is probed only where the plan predicts it beating one shared pool by this fraction."""
+    """The planned split is probed only where the plan predicts it beating one shared pool by this fraction, beyond
+    ``confidence_z`` standard errors of the prediction."""
+    confidence_z: float = 1.0
+    """How many standard errors decide: a plan's gain must clear its own by this many to be probed, and a planned
+    split returns to one shared pool once its makespans over stock verl's price of its pulls exceed one shared
+    pool's by this many (Student's t on its steps). A split whose gain is within the plan's noise is not paid for,
+    and one whose fair price resolves a loss is not held."""
     plan_weight: float = 2.0
     """How many measured steps the plan's prediction is worth when a planned split is weighed against one
     shared pool (the way back): one step's measurement varies by about ±0.09 (``split_window``)."""
@@ -175,9 +191,9 @@ class ControllerConfig:
         if self.split_window < 1:
             raise ControllerError(f"split_window must be >= 1, got {self.split_window}")
         if (self.max_replica_step < 1 or self.search_radius < self.max_replica_step or self.settle_steps < 0
-                or self.history_steps < 1 or self.max_q_step < 0):
+                or self.history_steps < 1 or self.max_q_step < 0 or self.survival_steps < 1 or self.price_draws < 1):
             raise ControllerError("need max_replica_step >= 1, search_radius >= max_replica_step, settle_steps >= 0, "
-                                  "history_steps >= 1, max_q_step >= 0")
+                                  "history_steps, survival_steps and price_draws >= 1, max_q_step >= 0")
 
 
 def max_q(max_q_fraction: float, batch_size: int) -> int:
@@ -201,11 +217,13 @@ def initial_split(config: ControllerConfig, n_replicas: int, batch_size: int) ->
 
 @dataclass(frozen=True)
 class PlannedSplit:
-    """A split planner's pick: (q, m) and its predicted makespan relative to one shared pool's."""
+    """A split planner's pick: (q, m), its predicted makespan relative to one shared pool's, and that
+    prediction's standard error over the planner's simulated steps (0: not estimated)."""
 
     q: int
     m: int
     relative: float
+    spread: float = 0.0
 
 
 SplitPlanner = Callable[[Sequence["ConsumedBatch"], float], PlannedSplit]
@@ -222,6 +240,15 @@ class GroupRecord:
 
 
 @dataclass(frozen=True)
+class AbortedGroup:
+    """A group aborted at the cutoff as the rollout layer saw it: each sample's tokens by the abort and whether
+    the abort cut it (a cut sample's length is only known to exceed its tokens)."""
+
+    tokens: tuple[int, ...]
+    cut: tuple[bool, ...]
+
+
+@dataclass(frozen=True)
 class StepObservation:
     """Measurable outcome of one step."""
 
@@ -230,12 +257,23 @@ class StepObservation:
     bulk_cutoff_s: float  # when the bulk pool reached its quota (the abort moment)
     tail_groups: tuple[GroupRecord, ...]  # regenerated carried groups
     bulk_groups: tuple[GroupRecord, ...]  # bulk groups finished before the cutoff
-    n_aborted: int = 0  # bulk groups aborted at the cutoff (carried to the next step as candidates)
+    aborted_groups: tuple[AbortedGroup, ...] = ()  # bulk groups aborted at the cutoff (the next step's candidates)
     prompt_len: float = 0.0  # mean prompt tokens (context of the decode steps)
+    fresh_groups: tuple[GroupRecord, ...] | None = None  # the consumed groups pulled this step (not carried in);
+    #   None: every bulk group (a step that carried nothing in)
 
     @property
     def makespan_s(self) -> float:
         return max(self.tail_makespan_s, self.bulk_cutoff_s)
+
+    @property
+    def n_aborted(self) -> int:
+        return len(self.aborted_groups)
+
+    @property
+    def pulled(self) -> tuple[GroupRecord, ...]:
+        """The groups pulled this step that it consumed."""
+        return self.bulk_groups if self.fresh_groups is None else self.fresh_groups
 
 
 @dataclass(frozen=True)
@@ -288,17 +326,46 @@ class _Smoothed:
 
 
 @dataclass
+class _Moments:
+    """Count, sum and sum of squares of a measurement: its mean and the standard error of that mean."""
+
+    n: int = 0
+    total: float = 0.0
+    total_sq: float = 0.0
+
+    def add(self, x: float) -> None:
+        self.n += 1
+        self.total += x
+        self.total_sq += x * x
+
+    @property
+    def mean(self) -> float:
+        return self.total / self.n
+
+    @property
+    def error(self) -> float:
+        """The standard error of the mean (infinite before two measurements)."""
+        if self.n < 2:
+            return math.inf
+        variance = max(self.total_sq / self.n - self.mean ** 2, 0.0) * self.n / (self.n - 1)
+        return math.sqrt(variance / self.n)
+
+
+@dataclass
 class _SplitRecord:
     """What the outer loop has measured at one tail-pool size m."""
 
-    relative_makespan: _Smoothed  # makespan / yardstick, averaged over the steps run at this m
+    relative_makespan: _Smoothed  # makespan / the price of the consumed batch, averaged over the steps run at this m
     visits: int = 0
+    fair: _Moments = field(default_factory=_Moments)  # makespan / stock verl's price of the step's pull
 
-    def add(self, relative: float, window: int) -> None:
-        """The mean of the visits so far, then a moving average over about ``window`` visits."""
+    def add(self, relative: float, fair: float, window: int) -> None:
+        """The mean of the visits so far, then a moving average over about ``window`` visits; the fair relative
+        makespan's moments over every visit."""
         self.visits += 1
         self.relative_makespan.weight = max(1.0 / self.visits, 1.0 / window)
         self.relative_makespan.update(relative)
+        self.fair.add(fair)
 
 
 @dataclass
@@ -313,14 +380,26 @@ class _State:
     splits: dict = field(default_factory=dict)  # m -> _SplitRecord
     prior_bias: _Smoothed | None = None  # measured / prior relative makespan, over the splits run
     history: list = field(default_factory=list)  # last consumed batches (ConsumedBatch)
+    survival: list = field(default_factory=list)  # last steps' samples: (finished lengths, cut samples' tokens)
     planned: PlannedSplit | None = None  # the split planner's pick, once it has planned
 
 
 def _work_arrays(groups: Sequence[GroupRecord]) -> tuple[np.ndarray, np.ndarray]:
-    seqs = [g.lengths for g in groups]
+    return _flat([g.lengths for g in groups])
+
+
+def _flat(seqs: Sequence[Sequence]) -> tuple[np.ndarray, np.ndarray]:
+    """(every entry, flat; the entries per sequence)."""
     sizes = np.fromiter(map(len, seqs), dtype=np.int64, count=len(seqs))
-    lengths = np.fromiter(itertools.chain.from_iterable(seqs), dtype=np.int64, count=int(sizes.sum()))
-    return lengths, sizes
+    flat = np.fromiter(itertools.chain.from_iterable(seqs), dtype=np.int64, count=int(sizes.sum()))
+    return flat, sizes
+
+
+def _samples_seen(consumed: ConsumedBatch, aborted: Sequence[AbortedGroup]) -> tuple[np.ndarray, np.ndarray]:
+    """A step's samples for the length estimate: (every finished one's length, every cut one's tokens)."""
+    tokens = _flat([g.tokens for g in aborted])[0]
+    cut = np.fromiter(itertools.chain.from_iterable(g.cut for g in aborted), dtype=bool, count=len(tokens))
+    return np.concatenate([consumed.lengths, tokens[~cut]]), tokens[cut]
 
 
 class HierarchicalController:
@@ -367,6 +446,7 @@ class HierarchicalController:
         s.steps_at_split += 1
         consumed = ConsumedBatch(*_work_arrays(obs.tail_groups + obs.bulk_groups))
         s.history = (s.history + [consumed])[-cfg.history_steps:]
+        s.survival = (s.survival + [_samples_seen(consumed, obs.aborted_groups)])[-cfg.survival_steps:]
         self._measure_pools(obs)
         if cfg.fixed_tail_replicas is None:
             self._measure_split(obs, consumed)
@@ -385,8 +465,10 @@ class HierarchicalController:
         if isinstance(smoothed["pool_times"], np.ndarray):
             smoothed["pool_times"] = smoothed["pool_times"].tolist()
         state = {"q": s.q, "m": s.m, "steps": s.steps, "steps_at_split": s.steps_at_split, **smoothed,
-                 "splits": {str(m): [r.relative_makespan.value, r.visits] for m, r in s.splits.items()},
+                 "splits": {str(m): [r.relative_makespan.value, r.visits, r.fair.n, r.fair.total, r.fair.total_sq]
+                            for m, r in s.splits.items()},
                  "history": [[batch.lengths.tolist(), batch.sizes.tolist()] for batch in s.history],
+                 "survival": [[finished.tolist(), cut.tolist()] for finished, cut in s.survival],
                  "planned": asdict(s.planned) if s.planned else None}
         return {"config": asdict(self.config), "n_replicas": self.n_replicas, "batch_size": self.batch_size,
                 "state": state}
@@ -411,9 +493,13 @@ class HierarchicalController:
             q=int(st["q"]), m=int(st["m"]), steps=int(st["steps"]), steps_at_split=int(st["steps_at_split"]),
             tail_s_per_group=smoothed("tail_s_per_group"), pool_times=smoothed("pool_times"),
             bulk_finish_curve=smoothed("bulk_finish_curve"), prior_bias=smoothed("prior_bias"),
-            splits={int(m): _SplitRecord(_Smoothed(w, value), int(visits)) for m, (value, visits) in st["splits"].items()},
+            splits={int(m): _SplitRecord(_Smoothed(w, record[0]), int(record[1]),
+                                         _Moments(int(record[2]), *map(float, record[3:5])) if len(record) > 2 else _Moments())
+                    for m, record in st["splits"].items()},  # the fair moments: absent before the stock price of a pull
             history=[ConsumedBatch(np.asarray(lengths, dtype=np.int64), np.asarray(sizes, dtype=np.int64))
                      for lengths, sizes in st["history"]],
+            survival=[(np.asarray(finished, dtype=np.int64), np.asarray(cut, dtype=np.int64))
+                      for finished, cut in st.get("survival", [])],  # absent before the split steps' stock price
             planned=PlannedSplit(**st["planned"]) if st.get("planned") else None)  # absent before the planner
 
     # ------------------------------------------------------------------ measurements
@@ -424,6 +510,8 @@ class HierarchicalController:
                                   f"exactly batch_size = {self.batch_size}")
         if not 0 <= obs.m < self.n_replicas:
             raise ControllerError(f"observation used m = {obs.m} tail replicas of {self.n_replicas}")
+        if any(len(g.tokens) != len(g.cut) for g in obs.aborted_groups):
+            raise ControllerError("an aborted group's samples need one cut flag each")
 
     def _measure_pools(self, obs: StepObservation) -> None:
         """The inner loop's rate model: seconds per tail group and the bulk finish curve."""
@@ -441,6 +529,38 @@ class HierarchicalController:
                             self.per_sample, shared_only=True, engines=self.engines)
         return model.bulk_full(self.n_replicas)
 
+    def stock_price_s(self, obs: StepObservation) -> float:
+        """The perf model's time of one shared pool (stock verl) running the prompts the step pulled: the pulled
+        groups it consumed as measured and the groups it aborted run to their end, each cut sample's length drawn
+        past its abort (:class:`core.tailsieve.censored.LengthSurvival` on the last ``survival_steps`` steps'
+        samples), the price averaged over ``price_draws`` draws (seeded by the step: the same measurements give
+        the same price). A step that aborted nothing is priced on what it consumed. A group's cut samples share
+        one quantile of their draw: a prompt's samples run long together, and independent draws would give a
+        step many more chances at one very long sample than its few aborted prompts have (a price above stock
+        verl's, flattering the split).
+
+        Why the pull: a split step consumes the groups the last step aborted (its slowest, regenerated) beside its
+        own fastest, a batch stock verl never runs, so the consumed batch's price cannot see what the carry moved;
+        stock verl would have run the step's pull, every group to its end."""
+        if not obs.aborted_groups:
+            return self.yardstick_s(ConsumedBatch(*_work_arrays(obs.tail_groups + obs.bulk_groups)), obs.prompt_len)
+        pulled, pulled_sizes = _work_arrays(obs.pulled)
+        tokens, sizes = _flat([g.tokens for g in obs.aborted_groups])
+        cut = np.fromiter(itertools.chain.from_iterable(g.cut for g in obs.aborted_groups), dtype=bool,
+                          count=len(tokens))
+        seen = self.state.survival or [(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))]
+        survival = LengthSurvival(np.concatenate([f for f, _ in seen]), np.concatenate([c for _, c in seen]))
+        group_of_cut = np.repeat(np.arange(len(sizes)), sizes)[cut]
+        rng = np.random.default_rng([self.state.steps, 17])
+        all_sizes = np.concatenate([pulled_sizes, sizes])
+        prices = []
+        for _ in range(self.config.price_draws):
+            drawn = tokens.copy()
+            quantiles = rng.random(len(sizes))[group_of_cut]  # one per group: its samples' lengths go together
+            drawn[cut] = np.maximum(survival.beyond(tokens[cut], quantiles), tokens[cut])
+            prices.append(self.yardstick_s(ConsumedBatch(np.concatenate([pulled, drawn]), all_sizes), obs.prompt_len))
+        return float(np.mean(prices))
+
     def measured_splits(self) -> tuple[_SplitRecord, _SplitRecord] | None:
         """(the split it holds, one shared pool) once both have been measured, else None."""
         s = self.state
@@ -456,20 +576,23 @@ class HierarchicalController:
         return self.measured_splits() is not None and (self.planner is None or self.state.planned is not None)
 
     def relative_makespan(self, obs: StepObservation) -> float | None:
-        """A step's makespan over the yardstick of its own consumed groups (None where either is 0)."""
-        yardstick = self.yardstick_s(ConsumedBatch(*_work_arrays(obs.tail_groups + obs.bulk_groups)), obs.prompt_len)
-        return obs.makespan_s / yardstick if yardstick > 0 and obs.makespan_s > 0 else None
+        """A step's makespan over stock verl's price of its pull (:meth:`stock_price_s`; None where either is 0)."""
+        price = self.stock_price_s(obs)
+        return obs.makespan_s / price if price > 0 and obs.makespan_s > 0 else None
 
     def _measure_split(self, obs: StepObservation, consumed: ConsumedBatch) -> None:
-        """Relative makespan of the split just run (makespan / yardstick), averaged per m."""
+        """The split just run, measured two ways and kept per m: its makespan over the price of the batch it
+        consumed (how well it ran what it ran: little noise, blind to what the carry moved between steps) and over
+        stock verl's price of what it pulled (:meth:`stock_price_s`: fair, noisier)."""
         s = self.state
         if (obs.m > 0) != bool(obs.tail_groups) or (obs.m == 0 and obs.n_aborted > 0):
             return  # a transition step (aborts without a tail pool yet): it measures no split
-        yardstick = self.yardstick_s(consumed, obs.prompt_len)
-        if yardstick <= 0 or obs.makespan_s <= 0:
+        price = self.yardstick_s(consumed, obs.prompt_len)
+        fair_price = self.stock_price_s(obs) if obs.aborted_groups else price
+        if price <= 0 or fair_price <= 0 or obs.makespan_s <= 0:
             return
         record = s.splits.setdefault(obs.m, _SplitRecord(self._smoothed()))
-        record.add(obs.makespan_s / yardstick, self.config.split_window)
+        record.add(obs.makespan_s / price, obs.makespan_s / fair_price, self.config.split_window)
 
     def _bulk_finish_at(self, ranks: np.ndarray) -> np.ndarray:
         """Smoothed time of the k-th bulk finish (k = ranks, 1-based); linear extrapolation past the data."""
@@ -564,7 +687,7 @@ class HierarchicalController:
         s, cfg = self.state, self.config
         if s.planned is None:
             s.planned = plan = self.planner(s.history, obs.prompt_len)
-            if plan.m > 0 and plan.relative < 1.0 - cfg.plan_margin:
+            if plan.m > 0 and plan.relative + cfg.confidence_z * plan.spread < 1.0 - cfg.plan_margin:
                 return self._move(plan.q, plan.m, f"outer: probe the planned split {{split}} (predicted {plan.relative:.3f} "
                                   "of one shared pool)")
             return None
@@ -576,7 +699,19 @@ class HierarchicalController:
         estimate = (w * s.planned.relative * shared_value + here.visits * here.relative_makespan.value) / (w + here.visits)
         if shared_value < estimate:
             return self._move(0, 0, f"outer: {(s.q, s.m)} -> {{split}} (measured {estimate / shared_value:.3f} of one shared pool)")
+        if self._fair_loss_resolved(here, shared):
+            return self._move(0, 0, f"outer: {(s.q, s.m)} -> {{split}} (priced against stock verl's run of its pulls: "
+                                    f"{here.fair.mean / shared.fair.mean:.3f} of one shared pool over {here.fair.n} steps)")
         return None
+
+    def _fair_loss_resolved(self, split: _SplitRecord, shared: _SplitRecord) -> bool:
+        """Whether the split's makespans over stock verl's price of its pulls exceed one shared pool's by more than
+        ``confidence_z`` standard errors (Student's t on the split's steps: a few noisy steps resolve nothing)."""
+        if split.fair.n < 2 or not shared.fair.n:
+            return False
+        error = math.hypot(split.fair.error, shared.fair.error if shared.fair.n > 1 else 0.0)
+        quantile = stats.t.ppf(stats.norm.cdf(self.config.confidence_z), split.fair.n - 1)
+        return split.fair.mean - shared.fair.mean > quantile * error
 
     def _outer(self, obs: StepObservation) -> Decision | None:
         s, cfg, R = self.state, self.config, self.n_replicas

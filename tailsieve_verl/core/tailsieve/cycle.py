@@ -39,8 +39,8 @@ import numpy as np
 from scipy.stats import spearmanr
 
 from ..data.trace import Group
-from .controller import (ControllerConfig, Decision, GroupRecord, HierarchicalController, PlannedSplit, SplitPlanner,
-                         StepObservation)
+from .controller import (AbortedGroup, ControllerConfig, Decision, GroupRecord, HierarchicalController, PlannedSplit,
+                         SplitPlanner, StepObservation)
 from ..engine.engine import EngineConfig
 from ..kinds import DecisionKind
 from ..engine.perf import PerfModel
@@ -203,12 +203,18 @@ class TailSieveCycle:
 
     def finish(self, plan: StepPlan, finished_bulk_ids: Sequence[str], scores: Mapping[str, float], *,
                tail: Sequence[tuple[str, GroupRecord]], bulk: Sequence[tuple[str, GroupRecord]], m: int,
-               cutoff_s: float, prompt_len: float, policy_version: int) -> tuple[StepOutcome, StepObservation]:
+               cutoff_s: float, prompt_len: float, policy_version: int,
+               aborted: Mapping[str, AbortedGroup] | None = None) -> tuple[StepOutcome, StepObservation]:
         """Close the step: ``finished_bulk_ids`` are the consumed bulk groups (every requeued one and the
-        fresh ones finished by the cutoff), ``scores`` is the abort score of every aborted bulk group;
+        fresh ones finished by the cutoff), ``scores`` is the abort score of every aborted bulk group and
+        ``aborted`` each one's samples as the abort left them (the controller prices the step's pull from them);
         ``tail`` and ``bulk`` are the consumed groups as measured (identity, record; a group whose
         measurement never came is left out); ``cutoff_s`` is when the bulk pool's last consumed group
         finished. Updates the carried queue, the record and the controller's decision."""
+        aborted = aborted or {}
+        if set(aborted) != set(scores):
+            raise SelectorError(f"the aborted groups' samples ({len(aborted)}) must be those of the aborted groups' "
+                                f"scores ({len(scores)})")
         outcome = self.selector.finish_step(plan, plan.bulk_fresh_ids, finished_bulk_ids,
                                             policy_version=policy_version, scores=scores)
         if self.record is not None:
@@ -216,10 +222,12 @@ class TailSieveCycle:
                 self.record.observe(self.prompt_key(identity), group.lengths)
             for identity, tokens in scores.items():
                 self.record.observe_aborted(self.prompt_key(identity), tokens)
+        fresh = set(plan.bulk_fresh_ids) | set(plan.fresh_tail_ids)
         observation = StepObservation(
             m=m, tail_makespan_s=max((g.finish_s for _, g in tail), default=0.0), bulk_cutoff_s=cutoff_s,
             tail_groups=tuple(g for _, g in tail), bulk_groups=tuple(g for _, g in bulk),
-            n_aborted=len(scores), prompt_len=prompt_len)
+            aborted_groups=tuple(aborted[identity] for identity in scores), prompt_len=prompt_len,
+            fresh_groups=tuple(g for identity, g in list(tail) + list(bulk) if identity in fresh))
         self._prompt_len = prompt_len
         record_plan, predicted = self._open or (RecordPlan(False, 0.0), {})
         self._open = None
