@@ -7,7 +7,7 @@ without Ray, so both report the same single :class:`TailSieveConfigError` line f
 
 Activation (see ``tailsieve_verl/config/tailsieve_trainer.yaml`` for the full list)::
 
-    trainer.v1.trainer_mode=tailsieve +tailsieve.q0=8 +tailsieve.tail_replicas=1
+    trainer.v1.trainer_mode=tailsieve     # the adaptive controller, started at one shared pool
 
 ``tailsieve.enable=false`` (or ``mode=uniform``) runs the very same trainer with (q, m) = (0, 0):
 every group goes to the one bulk pool spanning all replicas, nothing is aborted or carried — the
@@ -97,13 +97,14 @@ class SimBackendConfig:
 
 @dataclass(frozen=True)
 class TailSieveConfig:
-    """Every TailSieve setting, with defaults that make ``trainer.v1.trainer_mode=tailsieve`` alone
-    a working adaptive configuration."""
+    """Every TailSieve setting. Its defaults are the shipped ``tailsieve_trainer.yaml``'s, so that
+    ``trainer.v1.trainer_mode=tailsieve`` alone runs the adaptive controller every measured result describes:
+    started at one shared pool, (q, m) = (0, 0)."""
 
     enable: bool = True
     mode: str = "adaptive"  # adaptive: controller moves (q, m); fixed: tail_replicas pinned, q still adapts
     q0: int = 0  # tail groups at the first step (adaptive mode starts here)
-    tail_replicas: int = 1  # m0: replicas in the tail pool
+    tail_replicas: int = 0  # m0: replicas in the tail pool at the first step (0: one shared pool)
     perf_model: str = DEFAULT_PERF_MODEL  # concurrency-throughput model used by the controller
     controller: Mapping[str, Any] = field(default_factory=dict)  # kwargs for core.tailsieve.controller
     tail: PoolEngineConfig = field(default_factory=PoolEngineConfig)
@@ -469,10 +470,9 @@ def _refuse_ignored_settings(cfg: TailSieveConfig, rollout_name: str) -> None:
     """A setting the TailSieve trainer would not act on in this configuration stops the launch."""
     if not cfg.active:
         defaults = TailSieveConfig()
-        runs_anyway = {"tail_replicas": (defaults.tail_replicas, 0)}  # 0: one shared pool, as this arm runs
         ignored = [f"tailsieve.{name}" for name in ("q0", "tail_replicas", "controller", "tail", "bulk",
                                                     "record_replaces_aborts")
-                   if getattr(cfg, name) not in runs_anyway.get(name, (getattr(defaults, name),))]
+                   if getattr(cfg, name) != getattr(defaults, name)]
         if not cfg.enable and cfg.mode == "fixed":
             ignored.append("tailsieve.mode=fixed")
         if ignored:

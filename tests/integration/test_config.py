@@ -41,6 +41,19 @@ def stock(overrides: list[str]):
         return compose("ppo_trainer", overrides=BASE + overrides)
 
 
+def test_a_launch_by_overrides_alone_and_one_by_the_shipped_config_build_the_same_controller():
+    """One default: ``trainer.v1.trainer_mode=tailsieve`` on stock verl's config and the shipped config, each with
+    nothing else set, give the same settings and the same controller, started at one shared pool."""
+    from tailsieve_verl.core.tailsieve.controller import initial_split
+
+    by_overrides = validate_verl_config(stock(["trainer.v1.trainer_mode=tailsieve"]))
+    with initialize_config_module("tailsieve_verl.config", version_base=None):
+        by_config = validate_verl_config(compose("tailsieve_trainer", overrides=BASE))
+    assert by_overrides == by_config
+    assert by_overrides.controller_config() == by_config.controller_config()
+    assert initial_split(by_overrides.controller_config(), 4, 32) == (0, 0)
+
+
 def test_shipped_config_and_plain_overrides_give_the_same_settings():
     a = validate_verl_config(shipped(["tailsieve.q0=4", "tailsieve.tail_replicas=1"]))
     b = validate_verl_config(stock(["trainer.v1.trainer_mode=tailsieve", "+tailsieve.q0=4", "+tailsieve.tail_replicas=1"]))
@@ -113,7 +126,9 @@ def test_uniform_mode_is_the_zero_boundary():
      "trainer.v1.sampler.custom_sampler (my.py:Mine) would be replaced"),
     (["+tailsieve.stop=[1]"], "tailsieve.stop must be a list of non-empty strings"),
     # settings that would be ignored stop the launch (issue 31)
-    (["tailsieve.enable=false", "tailsieve.q0=4"], "tailsieve.q0 would be ignored: with tailsieve.enable=false"),
+    (["tailsieve.enable=false", "tailsieve.q0=4", "tailsieve.tail_replicas=0"],
+     "tailsieve.q0 would be ignored: with tailsieve.enable=false"),
+    (["tailsieve.enable=false", "tailsieve.tail_replicas=1"], "tailsieve.tail_replicas would be ignored"),
     (["tailsieve.mode=uniform", "+tailsieve.tail.max_num_seqs=16"], "tailsieve.tail would be ignored"),
     (["tailsieve.enable=false", "tailsieve.mode=fixed"], "tailsieve.mode=fixed would be ignored"),
     (["+tailsieve.sim.time_scale=2"], "tailsieve.sim.* would be ignored"),

@@ -58,7 +58,8 @@ def test_per_prompt_sample_counts_are_reported_and_observed(harness_factory, ass
     frame["__rollout_n__"] = [1 + i % 3 for i in range(len(frame))]
     data = tmp_path / "varied_n.parquet"
     frame.to_parquet(data)
-    h = harness_factory([f"data.train_files={data}", "+tailsieve.q0=2", f"trainer.default_local_dir={tmp_path}"])
+    h = harness_factory([f"data.train_files={data}", "+tailsieve.q0=2", "+tailsieve.tail_replicas=1",
+                         f"trainer.default_local_dir={tmp_path}"])
     wanted = {info["prompt_id"]: n for info, n in zip(frame["extra_info"], frame["__rollout_n__"])}
     for _ in range(3):
         result = h.step()
@@ -70,7 +71,8 @@ def test_per_prompt_sample_counts_are_reported_and_observed(harness_factory, ass
 def test_a_report_that_never_comes_is_measured_from_the_trainers_own_view(harness_factory, tmp_path):
     """A consumed group whose agent-loop report is lost: the step still completes, the controller
     observes B groups (that group's lengths from TransferQueue), the carried queue stays whole."""
-    h = harness_factory(["+tailsieve.q0=2", f"trainer.default_local_dir={tmp_path}"])
+    h = harness_factory(["+tailsieve.q0=2", "+tailsieve.tail_replicas=1",
+                         f"trainer.default_local_dir={tmp_path}"])
     collect = h.trainer._collect_reports
     lost: list[str] = []
 
