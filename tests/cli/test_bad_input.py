@@ -40,6 +40,13 @@ def make_inputs(d: Path) -> None:
     (d / "run_a.jsonl").write_text("".join(json.dumps({"step": s, "data": {"timing_s/gen": 10.0, "timing_s/step": 20.0}})
                                            + "\n" for s in (1, 2, 3)))
     (d / "run_b.jsonl").write_text((d / "run_a.jsonl").read_text())
+    (d / "again").mkdir()
+    (d / "again" / "run_a.jsonl").write_text((d / "run_a.jsonl").read_text())
+    for name, gen, step in (("gen_nan", "NaN", 20.0), ("gen_negative", -1.0, 20.0), ("gen_zero", 0.0, 20.0),
+                            ("step_inf", 10.0, "Infinity")):
+        (d / f"run_{name}.jsonl").write_text((d / "run_a.jsonl").read_text().replace(
+            '{"step": 2, "data": {"timing_s/gen": 10.0, "timing_s/step": 20.0}}',
+            f'{{"step": 2, "data": {{"timing_s/gen": {gen}, "timing_s/step": {step}}}}}'))
     (d / "cal_words.json").write_text('{"rows": [{"batch": "x", "context": 0, "step_ms": 1}]}')
     (d / "cal_ok.json").write_text('{"rows": [{"batch": 1, "context": 0, "step_ms": 1}, '
                                    '{"batch": 2, "context": 0, "step_ms": 2}]}')
@@ -72,6 +79,17 @@ CASES = [
     ("compare-binary", "compare run_a.jsonl binary.jsonl", "binary.jsonl:1: not UTF-8 text"),
     ("compare-empty", "compare run_a.jsonl empty.jsonl", "no metrics found"),
     ("compare-dir", "compare run_a.jsonl a_dir", "found no verl logs"),
+    ("compare-gen-nan", "compare run_a.jsonl run_gen_nan.jsonl", "run_gen_nan.jsonl: step 2 logs timing_s/gen = nan"),
+    ("compare-gen-negative", "compare run_a.jsonl run_gen_negative.jsonl", "step 2 logs timing_s/gen = -1.0, not a "
+                                                                          "positive finite time"),
+    ("compare-gen-zero", "compare run_gen_zero.jsonl run_a.jsonl",
+     "run_gen_zero.jsonl: step 2 logs timing_s/gen = 0.0"),
+    ("compare-step-inf", "compare run_a.jsonl run_step_inf.jsonl", "step 2 logs timing_s/step = inf"),
+    ("compare-metric-unknown", "compare run_a.jsonl run_b.jsonl --metric timing_s/gne",
+     "--metric 'timing_s/gne': no run logs this metric; did you mean timing_s/gen"),
+    ("compare-names-twice", "compare run_a.jsonl run_b.jsonl --names x,x", "--names gives 'x' to more than one run"),
+    ("compare-same-default-name", "compare run_a.jsonl again/run_a.jsonl", "are both named 'run_a'; tell them apart "
+                                                                           "with --names"),
     ("bench-trace-binary", f"bench --trace binary.jsonl -R 2 --url {SERVER}", "not UTF-8 text"),
     ("bench-calibration-binary", f"bench --trace ok.jsonl -R 2 --url {SERVER} --calibration binary.jsonl",
      "binary.jsonl: not UTF-8 text"),
