@@ -37,7 +37,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from ..core.errors import TailSieveError
+from ..core.errors import TailSieveError, needs_package
 from .speedup_interval import SpeedupInterval, paired_speedup
 
 GEN_TIME = "timing_s/gen"
@@ -161,12 +161,9 @@ def read_console_log(path: Path) -> RunLog:
 
 
 def read_tensorboard(directory: Path) -> RunLog:
-    try:
+    with needs_package("tensorboard", f"{directory}: reading tensorboard event files"):
         from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
         from tensorboard.util import tensor_util
-    except ImportError:
-        raise CompareError(f"{directory}: reading tensorboard event files needs the tensorboard package "
-                           "(pip install tensorboard)") from None
     run = RunLog(directory.name, str(directory), "tensorboard")
     files = sorted(directory.rglob("events.out.tfevents.*"), key=lambda p: p.stat().st_mtime)
     for file in files:

@@ -192,6 +192,39 @@ def test_bad_input_is_one_line_exit_2_and_inputs_unchanged(tmp_path, monkeypatch
     assert set(after) - set(before) <= {"t.jsonl"} and "t.jsonl" not in after  # and nothing written
 
 
+# (missing package, argv, a piece of the one error line): each optional package named with its install
+MISSING = [
+    ("transformers", "trace dump -o t.jsonl --tokenizer a_dir", "counting tokens needs the transformers package"),
+    ("wandb", "compare run_a.jsonl wandb://entity/project/run1", "needs the wandb package (not installed); "
+                                                                 "install it with: pip install wandb"),
+    ("wandb", "compare run_a.jsonl run-1.wandb", "run-1.wandb: reading a W&B run needs the wandb package"),
+    ("tensorboard", "compare run_a.jsonl events.out.tfevents.1", "needs the tensorboard package"),
+    ("mlflow", "compare run_a.jsonl sqlite:///runs.db#r", "install it with: pip install mlflow-skinny"),
+]
+
+
+@pytest.mark.parametrize("package, argv, needle", MISSING,
+                         ids=["transformers", "wandb-synced", "wandb-offline", "tensorboard", "mlflow"])
+def test_a_missing_optional_package_is_one_line_naming_it(tmp_path, monkeypatch, capsys, package, argv, needle):
+    make_inputs(tmp_path)
+    (tmp_path / "run-1.wandb").write_bytes(b"")
+    (tmp_path / "events.out.tfevents.1").write_bytes(b"")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setitem(sys.modules, package, None)  # what `import package` meets where it is not installed
+    code, _, err = run_cli(argv.split(), capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert needle in err and "internal error" not in err
+
+
+@pytest.mark.parametrize("package", ["ray", "verl"])
+def test_the_rollout_only_run_without_ray_or_verl_is_one_line(package):
+    script = (f"import runpy, sys; sys.modules[{package!r}] = None; sys.argv = ['rollout_only', '--steps', '1']; "
+              "runpy.run_module('tailsieve_verl.integration.rollout_only', run_name='__main__')")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert f"needs the {package} package (not installed); install it with: pip install" in proc.stderr
+
+
 def test_the_installed_command_prints_one_line_for_a_binary_trace(tmp_path):
     (tmp_path / "b.jsonl").write_bytes(os.urandom(4096).replace(b"\n", b"\xff"))
     proc = subprocess.run([sys.executable, "-c", "import sys; from tailsieve_verl.cli import main; sys.exit(main())",
