@@ -22,6 +22,7 @@ from .lengths import add_length_cap_args, capped, preset
 from .recommend import from_simulation
 
 DEFAULTS = SimConfig()
+DEFAULT_WORKLOAD = "real"
 MAIN_JOB_BATCH, MAIN_JOB_N = 512, 16  # the main job: a DAPO-sized step (512 prompts × 16 samples) under verl's
 #   rollout defaults (--engine-defaults auto)
 
@@ -30,11 +31,12 @@ def register(subparsers) -> None:
     p = subparsers.add_parser(
         "simulate", help="closed-loop multi-step simulation: stock verl vs TailSieve vs clairvoyant references",
         description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--workload", default="real", choices=sorted(PRESETS),
-                   help="bundled workload preset (tail strength)")
-    p.add_argument("--prompts", default=None, metavar="FILE.jsonl",
-                   help='observed lengths per prompt, lines {"prompt_id": str, "lengths": [int, ...]}; '
-                        "overrides --workload")
+    source = p.add_mutually_exclusive_group()  # as in plan: one source of lengths, never one silently ignored
+    source.add_argument("--workload", default=None, choices=sorted(PRESETS),
+                        help=f"bundled workload preset (tail strength; default: {DEFAULT_WORKLOAD})")
+    source.add_argument("--prompts", default=None, metavar="FILE.jsonl",
+                        help='instead of a preset: observed lengths per prompt, lines {"prompt_id": str, '
+                             '"lengths": [int, ...]}')
     p.add_argument("--pool-size", type=int, default=2048, help="prompts in a generated workload's dataset")
     p.add_argument("--steps", type=int, default=DEFAULTS.steps)
     p.add_argument("--replicas", "-R", type=int, default=DEFAULTS.n_replicas)
@@ -96,7 +98,8 @@ def run(args: argparse.Namespace) -> int:
         trace = capped(read_trace(args.prompts), args)
         pool, workload = PromptPool.from_trace(trace, seed=args.seed), f"prompts:{args.prompts}"
     else:
-        pool, workload = PromptPool(preset(args.workload, args), args.pool_size, seed=args.seed), args.workload
+        workload = args.workload or DEFAULT_WORKLOAD
+        pool = PromptPool(preset(workload, args), args.pool_size, seed=args.seed)
     result = _run_with_progress(config, pool, perf, workload, show=not args.json, jobs=args.jobs)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

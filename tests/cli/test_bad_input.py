@@ -50,6 +50,8 @@ def make_inputs(d: Path) -> None:
     (d / "cal_words.json").write_text('{"rows": [{"batch": "x", "context": 0, "step_ms": 1}]}')
     (d / "cal_ok.json").write_text('{"rows": [{"batch": 1, "context": 0, "step_ms": 1}, '
                                    '{"batch": 2, "context": 0, "step_ms": 2}]}')
+    (d / "cal_huge.json").write_text('{"rows": [{"batch": 1, "context": 0, "step_ms": 1e200}, '
+                                     '{"batch": 2, "context": 0, "step_ms": 2e200}]}')
     (d / "cal_nan.json").write_text('{"rows": [{"batch": 1, "context": 0, "step_ms": NaN}, '
                                     '{"batch": 2, "context": 0, "step_ms": 1}]}')
 
@@ -141,12 +143,21 @@ CASES = [
     ("perf-table-empty", "study --perf-model table:empty.jsonl", "calibration is not valid JSON"),
     ("perf-table-words", "route --trace ok.jsonl -R 2 --perf-model table:cal_words.json", "non-numeric batch"),
     ("perf-table-nan", "route --trace ok.jsonl -R 2 --perf-model table:cal_nan.json", "NaN is not a measurement"),
+    ("perf-linear-huge", "route --trace ok.jsonl -R 2 --perf-model linear:a=1e200,c=1", "0 <= a <= 60 s"),
+    ("perf-linear-overflow", "route --trace ok.jsonl -R 2 --perf-model linear:a=1e308,c=1e308", "0 <= c <= 60 s"),
+    ("perf-linear-tiny", "route --trace ok.jsonl -R 2 --perf-model linear:a=0,c=1e-300", "a + c >= 1e-06 s"),
+    ("perf-table-huge", "route --trace ok.jsonl -R 2 --perf-model table:cal_huge.json",
+     "row 0 has step_ms = 1e+200, outside a decode step's sane range 0.001..60000 ms"),
     ("perf-empty", "route --trace ok.jsonl -R 2 --perf-model=", "unknown performance model ''"),
     ("perf-kind-unknown", "study --perf-model roofline:h200", "unknown performance model"),
     # usage
     ("required-flag-missing", "route --trace ok.jsonl", "the following arguments are required: --replicas/-R"),
     ("unknown-command", "frobnicate", "invalid choice: 'frobnicate'"),
     ("unknown-flag", "simulate --plot x.png", "unrecognized arguments: --plot x.png"),
+    ("simulate-workload-and-prompts", "simulate --workload weak --prompts ok.jsonl --out out",
+     "argument --prompts: not allowed with argument --workload"),
+    ("spec-schedule-alone", "route --trace ok.jsonl -R 2 --spec-schedule 1-64:3,65-256:1",
+     "--spec-schedule (speculating up to k = 3) needs --spec-acceptance"),
     ("bench-q-without-m", f"bench --trace ok.jsonl -R 2 --url {SERVER} --q 2", "give --q and --m together"),
     # closed-loop: everything checked before a server is contacted
     ("closed-loop-calibration-binary", f"closed-loop --url {SERVER} --calibration binary.jsonl", "not UTF-8 text"),
