@@ -28,6 +28,9 @@ FIELD_FLAGS = ("max_num_seqs", "num_gpu_blocks", "block_size", "max_num_batched_
 
 
 ENGINE_SHAPES = (*sorted(H200_MODELS), "auto", "none")
+PLANNING_ENGINE = "auto"
+"""The ``--engine-defaults`` of ``simulate``, ``plan`` and ``route``: verl 0.9.1's rollout defaults for the
+``--perf-model``'s shape, so that the three price one step on the same engine."""
 
 
 def add_engine_args(parser: argparse.ArgumentParser, defaults: str | None = None) -> None:

@@ -19,7 +19,8 @@ from ..core.simulation.planner import Configuration, EnginePlan, plan_from_trace
 from ..core.data.trace import Trace, read_trace
 from ..core.data.workload import PRESETS, LengthProfile, generate_trace
 from .checks import MAX_COUNT, IntRule
-from .engine_args import add_engine_args, engine_config_from_args, engine_shape, speculation_from_args
+from .engine_args import (PLANNING_ENGINE, add_engine_args, engine_config_from_args, engine_shape,
+                          speculation_from_args)
 from .lengths import add_length_cap_args, capped, preset
 from .recommend import from_plan, pin_overrides, plan_overrides
 from .trace import profile_json, profile_lines
@@ -50,7 +51,7 @@ def register(subparsers) -> None:
     p.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
                    help="processes simulating the seeds' policies side by side (the same plan; default: 2, or 1 on one CPU)")
     add_length_cap_args(p)
-    add_engine_args(p, defaults="auto")
+    add_engine_args(p, defaults=PLANNING_ENGINE)
     p.set_defaults(func=run)
 
 

@@ -16,8 +16,8 @@ from ..core.data.trace import read_trace
 from ..core.data.workload import PRESETS, PromptPool
 from .checks import output_dir, perf_model_file
 from .checks import CLIError
-from .engine_args import (add_engine_args, add_pool_speculation_args, engine_config_from_args,
-                          pool_engines_from_args, speculation_from_args)
+from .engine_args import (PLANNING_ENGINE, add_engine_args, add_pool_speculation_args,
+                          engine_config_from_args, pool_engines_from_args, speculation_from_args)
 from .lengths import add_length_cap_args, capped, preset
 from .recommend import from_simulation
 
@@ -68,7 +68,7 @@ def register(subparsers) -> None:
     p.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
                    help="processes running the policies side by side (the same results; default: 2, or 1 on one CPU)")
     add_length_cap_args(p)
-    add_engine_args(p, defaults="auto")
+    add_engine_args(p, defaults=PLANNING_ENGINE)
     add_pool_speculation_args(p)
     p.set_defaults(func=run)
 
