@@ -182,3 +182,21 @@ def test_a_plans_overrides_start_the_adaptive_controller_where_the_plan_did():
     assert spec.endswith("+tailsieve.mode=fixed +tailsieve.q0=4 +tailsieve.tail_replicas=4 actor_rollout_ref.model."
                          "mtp.enable=true +tailsieve.tail.num_speculative_tokens=6 +tailsieve.bulk.num_speculative_tokens=0")
     assert plan_overrides(pick("verl", "", 0, 0), "table:h200-dense") == ""
+
+
+def test_plan_names_a_fixed_split_best_only_where_it_beats_stock_verl_out_of_sample():
+    """A split the seeds picked can lose on the seeds it was not chosen on: then it is no "best fixed
+    split" and no overrides pin it."""
+    from dataclasses import replace
+
+    from tailsieve_verl.core.simulation.planner import Plan
+
+    plan = Plan(speedup=1.0, band=(1.0, 1.0), per_seed=(1.0, 1.0), initial_q=0, initial_m=0, fixed_q=1, fixed_m=1,
+                fixed_speedup=1.036, batch_size=32, n=8, n_replicas=4, steps=4, prompts=128,
+                fixed_out_of_sample=(0.94, 0.96))
+    lines = plan_cli.fixed_split_lines(plan)
+    assert lines == ["no fixed split is faster than stock verl: q=1, m=1, the seeds' pick, 0.950× out of sample "
+                     "(chosen on seeds 0–1 at 1.036×, scored on seeds 2–3)"]
+    winning = plan_cli.fixed_split_lines(replace(plan, fixed_out_of_sample=(1.04, 1.06)))
+    assert winning[0].startswith("best fixed split: q=1, m=1, 1.050× out of sample (chosen on seeds 0–1 at 1.036×")
+    assert "to pin it: +tailsieve.mode=fixed +tailsieve.q0=1 +tailsieve.tail_replicas=1" in winning[0]
