@@ -1,4 +1,4 @@
-"""`tailsieve plan`: from a logged uniform run (a trace or verl rollout dump), or one step of a bundled
+"""`tailsieve plan`: from a logged run (a trace or verl rollout dump), or one step of a bundled
 workload preset, predict TailSieve's speedup on that workload with an uncertainty band, the (q, m) to
 start the controller from, and the fixed (q, m) to pin instead where that pays more. With the engine's
 speculation (--spec-acceptance, and --num-speculative-tokens, --spec-draft-cost, ...) it also chooses the
