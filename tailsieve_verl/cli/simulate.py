@@ -1,6 +1,7 @@
 """`tailsieve simulate`: closed-loop comparison of stock verl's per-sample routing, group round-robin
-(the `uniform` policy), TailSieve (fixed and adaptive allocation) and length-knowing references over many training steps, on a bundled workload preset or
-your own prompts' observed lengths, with a measured H200 performance model."""
+(the `uniform` policy), TailSieve (fixed and adaptive allocation) and length-knowing references over
+many training steps, on a bundled workload preset or your own prompts' observed lengths, with a
+measured H200 performance model."""
 
 from __future__ import annotations
 
