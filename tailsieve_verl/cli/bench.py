@@ -1,6 +1,6 @@
-"""`tailsieve bench`: run the stock-verl, uniform-group, TailSieve and oracle assignments of one rollout step for real
-on vLLM OpenAI servers (forced response lengths) and print measured makespans and speedups next to
-the simulator's prediction with a calibration measured on the same server."""
+"""`tailsieve bench`: run the stock-verl, group round-robin (`uniform`), TailSieve and oracle assignments of one
+rollout step for real on vLLM OpenAI servers (forced response lengths) and print measured makespans and
+speedups next to the simulator's prediction with a calibration measured on the same server."""
 
 from __future__ import annotations
 

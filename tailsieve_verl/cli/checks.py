@@ -29,7 +29,7 @@ from ..core.data.trace import MAX_TOKENS
 MAX_REPLICAS = 4096  # rollout replicas (R, m): far above any cluster verl runs on
 MAX_GROUPS = 100_000  # prompt groups of one step (B, k, q)
 MAX_GROUP_SIZE = 4096  # responses per prompt group (n)
-MAX_COUNT = 1_000_000  # steps, instances, trajectories, seeds, repeats, concurrency caps
+MAX_COUNT = 1_000_000  # steps, instances, trajectories, seeds, repeats, concurrency limits (max_num_seqs)
 MAX_SECONDS = 7 * 24 * 3600.0  # any time budget or timeout
 MAX_SEED = 2**32 - 1
 

@@ -1,11 +1,17 @@
 """`tailsieve compare RUN RUN [RUN...]`: compare verl training runs from their tracker logs.
 
-Each RUN is what verl's trackers wrote for one run: the `file` logger's JSONL
-(VERL_FILE_LOGGER_ROOT/<project>/<experiment>.jsonl), a tensorboard directory
-(tensorboard_log/<project>/<experiment>/), a W&B offline run folder (wandb/offline-run-*/) or
-wandb://ENTITY/PROJECT/RUN_ID, an MLflow run as STORE#RUN (sqlite:///mlflow.db#PROJECT/EXPERIMENT,
-file:mlruns#RUN_ID, or an mlruns/<experiment id>/<run id> folder), a saved console log, or a
-directory holding one of them.
+Each RUN is what verl's trackers (trainer.logger) wrote for one run:
+  file         the file logger's JSONL (VERL_FILE_LOGGER_PATH, else
+               VERL_FILE_LOGGER_ROOT/<project>/<experiment>.jsonl), one {"step": N, "data": {KEY: VALUE}}
+               per line
+  tensorboard  a tensorboard_log/<project>/<experiment>/ directory (or one events.out.tfevents.* file)
+  wandb        an offline run folder (wandb/offline-run-*/) or wandb://ENTITY/PROJECT/RUN_ID
+  mlflow       STORE#RUN: sqlite:///mlflow.db#PROJECT/EXPERIMENT, file:mlruns#RUN_ID, or an
+               mlruns/<experiment id>/<run id> folder
+  console      a saved stdout with verl's "step:N - KEY:VALUE - ..." lines
+or a directory holding one of them. The keys read: timing_s/gen and timing_s/step (every compared step
+must log a positive, finite time), critic/score/mean (reward), response_length/mean, val-core/*
+(held-out scores) and each --metric KEY (logged by at least one run).
 The baseline is the first stock-verl run (one without tailsieve/* metrics), else the first run,
 or --baseline NAME; it is listed first. Means are over the steps every run logged.
 Each speedup (baseline mean / run mean, generation and step time) comes with a paired bootstrap
@@ -50,11 +56,16 @@ def run(args: argparse.Namespace) -> int:
     names = args.names.split(",") if args.names else [None] * len(args.runs)
     if len(names) != len(args.runs):
         raise CompareError(f"--names has {len(names)} names for {len(args.runs)} runs")
+    twice = sorted({name for name in names if name and names.count(name) > 1})
+    if twice:
+        raise CompareError(f"--names gives {', '.join(map(repr, twice))} to more than one run; "
+                           "give each run its own name")
     if args.skip_steps < 0:
         raise CompareError("--skip-steps must be >= 0")
     if args.plot:
         output_file(args.plot, "--plot", inputs=[("run log", path) for path in args.runs], suffixes=IMAGE_SUFFIXES)
     runs = [read_run(path, name) for path, name in zip(args.runs, names)]
+    check_distinct_names(runs, given=bool(args.names))
     baseline = default_baseline(runs)
     if args.baseline is not None:
         matches = [i for i, r in enumerate(runs) if r.name == args.baseline]
@@ -81,6 +92,16 @@ def run(args: argparse.Namespace) -> int:
     if plot:
         print(f"plot: {plot}")
     return 0
+
+
+def check_distinct_names(runs: list[RunLog], given: bool) -> None:
+    """Two runs of one name would be two rows no reader can tell apart (and --baseline could not pick)."""
+    seen: dict[str, str] = {}
+    for run in runs:
+        if run.name in seen:
+            fix = "give each run its own name in --names" if given else "tell them apart with --names"
+            raise CompareError(f"runs {seen[run.name]} and {run.source} are both named {run.name!r}; {fix}")
+        seen[run.name] = run.source
 
 
 def warn_repeated_steps(run: RunLog) -> None:

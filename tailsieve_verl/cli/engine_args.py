@@ -28,6 +28,9 @@ FIELD_FLAGS = ("max_num_seqs", "num_gpu_blocks", "block_size", "max_num_batched_
 
 
 ENGINE_SHAPES = (*sorted(H200_MODELS), "auto", "none")
+PLANNING_ENGINE = "auto"
+"""The ``--engine-defaults`` of ``simulate``, ``plan`` and ``route``: verl 0.9.1's rollout defaults for the
+``--perf-model``'s shape, so that the three price one step on the same engine."""
 
 
 def add_engine_args(parser: argparse.ArgumentParser, defaults: str | None = None) -> None:
@@ -146,8 +149,10 @@ def engine_config_from_args(args: argparse.Namespace, perf: PerfModel | None, sp
                        "--num-speculative-tokens K (or a --spec-schedule with some K > 0)")
     if k is not None:
         if args.spec_acceptance is None:
-            raise CLIError(f"--num-speculative-tokens {k} needs --spec-acceptance A1[,A2,...] (per-position "
-                           "acceptance, e.g. 0.85,0.8)")
+            given = (f"--num-speculative-tokens {k}" if args.num_speculative_tokens is not None else
+                     f"--spec-schedule (speculating up to k = {k})")
+            raise CLIError(f"{given} needs --spec-acceptance A1[,A2,...] (per-position acceptance, e.g. 0.85,0.8, "
+                           "or a `tailsieve calibrate` file)")
         if k == 0:
             raise CLIError("--spec-schedule has k = 0 everywhere: leave speculation off instead")
         fields["speculative"] = SpeculativeConfig(

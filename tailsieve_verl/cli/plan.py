@@ -1,4 +1,4 @@
-"""`tailsieve plan`: from a logged uniform run (a trace or verl rollout dump), or one step of a bundled
+"""`tailsieve plan`: from a logged run (a trace or verl rollout dump), or one step of a bundled
 workload preset, predict TailSieve's speedup on that workload with an uncertainty band, the (q, m) to
 start the controller from, and the fixed (q, m) to pin instead where that pays more. With the engine's
 speculation (--spec-acceptance, and --num-speculative-tokens, --spec-draft-cost, ...) it also chooses the
@@ -15,11 +15,12 @@ from dataclasses import replace
 import numpy as np
 
 from ..core.engine.perf import DEFAULT_PERF_MODEL, parse_perf_model
-from ..core.simulation.planner import Configuration, EnginePlan, plan_from_trace, trace_batch
+from ..core.simulation.planner import Configuration, EnginePlan, Plan, plan_from_trace, trace_batch
 from ..core.data.trace import Trace, read_trace
 from ..core.data.workload import PRESETS, LengthProfile, generate_trace
 from .checks import MAX_COUNT, IntRule
-from .engine_args import add_engine_args, engine_config_from_args, engine_shape, speculation_from_args
+from .engine_args import (PLANNING_ENGINE, add_engine_args, engine_config_from_args, engine_shape,
+                          speculation_from_args)
 from .lengths import add_length_cap_args, capped, preset
 from .recommend import from_plan, pin_overrides, plan_overrides
 from .trace import profile_json, profile_lines
@@ -50,7 +51,7 @@ def register(subparsers) -> None:
     p.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
                    help="processes simulating the seeds' policies side by side (the same plan; default: 2, or 1 on one CPU)")
     add_length_cap_args(p)
-    add_engine_args(p, defaults="auto")
+    add_engine_args(p, defaults=PLANNING_ENGINE)
     p.set_defaults(func=run)
 
 
@@ -96,20 +97,30 @@ def run(args: argparse.Namespace) -> int:
                                                      else "; no gain for a per-prompt signal to win here"))
     print(f"start the controller at q={plan.initial_q}, m={plan.initial_m} "
           f"(tailsieve.q0 / tailsieve.tail_replicas in the verl config)")
-    if plan.fixed_m == 0:
-        print(f"best fixed split: one shared pool (stock verl's routing), {plan.fixed_speedup:.3f}× on the seeds it "
-              "was chosen on")
-    else:
-        chosen = plan.seeds_chosen_on
-        print(f"best fixed split: q={plan.fixed_q}, m={plan.fixed_m}, {plan.fixed_out_of_sample_speedup:.3f}× out of "
-              f"sample (chosen on seeds 0–{chosen - 1} at {plan.fixed_speedup:.3f}×, scored on seeds "
-              f"{chosen}–{2 * chosen - 1}); to pin it: {pin_overrides(plan.fixed_q, plan.fixed_m)}")
-        print("  on strong tails the plan can overrate isolation (there 4 of 10 picked splits lost 3.4 %): "
-              "check it against stock verl with `tailsieve compare` before keeping it")
+    for line in fixed_split_lines(plan):
+        print(line)
     if plan.engines:
         _print_engines(plan.engines)
     print(recommendation)
     return 0
+
+
+def fixed_split_lines(plan: Plan) -> list[str]:
+    """The fixed split the seeds chose, named "best" and offered to pin only where it is faster than stock
+    verl on the seeds it was not chosen on."""
+    if plan.fixed_m == 0:
+        return [f"best fixed split: one shared pool (stock verl's routing), {plan.fixed_speedup:.3f}× on the seeds "
+                "it was chosen on"]
+    chosen, out_of_sample = plan.seeds_chosen_on, plan.fixed_out_of_sample_speedup
+    scored = (f"(chosen on seeds 0–{chosen - 1} at {plan.fixed_speedup:.3f}×, scored on seeds "
+              f"{chosen}–{2 * chosen - 1})")
+    if out_of_sample <= 1:
+        return [f"no fixed split is faster than stock verl: q={plan.fixed_q}, m={plan.fixed_m}, the seeds' pick, "
+                f"{out_of_sample:.3f}× out of sample {scored}"]
+    return [f"best fixed split: q={plan.fixed_q}, m={plan.fixed_m}, {out_of_sample:.3f}× out of sample {scored}; "
+            f"to pin it: {pin_overrides(plan.fixed_q, plan.fixed_m)}",
+            "  on strong tails the plan can overrate isolation (there 4 of 10 picked splits lost 3.4 %): "
+            "check it against stock verl with `tailsieve compare` before keeping it"]
 
 
 def _assumptions(args: argparse.Namespace, trace: Trace, perf) -> dict:

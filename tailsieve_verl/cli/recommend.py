@@ -19,6 +19,7 @@ MTP_ON = "actor_rollout_ref.model.mtp.enable=true actor_rollout_ref.model.mtp.en
 # verl 0.9.1 merges rollout.engine_kwargs.vllm.speculative_config into the MTP speculative config
 # (workers/rollout/vllm_rollout/utils.py build_mtp_speculative_config)
 SCHEDULE_KEY = "+actor_rollout_ref.rollout.engine_kwargs.vllm.speculative_config.num_speculative_tokens_per_batch_size"
+ROUTING_ONLY = ("tailsieve", "tailsieve-fixed", "best-static")  # candidates on the clairvoyant reference's engine
 
 
 @dataclass(frozen=True)
@@ -26,7 +27,9 @@ class Candidate:
     """A configuration a user can deploy, its speedup over stock verl, the noise on that speedup (None: not
     measured), and the overrides that turn it on. ``identical``: it never left stock routing (one shared pool
     on every step, stock verl's makespans), so it is stock verl, not a candidate. ``scored``: how the
-    speedup was measured, printed after it (e.g. "out of sample")."""
+    speedup was measured, printed after it (e.g. "out of sample"). ``above_reference``: the clairvoyant
+    per-sample reference's speedup, where the candidate's is above it (an artefact of a run too short to
+    pay for what it deferred): named, not weighed."""
 
     name: str
     speedup: float
@@ -34,6 +37,7 @@ class Candidate:
     overrides: str
     identical: bool = False
     scored: str = ""
+    above_reference: float | None = None
 
 
 def two_standard_errors(samples) -> float | None:
@@ -115,10 +119,12 @@ def perf_model_override(spec: str) -> str:
 
 def recommendation(candidates: list[Candidate]) -> str:
     """The fastest candidate that beats stock verl by more than its measured noise, as one line; else stay
-    with stock verl, naming the best other candidate (with its noise, or "noise not measured") and those
-    identical to stock verl."""
+    with stock verl, naming the best other candidate (with its noise, or "noise not measured") where it is
+    faster than stock verl, the closest where none is, those identical to stock verl, and those above the
+    clairvoyant reference."""
     same = [c.name for c in candidates if c.identical]
-    others = [c for c in candidates if not c.identical]
+    artefacts = [c for c in candidates if not c.identical and c.above_reference is not None]
+    others = [c for c in candidates if not c.identical and c.above_reference is None]
     winners = [c for c in others if c.noise is not None and c.speedup - 1 > c.noise]
     if winners:
         best = max(winners, key=lambda c: c.speedup)
@@ -128,9 +134,17 @@ def recommendation(candidates: list[Candidate]) -> str:
     reasons = []
     if others:
         best = max(others, key=lambda c: c.speedup)
-        noise = f"noise ±{best.noise:.3f}" if best.noise is not None else "noise not measured: no resolved gain"
-        reasons.append(f"nothing here beat it by more than the noise (best: {best.name} {best.speedup:.3f}×"
-                       f"{' ' + best.scored if best.scored else ''}, {noise})")
+        scored = f" {best.scored}" if best.scored else ""
+        if best.speedup > 1:
+            noise = f"noise ±{best.noise:.3f}" if best.noise is not None else "noise not measured: no resolved gain"
+            reasons.append(f"nothing here beat it by more than the noise (best: {best.name} {best.speedup:.3f}×"
+                           f"{scored}, {noise})")
+        else:
+            reasons.append(f"nothing here is faster than stock verl (closest: {best.name} "
+                           f"{best.speedup:.3f}×{scored})")
+    for c in artefacts:
+        reasons.append(f"{c.name}'s {c.speedup:.3f}× is above the clairvoyant per-sample reference's "
+                       f"{c.above_reference:.3f}×, an artefact of too few steps: not weighed (raise --steps)")
     if same:
         reasons.append(f"{', '.join(same)} never left one shared pool (q = m = 0 on every step): identical to stock verl")
     if not candidates:
@@ -154,6 +168,7 @@ def from_simulation(result, perf_spec: str) -> str:
     stock_run = result.policies["verl"]
     stock = stock_run.makespans
     redraw = abs(1 - result.speedup_vs("verl")["verl-redraw"]) if "verl-redraw" in result.policies else None
+    reference = result.speedup_vs("verl").get("clairvoyant-sample")  # routing knowing every length, one step at a time
     common = " ".join(x for x in (TRAINER_MODE, perf_model_override(perf_spec),
                                   "+tailsieve.group_atomic=true" if result.config.group_atomic else "") if x)
     cfg = result.config
@@ -183,8 +198,12 @@ def from_simulation(result, perf_spec: str) -> str:
         else:
             continue  # stock verl itself, group round-robin, or a reference no rollout layer can run
         noises = [x for x in (two_standard_errors((stock - r.makespans) / stock.mean()), redraw) if x]
-        candidates.append(Candidate(label, stock_run.mean_makespan_s / r.mean_makespan_s, max(noises, default=None),
-                                    overrides, identical=never_left_stock(r, stock_run)))
+        speedup = stock_run.mean_makespan_s / r.mean_makespan_s
+        # routing alone cannot beat knowing every length (the run's warning); speculation's engines can
+        above = (reference if reference is not None and speedup > reference and not pools
+                 and name in ROUTING_ONLY else None)
+        candidates.append(Candidate(label, speedup, max(noises, default=None), overrides,
+                                    identical=never_left_stock(r, stock_run), above_reference=above))
     if pools or set(result.policies) & set(LAUNCH_SPEC_POLICIES):  # the line says where the acceptance came from
         from .engine_args import acceptance_source, assumed_acceptance_refusal
         source = acceptance_source(cfg.speculation)

@@ -12,7 +12,7 @@ from ..core.kinds import Pool
 from ..core.engine.perf import DEFAULT_PERF_MODEL, parse_perf_model
 from ..core.routing.policies import POLICIES, Routing, route
 from ..core.data.trace import read_trace
-from .engine_args import add_engine_args, engine_config_from_args
+from .engine_args import PLANNING_ENGINE, add_engine_args, engine_config_from_args
 
 
 def register(subparsers) -> None:
@@ -31,7 +31,7 @@ def register(subparsers) -> None:
                    help="budget in seconds of every search (exact, best-k, clairvoyant-sample); the best found is "
                         "reported when it runs out")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
-    add_engine_args(p)
+    add_engine_args(p, defaults=PLANNING_ENGINE)
     p.set_defaults(func=run)
 
 
@@ -95,10 +95,14 @@ def _print_table(routing: Routing, trace, args: argparse.Namespace, perf_name: s
         line += f"  (k={routing.k}, tail replicas m={routing.tail_replicas})"
     if not routing.complete:
         line += "  (search cut short by --time-limit: best found)"
+    over = "whole-group" if routing.group_atomic else "per-sample"  # a bound holds only over its own assignments
     if routing.gap_to_bound is not None and routing.policy != "exact":
-        line += f"  lower bound {routing.lower_bound_s:.3f} s (gap {100 * routing.gap_to_bound:.2f} %)"
+        line += (f"  lower bound over {over} assignments {routing.lower_bound_s:.3f} s "
+                 f"(gap {100 * routing.gap_to_bound:.2f} %)")
     if routing.policy == "exact":
-        line += ("  optimal (search finished)" if routing.optimal else
-                 f"  best found; proven lower bound {routing.lower_bound_s:.3f} s "
+        line += ("  optimal over whole-group assignments (search finished)" if routing.optimal else
+                 f"  best found; proven lower bound over whole-group assignments {routing.lower_bound_s:.3f} s "
                  f"(gap {100 * routing.gap_to_bound:.2f} %, raise --time-limit to close it)")
+    if routing.group_atomic and routing.gap_to_bound is not None:
+        line += "; routing single samples (--policy verl, clairvoyant-sample) can be faster"
     console.print(line)

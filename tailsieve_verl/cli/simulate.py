@@ -1,6 +1,7 @@
-"""`tailsieve simulate`: closed-loop comparison of stock verl's per-sample routing, uniform group
-routing, TailSieve (fixed and adaptive allocation) and length-knowing references over many training steps, on a bundled workload preset or
-your own prompts' observed lengths, with a measured H200 performance model."""
+"""`tailsieve simulate`: closed-loop comparison of stock verl's per-sample routing, group round-robin
+(the `uniform` policy), TailSieve (fixed and adaptive allocation) and length-knowing references over
+many training steps, on a bundled workload preset or your own prompts' observed lengths, with a
+measured H200 performance model."""
 
 from __future__ import annotations
 
@@ -16,12 +17,13 @@ from ..core.data.trace import read_trace
 from ..core.data.workload import PRESETS, PromptPool
 from .checks import output_dir, perf_model_file
 from .checks import CLIError
-from .engine_args import (add_engine_args, add_pool_speculation_args, engine_config_from_args,
-                          pool_engines_from_args, speculation_from_args)
+from .engine_args import (PLANNING_ENGINE, add_engine_args, add_pool_speculation_args,
+                          engine_config_from_args, pool_engines_from_args, speculation_from_args)
 from .lengths import add_length_cap_args, capped, preset
 from .recommend import from_simulation
 
 DEFAULTS = SimConfig()
+DEFAULT_WORKLOAD = "real"
 MAIN_JOB_BATCH, MAIN_JOB_N = 512, 16  # the main job: a DAPO-sized step (512 prompts × 16 samples) under verl's
 #   rollout defaults (--engine-defaults auto)
 
@@ -30,11 +32,12 @@ def register(subparsers) -> None:
     p = subparsers.add_parser(
         "simulate", help="closed-loop multi-step simulation: stock verl vs TailSieve vs clairvoyant references",
         description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--workload", default="real", choices=sorted(PRESETS),
-                   help="bundled workload preset (tail strength)")
-    p.add_argument("--prompts", default=None, metavar="FILE.jsonl",
-                   help='observed lengths per prompt, lines {"prompt_id": str, "lengths": [int, ...]}; '
-                        "overrides --workload")
+    source = p.add_mutually_exclusive_group()  # as in plan: one source of lengths, never one silently ignored
+    source.add_argument("--workload", default=None, choices=sorted(PRESETS),
+                        help=f"bundled workload preset (tail strength; default: {DEFAULT_WORKLOAD})")
+    source.add_argument("--prompts", default=None, metavar="FILE.jsonl",
+                        help='instead of a preset: observed lengths per prompt, lines {"prompt_id": str, '
+                             '"lengths": [int, ...]}')
     p.add_argument("--pool-size", type=int, default=2048, help="prompts in a generated workload's dataset")
     p.add_argument("--steps", type=int, default=DEFAULTS.steps)
     p.add_argument("--replicas", "-R", type=int, default=DEFAULTS.n_replicas)
@@ -66,7 +69,7 @@ def register(subparsers) -> None:
     p.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
                    help="processes running the policies side by side (the same results; default: 2, or 1 on one CPU)")
     add_length_cap_args(p)
-    add_engine_args(p, defaults="auto")
+    add_engine_args(p, defaults=PLANNING_ENGINE)
     add_pool_speculation_args(p)
     p.set_defaults(func=run)
 
@@ -96,7 +99,8 @@ def run(args: argparse.Namespace) -> int:
         trace = capped(read_trace(args.prompts), args)
         pool, workload = PromptPool.from_trace(trace, seed=args.seed), f"prompts:{args.prompts}"
     else:
-        pool, workload = PromptPool(preset(args.workload, args), args.pool_size, seed=args.seed), args.workload
+        workload = args.workload or DEFAULT_WORKLOAD
+        pool = PromptPool(preset(workload, args), args.pool_size, seed=args.seed)
     result = _run_with_progress(config, pool, perf, workload, show=not args.json, jobs=args.jobs)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -17,6 +17,7 @@ from typing import Sequence
 from ..core.data.rollout_dump import STEP_FILE, TokenCounter, build_trace, summarize
 from ..core.data.trace import MAX_TOKENS, TraceError, write_trace
 from ..core.data.workload import PRESETS, LengthProfile, preset_profile
+from ..core.errors import needs_package
 from .checks import CLIError, IntRule, is_inside, output_file
 
 
@@ -26,7 +27,8 @@ def tokenizer_counter(path: str | os.PathLike) -> TokenCounter:
     if not path.is_dir():
         raise TraceError(f"--tokenizer {path}: not a directory; give a local Hugging Face model or tokenizer "
                          "directory (the policy's, e.g. the recipe's MODEL_PATH)")
-    from transformers import AutoTokenizer
+    with needs_package("transformers", f"--tokenizer {path}: counting tokens"):
+        from transformers import AutoTokenizer
 
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True, trust_remote_code=False)

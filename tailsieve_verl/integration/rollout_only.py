@@ -19,8 +19,21 @@ import sys
 from types import SimpleNamespace
 from typing import Any, Sequence
 
-from tailsieve_verl.integration.config import SIM_ROLLOUT_NAME
-from tailsieve_verl.integration.trainer import TailSieveTrainer
+from tailsieve_verl.core.errors import MissingPackageError, needs_package
+
+try:  # before verl's trainer imports them, so that `python -m` without ray or verl is one line
+    with needs_package("ray", "the rollout-only run (verl's rollout path runs on Ray)", "pip install 'ray[default]'"):
+        import ray  # noqa: F401
+    with needs_package("verl", "the rollout-only run", "pip install 'verl[verl-core]==0.9.1'"):
+        import verl  # noqa: F401
+except MissingPackageError as e:
+    if __name__ != "__main__":
+        raise
+    print(f"tailsieve: error: {e}", file=sys.stderr)
+    sys.exit(2)
+
+from tailsieve_verl.integration.config import SIM_ROLLOUT_NAME  # noqa: E402
+from tailsieve_verl.integration.trainer import TailSieveTrainer  # noqa: E402
 
 
 class StubActorWorkerGroup:

@@ -26,6 +26,7 @@ logs one at step 0, ``trainer.test_freq`` the later ones), which need not fall o
 from __future__ import annotations
 
 import ast
+import difflib
 import json
 import math
 import os
@@ -36,7 +37,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from ..core.errors import TailSieveError
+from ..core.errors import TailSieveError, needs_package
 from .speedup_interval import SpeedupInterval, paired_speedup
 
 GEN_TIME = "timing_s/gen"
@@ -160,12 +161,9 @@ def read_console_log(path: Path) -> RunLog:
 
 
 def read_tensorboard(directory: Path) -> RunLog:
-    try:
+    with needs_package("tensorboard", f"{directory}: reading tensorboard event files"):
         from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
         from tensorboard.util import tensor_util
-    except ImportError:
-        raise CompareError(f"{directory}: reading tensorboard event files needs the tensorboard package "
-                           "(pip install tensorboard)") from None
     run = RunLog(directory.name, str(directory), "tensorboard")
     files = sorted(directory.rglob("events.out.tfevents.*"), key=lambda p: p.stat().st_mtime)
     for file in files:
@@ -319,6 +317,29 @@ def common_steps(runs: Sequence[RunLog], skip: int = 0, step_range: tuple[int | 
     return sorted(shared)
 
 
+def check_times(runs: Sequence[RunLog], steps: Sequence[int]) -> None:
+    """Refuse a generation or step time that no real step takes (NaN, infinite, zero or negative):
+    it would turn into a speedup of "n/a" or a ratio that one broken record drives."""
+    for run in runs:
+        for key in (GEN_TIME, STEP_TIME):
+            values = run.series.get(key, {})
+            for step in steps:
+                value = values.get(step)
+                if value is not None and not (math.isfinite(value) and value > 0):
+                    raise CompareError(f"{run.source}: step {step} logs {key} = {value!r}, not a positive finite "
+                                       "time (a broken log?); leave the step out with --steps or --skip-steps")
+
+
+def check_metrics(runs: Sequence[RunLog], keys: Iterable[str]) -> None:
+    """Refuse a ``--metric`` that no run logged (a typo would be a column of n/a), naming close keys."""
+    logged = sorted({key for run in runs for key in run.series})
+    for key in keys:
+        if key not in logged:
+            close = difflib.get_close_matches(key, logged, n=3, cutoff=0.5)
+            hint = f"; did you mean {', '.join(close)}?" if close else f"; the runs log e.g. {', '.join(logged[:3])}"
+            raise CompareError(f"--metric {key!r}: no run logs this metric{hint}")
+
+
 def _mean(values: np.ndarray) -> float:
     finite = values[np.isfinite(values)]
     return float(finite.mean()) if finite.size else math.nan
@@ -348,8 +369,10 @@ def compare_runs(runs: Sequence[RunLog], baseline: int = 0, skip: int = 0,
     for run in runs:
         if GEN_TIME not in run.series:
             raise CompareError(f"{run.source}: no '{GEN_TIME}' metric; is this a verl PPO/GRPO training log?")
-    steps = common_steps(runs, skip, step_range)
     extra_keys = list(extra_keys)
+    check_metrics(runs, extra_keys)
+    steps = common_steps(runs, skip, step_range)
+    check_times(runs, steps)
     means = [{key: _mean(run.values(key, steps)) for key in (*COMPARED, *extra_keys)} for run in runs]
     base = means[baseline]
     summaries = []

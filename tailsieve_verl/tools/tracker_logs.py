@@ -28,6 +28,7 @@ import zlib
 from contextlib import contextmanager
 from pathlib import Path
 
+from ..core.errors import needs_package
 from .run_logs import CompareError, RunLog
 
 WANDB_URL = "wandb://"
@@ -80,8 +81,9 @@ def _wandb_records(path: Path):
 
 def read_wandb_file(path: Path, run_folder: Path | None = None) -> RunLog:
     """A W&B offline run's history: every numeric item of each ``history`` record at its step."""
-    from google.protobuf.message import DecodeError
-    from wandb.proto import wandb_internal_pb2
+    with needs_package("wandb", f"{path}: reading a W&B run"):
+        from google.protobuf.message import DecodeError
+        from wandb.proto import wandb_internal_pb2
 
     folder = run_folder or path.parent
     run = RunLog(folder.name, str(folder), "wandb")
@@ -136,7 +138,8 @@ def parse_wandb_url(url: str) -> str:
 def read_wandb_online(url: str) -> RunLog:
     """A synced run's history through ``wandb.Api()`` (needs the network and ``WANDB_API_KEY``)."""
     path = parse_wandb_url(url)
-    import wandb
+    with needs_package("wandb", f"{url}: reading a synced W&B run"):
+        import wandb
 
     try:
         api_run = wandb.Api(timeout=60).run(path)
@@ -227,11 +230,8 @@ def _find_mlflow_run(client, uri: str, selector: str | None):
 def read_mlflow(spec: str) -> RunLog:
     """Every metric's history of one MLflow run (see ``mlflow_store`` for ``spec``), through
     ``MlflowClient.get_metric_history``; a step logged twice (a resumed run) keeps its newest value."""
-    try:
+    with needs_package("mlflow", f"{spec}: reading MLflow runs", "pip install mlflow-skinny sqlalchemy alembic"):
         from mlflow.tracking import MlflowClient
-    except ImportError:
-        raise CompareError(f"{spec}: reading MLflow runs needs the mlflow package (pip install mlflow-skinny "
-                           "sqlalchemy alembic)") from None
     uri, selector = mlflow_store(spec)
     try:
         with _file_store_allowed(uri):

@@ -40,9 +40,18 @@ def make_inputs(d: Path) -> None:
     (d / "run_a.jsonl").write_text("".join(json.dumps({"step": s, "data": {"timing_s/gen": 10.0, "timing_s/step": 20.0}})
                                            + "\n" for s in (1, 2, 3)))
     (d / "run_b.jsonl").write_text((d / "run_a.jsonl").read_text())
+    (d / "again").mkdir()
+    (d / "again" / "run_a.jsonl").write_text((d / "run_a.jsonl").read_text())
+    for name, gen, step in (("gen_nan", "NaN", 20.0), ("gen_negative", -1.0, 20.0), ("gen_zero", 0.0, 20.0),
+                            ("step_inf", 10.0, "Infinity")):
+        (d / f"run_{name}.jsonl").write_text((d / "run_a.jsonl").read_text().replace(
+            '{"step": 2, "data": {"timing_s/gen": 10.0, "timing_s/step": 20.0}}',
+            f'{{"step": 2, "data": {{"timing_s/gen": {gen}, "timing_s/step": {step}}}}}'))
     (d / "cal_words.json").write_text('{"rows": [{"batch": "x", "context": 0, "step_ms": 1}]}')
     (d / "cal_ok.json").write_text('{"rows": [{"batch": 1, "context": 0, "step_ms": 1}, '
                                    '{"batch": 2, "context": 0, "step_ms": 2}]}')
+    (d / "cal_huge.json").write_text('{"rows": [{"batch": 1, "context": 0, "step_ms": 1e200}, '
+                                     '{"batch": 2, "context": 0, "step_ms": 2e200}]}')
     (d / "cal_nan.json").write_text('{"rows": [{"batch": 1, "context": 0, "step_ms": NaN}, '
                                     '{"batch": 2, "context": 0, "step_ms": 1}]}')
 
@@ -72,6 +81,17 @@ CASES = [
     ("compare-binary", "compare run_a.jsonl binary.jsonl", "binary.jsonl:1: not UTF-8 text"),
     ("compare-empty", "compare run_a.jsonl empty.jsonl", "no metrics found"),
     ("compare-dir", "compare run_a.jsonl a_dir", "found no verl logs"),
+    ("compare-gen-nan", "compare run_a.jsonl run_gen_nan.jsonl", "run_gen_nan.jsonl: step 2 logs timing_s/gen = nan"),
+    ("compare-gen-negative", "compare run_a.jsonl run_gen_negative.jsonl", "step 2 logs timing_s/gen = -1.0, not a "
+                                                                          "positive finite time"),
+    ("compare-gen-zero", "compare run_gen_zero.jsonl run_a.jsonl",
+     "run_gen_zero.jsonl: step 2 logs timing_s/gen = 0.0"),
+    ("compare-step-inf", "compare run_a.jsonl run_step_inf.jsonl", "step 2 logs timing_s/step = inf"),
+    ("compare-metric-unknown", "compare run_a.jsonl run_b.jsonl --metric timing_s/gne",
+     "--metric 'timing_s/gne': no run logs this metric; did you mean timing_s/gen"),
+    ("compare-names-twice", "compare run_a.jsonl run_b.jsonl --names x,x", "--names gives 'x' to more than one run"),
+    ("compare-same-default-name", "compare run_a.jsonl again/run_a.jsonl", "are both named 'run_a'; tell them apart "
+                                                                           "with --names"),
     ("bench-trace-binary", f"bench --trace binary.jsonl -R 2 --url {SERVER}", "not UTF-8 text"),
     ("bench-calibration-binary", f"bench --trace ok.jsonl -R 2 --url {SERVER} --calibration binary.jsonl",
      "binary.jsonl: not UTF-8 text"),
@@ -123,12 +143,21 @@ CASES = [
     ("perf-table-empty", "study --perf-model table:empty.jsonl", "calibration is not valid JSON"),
     ("perf-table-words", "route --trace ok.jsonl -R 2 --perf-model table:cal_words.json", "non-numeric batch"),
     ("perf-table-nan", "route --trace ok.jsonl -R 2 --perf-model table:cal_nan.json", "NaN is not a measurement"),
+    ("perf-linear-huge", "route --trace ok.jsonl -R 2 --perf-model linear:a=1e200,c=1", "0 <= a <= 60 s"),
+    ("perf-linear-overflow", "route --trace ok.jsonl -R 2 --perf-model linear:a=1e308,c=1e308", "0 <= c <= 60 s"),
+    ("perf-linear-tiny", "route --trace ok.jsonl -R 2 --perf-model linear:a=0,c=1e-300", "a + c >= 1e-06 s"),
+    ("perf-table-huge", "route --trace ok.jsonl -R 2 --perf-model table:cal_huge.json",
+     "row 0 has step_ms = 1e+200, outside a decode step's sane range 0.001..60000 ms"),
     ("perf-empty", "route --trace ok.jsonl -R 2 --perf-model=", "unknown performance model ''"),
     ("perf-kind-unknown", "study --perf-model roofline:h200", "unknown performance model"),
     # usage
     ("required-flag-missing", "route --trace ok.jsonl", "the following arguments are required: --replicas/-R"),
     ("unknown-command", "frobnicate", "invalid choice: 'frobnicate'"),
     ("unknown-flag", "simulate --plot x.png", "unrecognized arguments: --plot x.png"),
+    ("simulate-workload-and-prompts", "simulate --workload weak --prompts ok.jsonl --out out",
+     "argument --prompts: not allowed with argument --workload"),
+    ("spec-schedule-alone", "route --trace ok.jsonl -R 2 --spec-schedule 1-64:3,65-256:1",
+     "--spec-schedule (speculating up to k = 3) needs --spec-acceptance"),
     ("bench-q-without-m", f"bench --trace ok.jsonl -R 2 --url {SERVER} --q 2", "give --q and --m together"),
     # closed-loop: everything checked before a server is contacted
     ("closed-loop-calibration-binary", f"closed-loop --url {SERVER} --calibration binary.jsonl", "not UTF-8 text"),
@@ -172,6 +201,39 @@ def test_bad_input_is_one_line_exit_2_and_inputs_unchanged(tmp_path, monkeypatch
     after = _snapshot(tmp_path)
     assert {k: v for k, v in after.items() if k in before} == before  # inputs byte-identical
     assert set(after) - set(before) <= {"t.jsonl"} and "t.jsonl" not in after  # and nothing written
+
+
+# (missing package, argv, a piece of the one error line): each optional package named with its install
+MISSING = [
+    ("transformers", "trace dump -o t.jsonl --tokenizer a_dir", "counting tokens needs the transformers package"),
+    ("wandb", "compare run_a.jsonl wandb://entity/project/run1", "needs the wandb package (not installed); "
+                                                                 "install it with: pip install wandb"),
+    ("wandb", "compare run_a.jsonl run-1.wandb", "run-1.wandb: reading a W&B run needs the wandb package"),
+    ("tensorboard", "compare run_a.jsonl events.out.tfevents.1", "needs the tensorboard package"),
+    ("mlflow", "compare run_a.jsonl sqlite:///runs.db#r", "install it with: pip install mlflow-skinny"),
+]
+
+
+@pytest.mark.parametrize("package, argv, needle", MISSING,
+                         ids=["transformers", "wandb-synced", "wandb-offline", "tensorboard", "mlflow"])
+def test_a_missing_optional_package_is_one_line_naming_it(tmp_path, monkeypatch, capsys, package, argv, needle):
+    make_inputs(tmp_path)
+    (tmp_path / "run-1.wandb").write_bytes(b"")
+    (tmp_path / "events.out.tfevents.1").write_bytes(b"")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setitem(sys.modules, package, None)  # what `import package` meets where it is not installed
+    code, _, err = run_cli(argv.split(), capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert needle in err and "internal error" not in err
+
+
+@pytest.mark.parametrize("package", ["ray", "verl"])
+def test_the_rollout_only_run_without_ray_or_verl_is_one_line(package):
+    script = (f"import runpy, sys; sys.modules[{package!r}] = None; sys.argv = ['rollout_only', '--steps', '1']; "
+              "runpy.run_module('tailsieve_verl.integration.rollout_only', run_name='__main__')")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert f"needs the {package} package (not installed); install it with: pip install" in proc.stderr
 
 
 def test_the_installed_command_prints_one_line_for_a_binary_trace(tmp_path):

@@ -90,3 +90,31 @@ def test_tailsieve_command_reports_one_error_line(trace_path, capsys):
     assert len(err) == 1 and err[0].startswith("tailsieve route: error: --tail-replicas must be between 1 and")
     assert main(["route", "--trace", str(trace_path), "-R", "2", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["policy"] == "best-k"
+
+
+def test_exact_and_best_k_say_over_which_assignments_they_hold(tmp_path, capsys):
+    """Issue 59: on this step stock verl's per-sample routing is faster than the exact optimum, which holds
+    over whole-group assignments only, so the output must say so and not call the bound one for all."""
+    path = tmp_path / "real16.jsonl"
+    write_trace(generate_trace("real", 16, 8, seed=3), path)
+    common = ("--trace", str(path), "-R", "4", "--engine-defaults", "none", "--time-limit", "5")
+    makespan = {}
+    for policy in ("verl", "exact"):
+        assert _run(*common, "--policy", policy, "--json") == 0
+        makespan[policy] = json.loads(capsys.readouterr().out)["makespan_s"]
+    assert makespan["verl"] < makespan["exact"]
+    assert _run(*common, "--policy", "exact") == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert ("optimal over whole-group assignments (search finished); routing single samples (--policy verl, "
+            "clairvoyant-sample) can be faster") in out
+    assert _run(*common, "--policy", "best-k") == 0
+    assert "lower bound over whole-group assignments" in " ".join(capsys.readouterr().out.split())
+
+
+def test_route_prices_a_step_on_the_engine_simulate_and_plan_assume():
+    from tailsieve_verl.cli import build_parser
+    from tailsieve_verl.cli.engine_args import PLANNING_ENGINE
+
+    commands = build_parser()._subparsers._group_actions[0].choices
+    defaults = {name: commands[name].get_default("engine_defaults") for name in ("simulate", "plan", "route")}
+    assert set(defaults.values()) == {PLANNING_ENGINE}, defaults

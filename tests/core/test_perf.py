@@ -57,7 +57,8 @@ def test_parse_specs():
 @pytest.mark.parametrize("spec, needle", [
     ("linear:a=0.01", "exactly a and c"),
     ("linear:a=x,c=1", "expected linear:a=A,c=C"),
-    ("linear:a=-1,c=0.1", "a >= 0"),
+    ("linear:a=-1,c=0.1", "0 <= a <= 60 s"),
+    ("linear:a=1e200,c=1", "0 <= a <= 60 s"),
     ("table:nope", "unknown calibration"),
     ("table:h200-dense:gpt-9", "no rows for model"),
     ("quadratic:1", "unknown performance model"),

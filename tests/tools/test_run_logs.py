@@ -17,6 +17,7 @@ from tailsieve_verl.tools.run_logs import (
     RESPONSE_LENGTH,
     STEP_TIME,
     CompareError,
+    RunLog,
     compare_runs,
     read_run,
 )
@@ -226,3 +227,16 @@ def test_validation_scores_are_shown_first_and_last_next_to_the_generation_time(
     out = capsys.readouterr().out
     assert "val tailsieve_math/reward/mean@1" in out
     assert "0.250 (step 0) -> 0.500 (step 2)" in out and "0.250 (step 0) -> 0.375 (step 2)" in out
+
+
+def test_a_broken_time_is_refused_only_on_a_compared_step(tmp_path):
+    """A NaN or non-positive time would print "n/a" or a speedup one record drives; outside the
+    compared window (--skip-steps) it changes nothing and is kept out of the way."""
+    good, broken = RunLog("verl", "a", "file"), RunLog("ts", "b", "file")
+    for step in (1, 2, 3):
+        good.add(step, GEN_TIME, 10.0)
+        broken.add(step, GEN_TIME, -3.0 if step == 1 else 8.0)
+    with pytest.raises(CompareError, match="b: step 1 logs timing_s/gen = -3.0"):
+        compare_runs([good, broken])
+    steps, summaries = compare_runs([good, broken], skip=1)
+    assert steps == [2, 3] and summaries[1].gen_speedup == pytest.approx(10.0 / 8.0)

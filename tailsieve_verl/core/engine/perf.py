@@ -33,6 +33,9 @@ BUNDLED_TABLES = {
 }
 KNOWN_SPECS = "linear:a=A,c=C | table:{h200-dense,h200-moe,PATH.json}[:MODEL] | fitted:{...}[:MODEL]"
 DEFAULT_PERF_MODEL = "table:h200-dense"
+# One decode step's sane range in seconds: a microsecond is below any engine's step, a minute far above
+# one at any batch. Outside it a spec is a typo: linear:a=1e200 priced steps at 1e204 s, 1e308 overflowed.
+MIN_STEP_S, MAX_STEP_S = 1e-6, 60.0
 
 
 class PerfModelError(TailSieveError):
@@ -60,8 +63,10 @@ class LinearPerf(PerfModel):
     c: float
 
     def __post_init__(self) -> None:
-        if not (math.isfinite(self.a) and math.isfinite(self.c)) or self.a < 0 or self.c < 0 or self.a + self.c <= 0:
-            raise PerfModelError(f"linear model needs a >= 0, c >= 0 and a + c > 0, got a={self.a}, c={self.c}")
+        if not (0 <= self.a <= MAX_STEP_S and 0 <= self.c <= MAX_STEP_S and self.a + self.c >= MIN_STEP_S):
+            raise PerfModelError(f"linear model needs 0 <= a <= {MAX_STEP_S:g} s, 0 <= c <= {MAX_STEP_S:g} s and "
+                                 f"a + c >= {MIN_STEP_S:g} s (a decode step's sane range), "
+                                 f"got a={self.a:g}, c={self.c:g}")
         self.name = f"linear:a={self.a:g},c={self.c:g}"
 
     def step_time(self, active, context=0.0):
@@ -115,6 +120,9 @@ class Calibration:
                 raise PerfModelError(f"{source}: row {i} has a non-numeric batch, context or step_ms: {r!r}"[:300])
             if r["batch"] < 1 or r["context"] < 0 or r["step_ms"] <= 0:
                 raise PerfModelError(f"{source}: row {i} has batch < 1, context < 0 or step_ms <= 0: {r!r}")
+            if not 1000 * MIN_STEP_S <= r["step_ms"] <= 1000 * MAX_STEP_S:
+                raise PerfModelError(f"{source}: row {i} has step_ms = {r['step_ms']:g}, outside a decode step's sane "
+                                     f"range {1000 * MIN_STEP_S:g}..{1000 * MAX_STEP_S:g} ms")
             point = (str(r.get("model", "")), float(r["batch"]), float(r["context"]))
             if point in seen:
                 raise PerfModelError(f"{source}: rows {seen[point]} and {i} both measure batch {r['batch']} at "

@@ -362,7 +362,7 @@ def _clairvoyant_sample(req: RouteRequest) -> Routing:
                       lower_bound_s=makespan_lower_bound(samples, req.n_replicas, req.perf, cost))
 
 
-@register_policy("exact", "makespan optimum over group assignments (branch and bound; anytime)")
+@register_policy("exact", "makespan optimum over whole-group assignments (branch and bound; anytime)")
 def _exact(req: RouteRequest) -> Routing:
     groups, R = req.groups, req.n_replicas
     cost = SetCost(groups, req.perf, req.engine)
@@ -372,7 +372,10 @@ def _exact(req: RouteRequest) -> Routing:
     result = solve_exact(groups, R, req.perf, req.engine, incumbents=seeds, time_limit_s=req.time_limit_s,
                          node_limit=req.node_limit, set_cost=cost)
     routing = _grouped(req, "exact", result.assignment, optimal=result.optimal, search_nodes=result.nodes)
-    lower = result.makespan_s if result.optimal else result.lower_bound_s
+    # unfinished: the search's proven bound, or the generic one where its cost table cannot bound (an engine's
+    # KV limit or prefill): never the 0 s of a search that proved nothing
+    lower = result.makespan_s if result.optimal else max(result.lower_bound_s,
+                                                         makespan_lower_bound(groups, R, req.perf, cost))
     # The search scores sets with StepCostTable; report the evaluator's makespan and keep the
     # bound consistent with it (they agree to float rounding).
     return replace(routing, lower_bound_s=min(lower, routing.makespan_s), complete=True)
