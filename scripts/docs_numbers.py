@@ -45,24 +45,34 @@ def _span(values, digits: int = 3, sep: str = "–") -> str:
     return lo if lo == hi else f"{lo}{sep}{hi}"
 
 
-# --- the default configuration: adaptive controller with the planned probe, verl's rollout defaults ---
+# --- the default configuration: the adaptive controller with its planned probe and its judge, verl's rollout defaults ---
+
+JUDGE_FILES = tuple(sorted((RESULTS / "at_worst_stock_verl").glob("judge_*.jsonl")))  # scripts/experiments/judge_check.py
+EPOCHS = {1: "first epoch", 2: "later epochs"}
+
+
+def _judge_runs(files: tuple[Path, ...] = ()) -> list[dict]:
+    return [r for path in (files or JUDGE_FILES) for r in _jsonl(path)]
+
 
 @cache
-def planned_probe() -> dict[tuple[str, str], dict]:
-    """Per (cell, shape): seeds, mean and worst whole-run speedup over stock verl, steady state, split steps,
-    and the per-prompt oracle's speedup on the same seeds (``probe_margin.py --report --oracle``'s columns)."""
-    folder = RESULTS / "signal_gap"
-    oracle = {(r["cell"], r["shape"], r["seed"]): r["speedup_vs_verl"]["prompt-oracle-split"]
-              for name in ("signal_gap.jsonl", "signal_gap_64x8.jsonl") for r in _jsonl(folder / name)}
-    rows = _jsonl(folder / "planned_probe.jsonl")
+def default_cells() -> dict[tuple[str, str, int], dict]:
+    """Per (cell, shape, epoch) of judge_check.py's runs of the default controller: seeds, mean and worst speedup
+    over stock verl, split steps, and the per-prompt oracle's mean on the seeds it was run on (epoch 1)."""
+    oracle: dict = {}
+    for name in ("signal_gap.jsonl", "signal_gap_64x8.jsonl"):
+        for r in _jsonl(RESULTS / "signal_gap" / name):
+            oracle.setdefault((r["cell"], r["shape"]), []).append(r["speedup_vs_verl"]["prompt-oracle-split"])
+    runs = [r for r in _judge_runs() if r["rule"] == "new"]
     cells = {}
-    for key in dict.fromkeys((r["cell"], r["shape"]) for r in rows):
-        rs = [r for r in rows if (r["cell"], r["shape"]) == key]
-        ts = np.array([r["ts"] for r in rs])
+    for key in dict.fromkeys((r["cell"], r["shape"], r["epoch"]) for r in runs):
+        rs = [r for r in runs if (r["cell"], r["shape"], r["epoch"]) == key]
+        ts = np.array([r["speedup_vs_verl"] for r in rs])
         cells[key] = {"seeds": len(rs), "mean": float(ts.mean()), "worst": float(ts.min()),
-                      "steady": float(np.mean([r["ts_steady"] for r in rs])),
                       "split_steps": float(np.mean([r["split_steps"] for r in rs])),
-                      "oracle": float(np.mean([oracle[(*key, r["seed"])] for r in rs]))}
+                      "deferral": max(r["max_deferral_steps"] for r in rs),
+                      "lost_dup_stale": sum(r["lost_dup_stale"] for r in rs),
+                      "oracle": float(np.mean(oracle[key[:2]])) if key[2] == 1 and key[:2] in oracle else None}
     return cells
 
 
@@ -71,37 +81,51 @@ def _shape_label(shape: str) -> str:
     return f"{batch.replace('x', ' × ')}, {int(cap) // 1024}k cap"
 
 
+SHAPES = ("512x16@32768", "256x16@16384", "64x8@16384")
+
+
 def current_table() -> str:
-    """The README's one table: setups × tails down, shapes across, mean [worst seed]."""
-    cells = planned_probe()
-    shapes = list(dict.fromkeys(shape for _, shape in cells))
-    seeds = {shape: min(c["seeds"] for (_, s), c in cells.items() if s == shape) for shape in shapes}
-    lines = ["| setup / tails | " + " | ".join(f"{_shape_label(s)}, {seeds[s]} seeds" for s in shapes) + " |",
-             "| --- |" + " --- |" * len(shapes)]
+    """The README's table: setups × tails down; shapes across, the first epoch beside the later ones, mean [worst run]."""
+    cells = default_cells()
+    lines = ["| setup / tails | " + " | ".join(f"{_shape_label(s)}, {EPOCHS[e]}" for s in SHAPES for e in EPOCHS) + " |",
+             "| --- |" + " --- |" * (len(SHAPES) * len(EPOCHS))]
     for setup, label in SETUP_LABELS.items():
         for tails in TAILS:
-            row = [f"{cells[f'{setup}-{tails}', s]['mean']:.3f} [{cells[f'{setup}-{tails}', s]['worst']:.3f}]"
-                   for s in shapes]
-            row = [f"**{c}**" if tails == "weak" and setup != "moe" else c for c in row]
+            row = []
+            for shape in SHAPES:
+                for epoch in EPOCHS:
+                    c = cells.get((f"{setup}-{tails}", shape, epoch))
+                    figure = f"{c['mean']:.3f} [{c['worst']:.3f}]" if c else "–"
+                    row.append(f"**{figure}**" if c and c["mean"] >= 1.01 else figure)
             lines.append(f"| {label}, {tails} | " + " | ".join(row) + " |")
     return "\n" + "\n".join(lines) + "\n"
 
 
+def current_seeds() -> str:
+    """How many seeds the README's table rests on, per shape."""
+    cells = default_cells()
+    return "; ".join(f"{_shape_label(shape)}: {_span([c['seeds'] for (_, s, _), c in cells.items() if s == shape], 0, ' to ')}"
+                     for shape in SHAPES)
+
+
 def current_detail() -> str:
-    """docs/results.md's current table: every cell with its seeds, steady state and the per-prompt oracle."""
-    lines = ["| cell | shape | seeds | TailSieve, whole run [worst seed] | steps 10–29 | per-prompt oracle | "
-             "share of the oracle's gain | split steps of 30 |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
-    for (cell, shape), c in planned_probe().items():
-        share = f"{(c['mean'] - 1) / (c['oracle'] - 1) * 100:.0f} %" if c["oracle"] >= 1.05 else "–"
-        lines.append(f"| {cell} | {shape} | {c['seeds']} | {c['mean']:.3f} [{c['worst']:.3f}] | {c['steady']:.3f} | "
-                     f"{c['oracle']:.3f} | {share} | {c['split_steps']:.1f} |")
+    """docs/results.md's current table: every cell and epoch with its seeds, split steps and, in the first epoch,
+    the per-prompt oracle."""
+    lines = ["| cell | shape | epoch | seeds | TailSieve, mean [worst run] | per-prompt oracle (first epoch) | "
+             "share of the oracle's gain | split steps | most steps a prompt waited |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for (cell, shape, epoch), c in sorted(default_cells().items(),
+                                          key=lambda kv: (kv[0][2], SHAPES.index(kv[0][1]), kv[0][0])):
+        oracle = c["oracle"]
+        share = f"{(c['mean'] - 1) / (oracle - 1) * 100:.0f} %" if oracle is not None and oracle >= 1.05 else "–"
+        lines.append(f"| {cell} | {shape} | {epoch} | {c['seeds']} | {c['mean']:.3f} [{c['worst']:.3f}] | "
+                     f"{'–' if oracle is None else f'{oracle:.3f}'} | {share} | {c['split_steps']:.1f} | {c['deferral']} |")
     return "\n" + "\n".join(lines) + "\n"
 
 
-def _where(pred) -> list[dict]:
-    """The planned probe's cells whose (setup, tails, shape) satisfy ``pred``."""
-    return [c for (cell, shape), c in planned_probe().items() if pred(*cell.split("-"), shape)]
+def _where(pred, epoch: int = 1) -> list[dict]:
+    """The default controller's cells of ``epoch`` whose (setup, tails, shape) satisfy ``pred``."""
+    return [c for (cell, shape, e), c in default_cells().items() if e == epoch and pred(*cell.split("-"), shape)]
 
 
 def _pays(setup: str, tails: str) -> bool:
@@ -109,36 +133,43 @@ def _pays(setup: str, tails: str) -> bool:
     return tails == "weak" and setup != "moe"
 
 
-def weak_dense_dapo() -> str:
-    return _span([c["mean"] for c in _where(lambda s, t, shape: _pays(s, t) and shape in DAPO_SHAPES)])
+def weak_dense_dapo(epoch: int = 1) -> str:
+    return _span([c["mean"] for c in _where(lambda s, t, shape: _pays(s, t) and shape in DAPO_SHAPES, epoch)])
 
 
-def weak_dense_64x8() -> str:
-    return _span([c["mean"] for c in _where(lambda s, t, shape: _pays(s, t) and shape.startswith("64x8"))])
+def weak_dense_64x8(epoch: int = 1) -> str:
+    return _span([c["mean"] for c in _where(lambda s, t, shape: _pays(s, t) and shape.startswith("64x8"), epoch)])
 
 
-def _elsewhere() -> list[dict]:
-    return _where(lambda s, t, shape: not _pays(s, t))
+def _elsewhere(epoch: int = 1) -> list[dict]:
+    return _where(lambda s, t, shape: not _pays(s, t), epoch)
 
 
-def elsewhere_span() -> str:
-    return _span([c["mean"] for c in _elsewhere()])
+def elsewhere_span(epoch: int = 1) -> str:
+    return _span([c["mean"] for c in _elsewhere(epoch)])
 
 
 def elsewhere_count() -> str:
-    return f"{len(_elsewhere())} of {len(planned_probe())}"
+    return f"{len(_elsewhere())} of {len(_where(lambda *_: True))}"
 
 
 def elsewhere_oracle_gain() -> str:
     return f"{(max(c['oracle'] for c in _elsewhere()) - 1) * 100:.0f} %"
 
 
-def lowest_cell() -> str:
-    return f"{min(c['worst'] for c in planned_probe().values()):.3f}"
+def lowest_run() -> str:
+    """The worst run of any cell and epoch, and its cell."""
+    (cell, shape, epoch), c = min(default_cells().items(), key=lambda kv: kv[1]["worst"])
+    return f"{c['worst']:.3f} ({cell} {_shape_label(shape)}, {EPOCHS[epoch]})"
+
+
+def lowest_mean() -> str:
+    """The lowest cell mean of any cell and epoch."""
+    return f"{min(c['mean'] for c in default_cells().values()):.3f}"
 
 
 def real_tails_dapo() -> str:
-    return _span([c["mean"] for c in _where(lambda s, t, shape: t == "real" and shape in DAPO_SHAPES)])
+    return _span([c["mean"] for e in EPOCHS for c in _where(lambda s, t, shape: t == "real" and shape in DAPO_SHAPES, e)])
 
 
 def weak_dense_share() -> str:
@@ -512,6 +543,58 @@ def yardstick_table(files: tuple[Path, ...] = ()) -> str:
     return "\n" + "\n".join(lines) + "\n"
 
 
+def judge_table(files: tuple[Path, ...] = ()) -> str:
+    """Per (epoch, shape, cell) of judge_check.py's runs with both judges where either split: the default controller
+    against stock verl under the judge it replaced (before) and under its judge (after), on the same draws, and what
+    each judge read on the split steps of the runs where the old one split and the split lost (truth > 1)."""
+    runs = _judge_runs(files)
+    lines = ["| epoch | cell | shape | seeds | before: mean [worst run] | after: mean [worst run] | "
+             "split steps before / after | runs whose split steps lost: truth / old read / new read (mean) |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for key in sorted({(r["epoch"], r["shape"], r["cell"]) for r in runs if r["rule"] == "old"},
+                      key=lambda k: (k[0], SHAPES.index(k[1]), k[2])):
+        old, new = ([r for r in runs if (r["epoch"], r["shape"], r["cell"], r["rule"]) == (*key, rule)]
+                    for rule in ("old", "new"))
+        if not any(r["split_steps"] for r in old + new):
+            continue
+        cells = [f"{np.mean([r['speedup_vs_verl'] for r in rs]):.3f} [{min(r['speedup_vs_verl'] for r in rs):.3f}]"
+                 for rs in (old, new)]
+        splits = " / ".join(f"{np.mean([r['split_steps'] for r in rs]):.1f}" for rs in (old, new))
+        lost = [r for r in old if r.get("truth", 0) > 1]
+        reads = (f"{len(lost)}: {np.mean([r['truth'] for r in lost]):.3f} / {np.mean([r['consumed_read'] for r in lost]):.3f}"
+                 f" / {np.mean([r['fair_read'] for r in lost]):.3f}" if lost else "0")
+        lines.append(f"| {key[0]} | {key[2]} | {key[1]} | {len(new)} | {cells[0]} | {cells[1]} | {splits} | {reads} |")
+    return "\n" + "\n".join(lines) + "\n"
+
+
+def judge_worst_old() -> str:
+    """The worst run under the judge the controller replaced, what both judges read on its split steps, and the same
+    draws under the controller's judge."""
+    runs = _judge_runs()
+    r = min((r for r in runs if r["rule"] == "old"), key=lambda r: r["speedup_vs_verl"])
+    now = next(n for n in runs if n["rule"] == "new" and all(n[k] == r[k] for k in ("cell", "shape", "seed", "epoch")))
+    reads = (f"; on its {r['split_steps']} split steps it ran {r['truth']:.3f}× stock verl's makespan, which the consumed "
+             f"batches' price read as {r['consumed_read']:.3f}× one shared pool and the pulls' price as "
+             f"{r['fair_read']:.3f}×" if "truth" in r else "")
+    return (f"{r['cell']} {_shape_label(r['shape'])}, seed {r['seed']}, {EPOCHS[r['epoch']]}: {r['speedup_vs_verl']:.3f}× "
+            f"stock verl{reads}; under the judge, {now['speedup_vs_verl']:.3f}× with {now['split_steps']} split steps")
+
+
+CLI_RECURRING_FILE = RESULTS / "at_worst_stock_verl" / "cli_recurring.jsonl"  # scripts/experiments/cli_recurring.py
+
+
+def cli_recurring() -> str:
+    """cli_recurring.py's runs of the controller's judge per tail preset: mean [worst run] and the runs below 0.97×
+    stock verl."""
+    runs = [r for r in _jsonl(CLI_RECURRING_FILE) if r["rule"] == "new"]
+    parts = []
+    for workload in dict.fromkeys(r["workload"] for r in runs):
+        speed = [r["speedup_vs_verl"] for r in runs if r["workload"] == workload]
+        parts.append(f"{workload} tails {np.mean(speed):.3f}× [{min(speed):.3f}], {sum(x < 0.97 for x in speed)} of "
+                     f"{len(speed)} runs below 0.97×")
+    return "; ".join(parts)
+
+
 def yardstick_worst() -> str:
     """The worst run of yardstick_check.py: its speedup, its split steps' truth and the controller's verdict."""
     r = min(_yardstick_runs(), key=lambda r: r["speedup_vs_verl"])
@@ -553,14 +636,22 @@ def speed_bench() -> str:
 
 RENDERERS = {
     "current-table": current_table,
+    "current-seeds": current_seeds,
     "current-detail": current_detail,
     "weak-dense-dapo": weak_dense_dapo,
+    "weak-dense-dapo-later": lambda: weak_dense_dapo(2),
     "weak-dense-64x8": weak_dense_64x8,
+    "weak-dense-64x8-later": lambda: weak_dense_64x8(2),
     "weak-dense-share": weak_dense_share,
     "elsewhere-span": elsewhere_span,
+    "elsewhere-span-later": lambda: elsewhere_span(2),
     "elsewhere-count": elsewhere_count,
     "elsewhere-oracle-gain": elsewhere_oracle_gain,
-    "lowest-cell": lowest_cell,
+    "lowest-run": lowest_run,
+    "lowest-mean": lowest_mean,
+    "judge-table": judge_table,
+    "judge-worst-old": judge_worst_old,
+    "cli-recurring": cli_recurring,
     "real-tails-dapo": real_tails_dapo,
     "mtp-stock-gain": mtp_stock_gain,
     "mtp-tailsieve-vs-best-stock": mtp_tailsieve_vs_best_stock,
