@@ -5,7 +5,7 @@ The judge: a split step's makespan over stock verl's price of what the step *pul
 measured, its aborted groups run to their end with each cut sample's length drawn past its abort from the run's own
 finished and cut samples: ``HierarchicalController.stock_price_s``), not over the price of the batch it consumed,
 which the carry fills with the last step's slowest groups; a planned split is probed only where its predicted gain
-clears ``confidence_z`` standard errors of the plan, and left as soon as its fair relative makespan resolves a loss
+clears ``probe_z`` standard errors of the plan, and left as soon as its fair relative makespan resolves a loss
 against one shared pool's. ``--rule old`` runs the judge it replaced (the consumed batch's price alone, no standard
 errors) on the same draws.
 
@@ -58,7 +58,7 @@ ctl.HierarchicalController._measure_split = _tap(ctl.HierarchicalController._mea
 
 def _old_rule(config: ctl.ControllerConfig) -> ctl.ControllerConfig:
     """The judge the controller had before: no standard errors, and no fair price to leave on (patched below)."""
-    return replace(config, confidence_z=0.0)
+    return replace(config, probe_z=0.0)
 
 
 def run(job: dict) -> dict:

@@ -37,7 +37,7 @@ measured) for a split, probes it where the plan predicts ``plan_margin`` over on
 split's record weighed against the plan's prediction (``plan_weight``), or as soon as the split's makespans over
 stock verl's price of what its steps pulled (:meth:`HierarchicalController.stock_price_s`, the aborted groups'
 lengths drawn past the abort) resolve a loss; it probes only a plan whose gain clears the plan's own standard
-error (``confidence_z``). It plans once per run. On the four
+error ``probe_z`` times (``leave_z`` for the loss). It plans once per run. On the four
 weak DAPO-sized cells this reaches 95-119 % of the per-prompt oracle's gain, against 50-100 % for the
 prior and both loops (``scripts/experiments/probe_margin.py``; docs/results.md).
 
@@ -147,12 +147,15 @@ class ControllerConfig:
     four weak DAPO-sized cells it took TailSieve from 1.057-1.143 to 1.108-1.177 (``probe_margin.py``)."""
     plan_margin: float = 0.03
     """The planned split is probed only where the plan predicts it beating one shared pool by this fraction, beyond
-    ``confidence_z`` standard errors of the prediction."""
-    confidence_z: float = 1.0
-    """How many standard errors decide: a plan's gain must clear its own by this many to be probed, and a planned
-    split returns to one shared pool once its makespans over stock verl's price of its pulls exceed one shared
-    pool's by this many (Student's t on its steps). A split whose gain is within the plan's noise is not paid for,
-    and one whose fair price resolves a loss is not held."""
+    ``probe_z`` standard errors of the prediction."""
+    probe_z: float = 2.0
+    """How many standard errors of the plan's prediction (its paired simulated steps) its gain must clear to be
+    probed: a split also changes which draws a run consumes (its regenerations), which moves a run by several per
+    cent whatever the routing, so a gain within the plan's noise is not paid for. At 64 × 8 the plans' errors
+    (0.05–0.13) keep one shared pool; at 256 × 16 and 512 × 16 (about 0.05 on gains of 15–20 %) they probe."""
+    leave_z: float = 1.0
+    """A planned split returns to one shared pool once its makespans over stock verl's price of its pulls exceed one
+    shared pool's by this many standard errors (Student's t on its steps): quick to leave, slow to enter."""
     plan_weight: float = 2.0
     """How many measured steps the plan's prediction is worth when a planned split is weighed against one
     shared pool (the way back): one step's measurement varies by about ±0.09 (``split_window``)."""
@@ -184,8 +187,10 @@ class ControllerConfig:
             raise ControllerError(f"candidate_factor must be >= 1, got {self.candidate_factor}")
         if not 0 < self.max_q_fraction < 1 or self.balance_tolerance < 0 or self.switch_threshold < 0:
             raise ControllerError("max_q_fraction must be in (0, 1); balance_tolerance and switch_threshold >= 0")
-        if self.exploration_bonus < 0 or self.prior_weight < 0 or self.plan_weight < 0 or not 0 <= self.plan_margin < 1:
-            raise ControllerError("exploration_bonus, prior_weight and plan_weight must be >= 0, plan_margin in [0, 1)")
+        if (self.exploration_bonus < 0 or self.prior_weight < 0 or self.plan_weight < 0 or not 0 <= self.plan_margin < 1
+                or self.probe_z < 0 or self.leave_z < 0):
+            raise ControllerError("exploration_bonus, prior_weight, plan_weight, probe_z and leave_z must be >= 0, "
+                                  "plan_margin in [0, 1)")
         if not 0 < self.record_plan_coverage <= 1:
             raise ControllerError(f"record_plan_coverage must be in (0, 1], got {self.record_plan_coverage}")
         if self.split_window < 1:
@@ -687,7 +692,7 @@ class HierarchicalController:
         s, cfg = self.state, self.config
         if s.planned is None:
             s.planned = plan = self.planner(s.history, obs.prompt_len)
-            if plan.m > 0 and plan.relative + cfg.confidence_z * plan.spread < 1.0 - cfg.plan_margin:
+            if plan.m > 0 and plan.relative + cfg.probe_z * plan.spread < 1.0 - cfg.plan_margin:
                 return self._move(plan.q, plan.m, f"outer: probe the planned split {{split}} (predicted {plan.relative:.3f} "
                                   "of one shared pool)")
             return None
@@ -706,11 +711,11 @@ class HierarchicalController:
 
     def _fair_loss_resolved(self, split: _SplitRecord, shared: _SplitRecord) -> bool:
         """Whether the split's makespans over stock verl's price of its pulls exceed one shared pool's by more than
-        ``confidence_z`` standard errors (Student's t on the split's steps: a few noisy steps resolve nothing)."""
+        ``leave_z`` standard errors (Student's t on the split's steps: a few noisy steps resolve nothing)."""
         if split.fair.n < 2 or not shared.fair.n:
             return False
         error = math.hypot(split.fair.error, shared.fair.error if shared.fair.n > 1 else 0.0)
-        quantile = stats.t.ppf(stats.norm.cdf(self.config.confidence_z), split.fair.n - 1)
+        quantile = stats.t.ppf(stats.norm.cdf(self.config.leave_z), split.fair.n - 1)
         return split.fair.mean - shared.fair.mean > quantile * error
 
     def _outer(self, obs: StepObservation) -> Decision | None:
