@@ -160,7 +160,7 @@ def test_sleeping_past_the_limit_is_killed_with_its_whole_tree(runner):
         "    time.sleep(600)",
         "time.sleep(600)", imports="import ctypes, os, time")
     start = time.monotonic()
-    assert rewards.run_function_tests(rewards.extract_single_function(sleeper), "add", TESTS, timeout_s=1.0) is False
+    assert rewards.run_function_tests(rewards.extract_code(sleeper), "add", TESTS, timeout_s=1.0) is False
     assert time.monotonic() - start < 1.0 + code_sandbox.HOST_GRACE_S
     assert processes_named(name) == []
 
@@ -280,7 +280,29 @@ HACKS = {
     "read the expected answers from the parent's memory": wrong_add(*READ_THE_PARENTS_MEMORY),
     "fork a child that exits 0 for it": wrong_add("if os.fork():", "    os._exit(0)"),
     "sleep until the timeout": wrong_add("time.sleep(600)", imports="import os, time"),
+    "call the reference function the tests define": wrong_add(
+        "reference = globals().get('reference') or globals().get('expected_add')", "if reference:",
+        "    return reference(a, b)"),
+    "open the judge script for writing (root's file powers)": wrong_add(
+        f"open({code_sandbox.INIT_SCRIPT!r}, 'ab').close()", "return a + b"),
+    "plant a module beside the standard library": wrong_add(
+        "import tempfile", "fd, path = tempfile.mkstemp(suffix='.py', dir=os.path.dirname(os.__file__))",
+        "os.close(fd)", "os.remove(path)", "return a + b"),
+    "reply with 16 MB of nested empty lists": wrong_add(
+        "body = b'{\"value\":[' + b','.join([b'[]'] * (5 << 20)) + b']}'",
+        "os.write(4, len(body).to_bytes(8, 'big') + body)", "time.sleep(60)", imports="import os, time"),
+    "reply with a set of colliding hashes": wrong_add(
+        "body = ('{\"value\":{\"set\":[' + ','.join(str(k * (2 ** 61 - 1)) for k in range(200000)) + ']}}').encode()",
+        "os.write(4, len(body).to_bytes(8, 'big') + body)", "time.sleep(60)", imports="import os, time"),
+    "a response nested too deeply to parse": PREAMBLE + "```python\ndef add(a, b):\n    return a - b\nx = "
+    + "1+" * 100000 + "1\n```",
 }
+# The tests each hack above is scored against, where not TESTS: a HumanEval-style check that defines
+# a reference function (which the judge of issue 46 ran in the candidate's namespace).
+HACK_TESTS = {"call the reference function the tests define": [
+    "def reference(a, b):\n    return a + b",
+    "def check(candidate):\n    expected_add = reference\n    for a, b in [(1, 2), (-1, 1), (5, 5)]:\n"
+    "        assert candidate(a, b) == expected_add(a, b)", "check(add)"]}
 
 LEGITIMATE = {
     "prints": ("def add(a, b):\n    print('adding', a, b)\n    return a + b", "add", TESTS),
@@ -301,6 +323,28 @@ LEGITIMATE = {
     "HumanEval check(candidate)": (
         "def add(a, b):\n    return a + b", "add",
         ["def check(candidate):\n    assert candidate(1, 2) == 3\n    assert candidate(-1, 1) == 0\n", "check(add)"]),
+    "a helper and a constant beside the entry point": (
+        "OFFSET = 0\n\ndef plus(a, b):\n    return a + b + OFFSET\n\ndef add(a, b):\n    return plus(a, b)", "add", TESTS),
+    "an example call after the function": ("def add(a, b):\n    return a + b\n\nprint(add(1, 2))", "add", TESTS),
+    "tests that call it in a for loop": (
+        "def add(a, b):\n    return a + b", "add", ["for a in range(5):\n    assert add(a, 1) == a + 1"]),
+    "sorts its argument in place": (
+        "def sort_in_place(xs):\n    xs.sort()", "sort_in_place",
+        ["xs = [3, 1, 2]\nsort_in_place(xs)\nassert xs == [1, 2, 3]"]),
+    "unseeded randomness in the tests' setup": (
+        "def biggest(xs):\n    return max(xs)", "biggest",
+        ["import random\nxs = [random.random() for _ in range(5)]\nassert biggest(xs) == max(xs)"]),
+    "a generator read with list()": ("def upto(n):\n    yield from range(n)", "upto", ["assert list(upto(3)) == [0, 1, 2]"]),
+    "deque, dict views, Fraction": (
+        "import collections, fractions\n\ndef kinds(n):\n"
+        "    return collections.deque(range(n)), {i: -i for i in range(n)}.values(), fractions.Fraction(1, n)",
+        "kinds", ["import collections, fractions\nq, values, f = kinds(3)\n"
+                  "assert q == collections.deque([0, 1, 2]) and list(values) == [0, -1, -2] and f == fractions.Fraction(1, 3)"]),
+    "a returned closure the test calls": (
+        "def adder(n):\n    return lambda x: x + n", "adder", ["assert adder(3)(4) == 7"]),
+    "an int over 4,300 digits": ("def power(n):\n    return 10 ** n", "power", ["assert power(5000) == 10 ** 5000"]),
+    "imports numpy": ("import numpy as np\n\ndef total(xs):\n    return np.sum(np.array(xs))", "total",
+                      ["assert total([1, 2, 3]) == 6"]),
 }
 
 
@@ -317,18 +361,39 @@ def runner(request, monkeypatch):
 def test_reward_hack_scores_zero(hack, runner, monkeypatch):
     if hack == "sleep until the timeout":
         monkeypatch.setattr(rewards, "CODE_TIMEOUT_S", 1.0)
-    assert score(HACKS[hack]) == 0.0
+    if hack == "reply with a set of colliding hashes":
+        monkeypatch.setattr(rewards, "CODE_CPU_LIMIT_S", 1)  # the judge's own CPU bound stops it
+    truth = json.dumps({"entry_point": "add", "tests": HACK_TESTS.get(hack, TESTS)})
+    assert rewards.compute_score(rewards.CODE_DATA_SOURCE, HACKS[hack], truth) == 0.0
+
+
+def wrong_variant(code: str, entry_point: str) -> str:
+    """``code`` with its entry point redefined last to return a wrong value."""
+    return f"{code}\n\ndef {entry_point}(*args, **kwargs):\n    return None\n"
 
 
 @pytest.mark.parametrize("name", list(LEGITIMATE))
 def test_legitimate_solution_scores_one(name, runner):
     code, entry_point, tests = LEGITIMATE[name]
-    response = PREAMBLE + f"```python\n{code}\n```"
-    assert rewards.compute_score(rewards.CODE_DATA_SOURCE, response,
-                                 json.dumps({"entry_point": entry_point, "tests": tests})) == 1.0
-    wrong = response.replace("return a + b", "return a - b").replace("'pairs': pairs", "'pairs': pairs[:1]")
-    assert rewards.compute_score(rewards.CODE_DATA_SOURCE, wrong,
-                                 json.dumps({"entry_point": entry_point, "tests": tests})) == 0.0
+    truth = json.dumps({"entry_point": entry_point, "tests": tests})
+    assert rewards.code_verdict(code, entry_point, tests) == (True, "PASS")
+    assert rewards.compute_score(rewards.CODE_DATA_SOURCE, PREAMBLE + f"```python\n{code}\n```", truth) == 1.0
+    wrong = PREAMBLE + f"```python\n{wrong_variant(code, entry_point)}\n```"
+    assert rewards.compute_score(rewards.CODE_DATA_SOURCE, wrong, truth) == 0.0
+
+
+def test_no_process_of_a_candidate_outlives_its_verdict(runner):
+    """A child that leaves its session and its cgroup and kills the judge is killed all the same."""
+    name = f"ts{time.time_ns() % 10**12}"
+    escapes = [f"open({str(path)!r}, 'w').write(str(os.getpid()))" for path in
+               sorted(Path("/sys/fs/cgroup").glob("*/cgroup.procs"))[:2]]
+    leaver = wrong_add("judge = os.getppid()", "if os.fork() == 0:", "    os.setsid()", *[f"    try:\n        {line}\n    except OSError:\n"
+                                                                "        pass" for line in escapes],
+                       f"    ctypes.CDLL(None).prctl(15, {name.encode()!r})", "    os.kill(judge, 9)",
+                       "    time.sleep(600)", "time.sleep(1)", imports="import ctypes, os, time")
+    assert score(leaver) == 0.0
+    time.sleep(0.5)
+    assert processes_named(name) == []
 
 
 # ---------------------------------------------------------------------------------------------

