@@ -116,8 +116,8 @@ def test_code_humaneval_shape(tmp_path, run):
     ("math", {"answer": "4"}, "no question field"),
     ("code", {"text": "Write f.", "test_list": []}, "non-empty list of assert lines"),
     ("code", {"text": "Write f.", "test_list": ["assert f(1) == g(2)"]}, "add an 'entry_point' field"),
-    ("code", {"text": "Write f.", "test_list": ["assert all(f(x) == x for x in range(3))"], "entry_point": "f"},
-     "cannot be judged outside the candidate"),
+    ("code", {"text": "Write f.", "test_list": ["assert g(1) == 2"], "entry_point": "f"},
+     "no test uses the entry point 'f'"),
 ])
 def test_bad_rows_give_one_clear_error(tmp_path, run, workload, row, message):
     src = write_jsonl(tmp_path / "bad.jsonl", [row])
@@ -164,3 +164,19 @@ def test_humaneval_canonical_solutions_score_one_and_broken_ones_zero(tmp_path, 
             row["data_source"], response, row["reward_model"]["ground_truth"]), rows, responses))
     expected = 1.0 if variant == "canonical" else 0.0
     assert {p["task_id"]: s for p, s in zip(problems, scores) if s != expected} == {}
+
+
+def test_humaneval_prompt_helpers_are_the_judges_own(tmp_path, run):
+    """HumanEval/38's shape: the test calls a helper the prompt defines; a candidate that redefines it
+    (here both as the identity) does not change what the judge calls."""
+    prompt = ("def encode(s: str):\n    return s[1:] + s[:1]\n\n\ndef decode(s: str):\n"
+              "    \"\"\"Undo encode.\"\"\"\n")
+    test = "def check(candidate):\n    for s in ['abc', 'xy']:\n        assert candidate(encode(s)) == s\n"
+    src = write_jsonl(tmp_path / "he.jsonl", [{"task_id": "t/38", "prompt": prompt, "entry_point": "decode",
+                                                "test": test}])
+    assert run("code", "--input", str(src), "--output", str(tmp_path / "he.parquet")).returncode == 0
+    truth = pq.read_table(tmp_path / "he.parquet").to_pylist()[0]["reward_model"]["ground_truth"]
+    honest = f"```python\n{prompt}    return s[-1:] + s[:-1]\n```"
+    forged = "```python\ndef encode(s):\n    return s\n\ndef decode(s):\n    return s\n```"
+    assert compute_score(CODE_DATA_SOURCE, honest, truth) == 1.0
+    assert compute_score(CODE_DATA_SOURCE, forged, truth) == 0.0
