@@ -1,17 +1,17 @@
 """Runs a code-reward candidate under its judge, isolated from the node where it can, and says
 whether this node can.
 
-Each candidate is judged by :mod:`tailsieve_verl.sandbox_init` (the judge: it runs the candidate in
-a child process, evaluates the tests itself and prints ``PASS <nonce>`` only if every test ran and
-passed; the nonce is a per-run secret of this process). Isolated, the judge runs under util-linux
-``unshare`` in new mount, network, PID, IPC and UTS namespaces, and the candidate sees only a
-read-only ``/usr`` and interpreter install and a private size-capped ``/tmp``. As root each
-candidate gets a fresh user id (no capabilities; its process count is its own); as an ordinary
-user, an unprivileged user namespace (``--user --map-root-user``) gives the same namespaces, and
-the candidate keeps the namespace's root id with every capability dropped (its process count is
-the namespace's own). Where neither works, :func:`isolation_problem` says which in one line, and
-the reward refuses to run candidates unless the user opts into the unisolated runner with
-``TAILSIEVE_UNISOLATED_CODE_REWARD=1`` (the same judge, no namespaces).
+Each candidate is judged by :mod:`tailsieve_verl.sandbox_init` (the judge: it forks the candidate,
+runs the tests itself with the candidate answering only calls, and prints ``PASS <nonce>`` only if
+every test ran and held; the nonce is a per-run secret of this process). Isolated, the judge runs
+under util-linux ``unshare`` in new mount, network, PID, IPC and UTS namespaces, and the candidate
+sees only a read-only ``/usr``, interpreter install and package folders and a private size-capped
+``/tmp``. As root each candidate gets a fresh user id in both runners (no capabilities, no file
+power of root's; its process count is its own); as an ordinary user, an unprivileged user namespace
+(``--user --map-root-user``) gives the same namespaces, and the candidate keeps the namespace's root
+id with every capability dropped. Where neither works, :func:`isolation_problem` says which in one
+line, and the reward refuses to run candidates unless the user opts into the unisolated runner with
+``TAILSIEVE_UNISOLATED_CODE_REWARD=1`` (the same judge and user id, no namespaces).
 
 ``python -m tailsieve_verl.code_sandbox --check-isolation`` runs that check (the recipes' launch
 preflight for ``WORKLOAD=code``): exit 0 if candidates will run isolated, else 1 and the line.
@@ -175,6 +175,10 @@ def sandbox_command(root: str) -> list[str]:
             "isolated", root]
 
 
+def fresh_uid() -> int:
+    return SANDBOX_UID_BASE + secrets.randbelow(SANDBOX_UID_SPAN)
+
+
 def package_folders() -> list[str]:
     """The trainer's own package folders (numpy and the rest of its environment), which the
     candidate may import from, read-only."""
@@ -205,8 +209,7 @@ def run_judged(job: dict, timeout_s: float, cpu_s: int, memory_bytes: int, isola
     # and its process count (RLIMIT_NPROC counts per user id) is its own; in a user namespace the count
     # is the namespace's own. Unisolated as an ordinary user it keeps that user's id, whose count
     # covers every process of the trainer's user, so there is none.
-    fresh_uid = SANDBOX_UID_BASE + secrets.randbelow(SANDBOX_UID_SPAN)
-    uid = fresh_uid if os.geteuid() == 0 else KEEP_UID
+    uid = fresh_uid() if os.geteuid() == 0 else KEEP_UID
     processes = SANDBOX_PROCESSES if isolated or uid != KEEP_UID else 0
     limits = [uid, round(1000 * timeout_s), cpu_s, memory_bytes, processes, SANDBOX_WORK_BYTES]  # sandbox_init.LIMITS
     cgroups = candidate_cgroups(memory_bytes, SANDBOX_PROCESSES)

@@ -9,14 +9,14 @@ recipes through ``reward.custom_reward_function.path=<this file> ...name=compute
   terminator (the recipes' stop string). Reward 1 if the boxed answer equals the ground truth
   (verl's MATH normalisation, then an exact rational comparison), else 0; a response with no
   ``\\boxed{}<END>`` ending scores 0.
-* ``tailsieve_code``: bounded reasoning (reasoning, correctness, edge cases, complexity), then
-  exactly one complete Python function in one fenced block. Reward = 1 if the function passes
-  every test (``assert`` lines), as judged outside the candidate's process (:func:`judge_job`: the
-  candidate only computes each call of its function; the judge compares), else 0; a response with
-  zero or several code blocks or functions scores 0, and the exit status never counts. The
-  candidate runs in a sandbox (:mod:`tailsieve_verl.code_sandbox`: no network, no host files, a
-  private ``/tmp``, bounded processes, CPU, memory and wall-clock limits); where the node cannot
-  isolate, the reward refuses with one line unless ``TAILSIEVE_UNISOLATED_CODE_REWARD=1``.
+* ``tailsieve_code``: bounded reasoning (reasoning, correctness, edge cases, complexity), then the
+  solution in one fenced block. Reward = 1 if the tests pass, as judged outside the candidate's
+  process (:func:`judge_job`: the tests run only in the judge; the candidate's process defines the
+  code and answers the calls of the names the tests use), else 0; a response with zero or several
+  code blocks scores 0, and the exit status never counts. The candidate runs in a sandbox
+  (:mod:`tailsieve_verl.code_sandbox`: a fresh user id, no network, no host files, a private
+  ``/tmp``, bounded processes, CPU, memory and wall-clock limits); where the node cannot isolate,
+  the reward refuses with one line unless ``TAILSIEVE_UNISOLATED_CODE_REWARD=1``.
 """
 
 from __future__ import annotations

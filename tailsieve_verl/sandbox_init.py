@@ -164,11 +164,8 @@ def to_wire(v: object, handles: list, depth: int = 0, budget: list | None = None
 
 def from_wire(t: object, callable_for, depth: int = 0, budget: list | None = None) -> object:
     """Fresh objects from :func:`to_wire`'s data, strictly: exact types, caps on items and depth;
-    ``callable_for(handle)`` makes a handle callable. WireError for anything else."""
-    from collections import Counter, OrderedDict, defaultdict, deque
-    from decimal import Decimal
-    from fractions import Fraction
-
+    ``callable_for(handle)`` makes a handle callable. WireError for anything else. (The modules of
+    the rarer types are imported when one comes: imports are part of every candidate's time.)"""
     budget = [0] if budget is None else budget
     budget[0] += 1
     if depth > MAX_DEPTH or budget[0] > MAX_ITEMS:
@@ -191,18 +188,26 @@ def from_wire(t: object, callable_for, depth: int = 0, budget: list | None = Non
     if body_kind is list and tag in _SEQUENCES:
         return _SEQUENCES[tag](items())
     if body_kind is list and tag == "deque":
+        from collections import deque
+
         return deque(items())
     if body_kind is list and tag in ("keys", "values"):
         values = items()
         return dict.fromkeys(values).keys() if tag == "keys" else dict(enumerate(values)).values()
     if body_kind is list and tag in _PAIRS and all(type(p) is list and len(p) == 2 for p in body):
-        built = {"dict": dict, "counter": Counter, "ordereddict": OrderedDict, "items": dict,
-                 "defaultdict": lambda kv: defaultdict(None, kv)}[tag](_hashed(dict, pairs()))
-        return built.items() if tag == "items" else built
+        built = _hashed(dict, pairs())
+        if tag in ("dict", "items"):
+            return built.items() if tag == "items" else built
+        from collections import Counter, OrderedDict, defaultdict
+
+        return {"counter": Counter, "ordereddict": OrderedDict, "defaultdict": lambda kv: defaultdict(None, kv)}[tag](built)
     if body_kind is str and tag in ("bytes", "bytearray", "int", "decimal"):
         try:
-            return {"bytes": bytes.fromhex, "bytearray": bytearray.fromhex, "int": lambda s: int(s, 16),
-                    "decimal": Decimal}[tag](body)
+            if tag == "decimal":
+                from decimal import Decimal
+
+                return Decimal(body)
+            return {"bytes": bytes.fromhex, "bytearray": bytearray.fromhex, "int": lambda s: int(s, 16)}[tag](body)
         except (ValueError, ArithmeticError):
             raise WireError(f"malformed {tag}") from None
     numbers = body_kind is list and all(type(x) in (int, float) for x in body)
@@ -213,6 +218,8 @@ def from_wire(t: object, callable_for, depth: int = 0, budget: list | None = Non
     if tag == "fraction" and body_kind is list and len(body) == 2:
         numerator, denominator = items()
         if type(numerator) is int and type(denominator) is int and denominator != 0:
+            from fractions import Fraction
+
             return Fraction(numerator, denominator)
     if tag == "callable" and body_kind is int:
         return callable_for(body)
@@ -427,7 +434,10 @@ def serve(code: str) -> None:
     while (body := read_message(REQUEST_FD)) is not None:
         try:
             request = json.loads(body)
-            target = namespace[request["call"]] if type(request["call"]) is str else handles[request["call"]]
+            call = request["call"]
+            if type(call) is str and call not in namespace:
+                raise NameError(f"name {call!r} is not defined")
+            target = namespace[call] if type(call) is str else handles[call]
             take = (lambda h: handles[h])
             args = [from_wire(a, take) for a in request["args"]]
             kwargs = {k: from_wire(v, take) for k, v in request["kwargs"]}
@@ -511,49 +521,53 @@ class Channel:
         return reply
 
     def ready(self) -> None:
+        """The candidate's code defined without raising, else CandidateGone saying what it raised."""
         reply = self.receive()
         if reply != {"ready": True}:
-            kind, text = (list(reply.values())[0] + ["", ""])[:2] if type(list(reply.values())[0]) is list else ("", "")
-            self._fail(f"the code raised {str(kind)[:40]} when defined: {str(text)[:200]}")
+            raised = next(iter(reply.values()))
+            what = f"{str(raised[0])[:40]}: {str(raised[1])[:200]}" if type(raised) is list and len(raised) == 2 else "?"
+            self._fail(f"the code raised {what} when defined")
 
     def call(self, target: str | int, args: tuple, kwargs: dict) -> object:
+        """One call into the candidate: its result, or the builtin exception it raised. Anything the
+        judge cannot send or read breaks the channel (CandidateGone), so no test's ``except`` turns
+        it into a pass."""
         if self.broken:
             raise CandidateGone(self.broken)
-        handles: list = []
-        request = {"call": target, "args": [to_wire(a, handles) for a in args],
-                   "kwargs": [[k, to_wire(v, handles)] for k, v in kwargs.items()]}
-        if handles:
-            raise TypeError("the judge sends the candidate data, not functions")
         try:
-            write_message(self.request_fd, encode(request), self.deadline)
+            handles: list = []
+            request = encode({"call": target, "args": [to_wire(a, handles) for a in args],
+                              "kwargs": [[k, to_wire(v, handles)] for k, v in kwargs.items()]})
+            if handles:
+                raise WireError("the judge sends the candidate data, not functions")
+        except BaseException as error:
+            self._fail(f"the test's arguments cannot be sent ({type(error).__name__}: {str(error)[:100]})")
+        try:
+            write_message(self.request_fd, request, self.deadline)
         except (TimeoutError, OSError):
             self._fail("the candidate stopped taking calls")
         reply = self.receive()
+        if set(reply) == {"raise"} and type(reply["raise"]) is list and len(reply["raise"]) == 2:
+            _raise_remote(str(reply["raise"][0])[:40], str(reply["raise"][1])[:500])
+        if "exit" in reply:
+            self._fail(f"the candidate ended itself ({str(reply['exit'])[:80]})")
+        if "unreadable" in reply:
+            self._fail(f"a result the judge cannot read ({str(reply['unreadable'])[:200]})")
+        if "value" not in reply or not set(reply) <= {"value", "mutated"} or type(reply.get("mutated", [])) is not list:
+            self._fail("a malformed reply")
         remote = (lambda handle: Remote(self, handle, f"{target}'s result"))
         try:
-            if "raise" in reply and len(reply) == 1 and type(reply["raise"]) is list and len(reply["raise"]) == 2:
-                kind, text = reply["raise"]
-                _raise_remote(str(kind)[:40], str(text)[:500])
-            if "exit" in reply:
-                self._fail(f"the candidate ended itself ({str(reply['exit'])[:80]})")
-            if "unreadable" in reply:
-                self._fail(f"a result the judge cannot read ({str(reply['unreadable'])[:200]})")
-            if "value" not in reply or not set(reply) <= {"value", "mutated"}:
-                self._fail("a malformed reply")
             value = from_wire(reply["value"], remote)
-            mutated = reply.get("mutated", [])
-            if type(mutated) is not list:
-                self._fail("a malformed reply")
-            for entry in mutated:
-                if type(entry) is not list or len(entry) != 2:
-                    self._fail("a malformed reply")
-                key, data = entry
-                original = args[key] if type(key) is int and 0 <= key < len(args) else kwargs.get(key) \
-                    if type(key) is str else None
+            for entry in reply.get("mutated", []):
+                key, data = entry if type(entry) is list and len(entry) == 2 else (None, None)
+                original = (args[key] if type(key) is int and 0 <= key < len(args)
+                            else kwargs.get(key) if type(key) is str else None)
                 if original is None or not _update_in_place(original, from_wire(data, remote)):
-                    self._fail("a malformed mutation")
-        except WireError as error:
-            self._fail(f"an unreadable reply: {error}")
+                    raise WireError("a malformed mutation")
+        except CandidateGone:
+            raise
+        except BaseException as error:  # WireError, or the judge's own bounds (memory, CPU)
+            self._fail(f"an unreadable reply ({type(error).__name__}: {str(error)[:100]})")
         return value
 
 
@@ -587,36 +601,37 @@ class Remote:
         return f"<the candidate's {self.__name__}>"
 
 
-def _describe(error: BaseException, test: str) -> str:
+def _describe(error: BaseException, tests: list[str]) -> str:
+    """What failed, with the innermost test line it failed on."""
     line = ""
     tb = error.__traceback__
     while tb is not None:
-        if tb.tb_frame.f_code.co_filename == "<test>":
-            lines = test.splitlines()
-            line = lines[tb.tb_lineno - 1].strip() if 0 < tb.tb_lineno <= len(lines) else ""
+        name = tb.tb_frame.f_code.co_filename
+        if name.startswith("<test ") and name[6:-1].isdigit():
+            lines = tests[int(name[6:-1])].splitlines()
+            line = lines[tb.tb_lineno - 1].strip() if 0 < tb.tb_lineno <= len(lines) else line
         tb = tb.tb_next
     what = "a test failed" if isinstance(error, AssertionError) else f"a test raised {type(error).__name__}"
     return f"{what}: {line[:200]}" if line else f"{what}: {str(error)[:200]}"
 
 
-def run_tests(part: dict, channel: Channel) -> str | None:
+def run_tests(part: dict, channel: Channel, paths: list[str]) -> str | None:
     """None if the candidate answered every call and every test ran and held, else why not."""
-    import importlib
-
     try:
         channel.ready()
         namespace: dict = {"__builtins__": builtins, "__name__": "__main__"}
+        sys.path += paths  # the tests may import the trainer's packages too
         for name in part["modules"]:  # standard modules the tests name without importing them
-            namespace[name] = importlib.import_module(name)
+            namespace[name] = __import__(name)
         for name in part["remote"]:
             namespace[name] = Remote(channel, name, name)
-        for test in part["tests"]:
+        for k, test in enumerate(part["tests"]):
             try:
-                exec(compile(test, "<test>", "exec"), namespace)
+                exec(compile(test, f"<test {k}>", "exec"), namespace)
             except CandidateGone:
                 raise
             except BaseException as error:
-                return channel.broken or _describe(error, test)
+                return channel.broken or _describe(error, part["tests"])
     except CandidateGone:
         return channel.broken
     except BaseException as error:  # the judge's own bounds, or anything the setup did
@@ -734,7 +749,7 @@ def main(mode: str, folder: str, *limit_values: str) -> int:
         os.close(fd)
     tests = json.loads(read_message(0))
     bound_the_judge(limits)
-    why_not = run_tests(tests, Channel(request_write, reply_read, deadline))
+    why_not = run_tests(tests, Channel(request_write, reply_read, deadline), part["paths"])
     kill_tree(isolated, uid)
     print(f"PASS {tests['nonce']}" if why_not is None else f"FAIL {why_not}", flush=True)
     return 0

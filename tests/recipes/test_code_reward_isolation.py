@@ -37,24 +37,28 @@ def score(response: str) -> float:
                                  json.dumps({"entry_point": "add", "tests": TESTS}))
 
 
-def sandbox_processes() -> list[int]:
-    """Host PIDs of processes running as a sandbox user id (a candidate or anything it started)."""
+def sandbox_processes(uids: set[int]) -> list[int]:
+    """Host PIDs of processes running as one of ``uids`` (a candidate or anything it started)."""
     found = []
     for status in Path("/proc").glob("[0-9]*/status"):
         try:
             uid = int(next(line for line in status.read_text().splitlines() if line.startswith("Uid:")).split()[1])
         except (OSError, StopIteration):
             continue
-        if code_sandbox.SANDBOX_UID_BASE <= uid < code_sandbox.SANDBOX_UID_BASE + code_sandbox.SANDBOX_UID_SPAN:
+        if uid in uids:
             found.append(int(status.parent.name))
     return found
 
 
 @pytest.fixture(autouse=True)
-def no_process_left_behind():
-    assert sandbox_processes() == []
+def no_process_left_behind(monkeypatch):
+    """No process of the fresh user ids this test's candidates got survives it (other test files,
+    run beside this one, score candidates of their own meanwhile)."""
+    used: list[int] = []
+    draw = code_sandbox.fresh_uid
+    monkeypatch.setattr(code_sandbox, "fresh_uid", lambda: used.append(draw()) or used[-1])
     yield
-    assert sandbox_processes() == []
+    assert sandbox_processes(set(used)) == []
 
 
 # ---------------------------------------------------------------------------------------------
@@ -281,8 +285,9 @@ HACKS = {
     "fork a child that exits 0 for it": wrong_add("if os.fork():", "    os._exit(0)"),
     "sleep until the timeout": wrong_add("time.sleep(600)", imports="import os, time"),
     "call the reference function the tests define": wrong_add(
-        "reference = globals().get('reference') or globals().get('expected_add')", "if reference:",
-        "    return reference(a, b)"),
+        "if 'reference' in globals():", "    return globals()['reference'](a, b)"),
+    "read the expected values the tests assign": wrong_add(
+        "if 'expected' in globals():", "    return globals()['expected'][a, b]"),
     "open the judge script for writing (root's file powers)": wrong_add(
         f"open({code_sandbox.INIT_SCRIPT!r}, 'ab').close()", "return a + b"),
     "plant a module beside the standard library": wrong_add(
@@ -297,12 +302,17 @@ HACKS = {
     "a response nested too deeply to parse": PREAMBLE + "```python\ndef add(a, b):\n    return a - b\nx = "
     + "1+" * 100000 + "1\n```",
 }
-# The tests each hack above is scored against, where not TESTS: a HumanEval-style check that defines
-# a reference function (which the judge of issue 46 ran in the candidate's namespace).
-HACK_TESTS = {"call the reference function the tests define": [
-    "def reference(a, b):\n    return a + b",
-    "def check(candidate):\n    expected_add = reference\n    for a, b in [(1, 2), (-1, 1), (5, 5)]:\n"
-    "        assert candidate(a, b) == expected_add(a, b)", "check(add)"]}
+# The tests each hack above is scored against, where not TESTS: a reference function the tests
+# define, and a HumanEval check that assigns its expected values (5d35b14's judge ran both in the
+# candidate's namespace).
+HACK_TESTS = {
+    "call the reference function the tests define": [
+        "def reference(a, b):\n    return a + b", "assert add(1, 2) == reference(1, 2)",
+        "assert add(-1, 1) == reference(-1, 1)"],
+    "read the expected values the tests assign": [
+        "def check(candidate):\n    expected = {(1, 2): 3, (-1, 1): 0}\n    assert candidate(1, 2) == expected[1, 2]\n"
+        "    assert candidate(-1, 1) == expected[-1, 1]", "check(add)"],
+}
 
 LEGITIMATE = {
     "prints": ("def add(a, b):\n    print('adding', a, b)\n    return a + b", "add", TESTS),
@@ -365,6 +375,15 @@ def test_reward_hack_scores_zero(hack, runner, monkeypatch):
         monkeypatch.setattr(rewards, "CODE_CPU_LIMIT_S", 1)  # the judge's own CPU bound stops it
     truth = json.dumps({"entry_point": "add", "tests": HACK_TESTS.get(hack, TESTS)})
     assert rewards.compute_score(rewards.CODE_DATA_SOURCE, HACKS[hack], truth) == 0.0
+
+
+@pytest.mark.parametrize("hack,why", [("reply with 16 MB of nested empty lists", "more than 1048576 items"),
+                                      ("reply with a set of colliding hashes", "the judge ran out of CPU time")])
+def test_a_costly_reply_stops_the_judge_within_its_bounds(hack, why, runner, monkeypatch):
+    monkeypatch.setattr(rewards, "CODE_CPU_LIMIT_S", 1)
+    start = time.monotonic()
+    passed, line = rewards.code_verdict(rewards.extract_code(HACKS[hack]), "add", TESTS)
+    assert not passed and why in line and time.monotonic() - start < rewards.CODE_TIMEOUT_S
 
 
 def wrong_variant(code: str, entry_point: str) -> str:
