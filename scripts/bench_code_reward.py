@@ -153,8 +153,9 @@ def hack_scores(root: str, runner: str) -> dict[str, object]:
 
 
 def print_hack_table(versions: dict[str, str]) -> None:
-    """The working tree scores first: a8e6736's unisolated runner leaves its program, tests included,
-    in /tmp when a hack kills the scoring process, and an unisolated candidate reads any host file."""
+    """The working tree scores first: an older unisolated runner may leave files behind when a hack
+    kills the scoring process (a8e6736's left its program, tests included, in /tmp), and an
+    unisolated candidate reads any file its user may."""
     order = list(reversed(versions.items()))
     columns = {(version, runner): hack_scores(root, runner) for version, root in order
                for runner in ("isolated", "unisolated")}
