@@ -265,9 +265,12 @@ def isolation_problem() -> str | None:
         why = (f"needs root or unprivileged user namespaces: running as uid {os.geteuid()}, and this node "
                f"refuses a user namespace ({refused})")
     else:
-        probe = {"code": _PROBE.format(host_path=INIT_SCRIPT), "tests": ["assert probe() == 'ok'"],
-                 "remote": ["probe"], "modules": []}
-        passed, line = run_judged(probe, timeout_s=10.0, cpu_s=10, memory_bytes=1 << 30, isolated=True)
+        with tempfile.TemporaryDirectory(prefix="tailsieve_probe_") as host:  # a host file it must not see
+            marker = os.path.join(host, "marker")
+            open(marker, "w").close()
+            probe = {"code": _PROBE.format(host_path=marker), "tests": ["assert probe() == 'ok'"],
+                     "remote": ["probe"], "modules": []}
+            passed, line = run_judged(probe, timeout_s=10.0, cpu_s=10, memory_bytes=1 << 30, isolated=True)
         if passed:
             return None
         how = "as root" if os.geteuid() == 0 else f"as uid {os.geteuid()} in a user namespace"
