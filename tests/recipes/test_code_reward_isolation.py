@@ -353,6 +353,12 @@ LEGITIMATE = {
     "a returned closure the test calls": (
         "def adder(n):\n    return lambda x: x + n", "adder", ["assert adder(3)(4) == 7"]),
     "an int over 4,300 digits": ("def power(n):\n    return 10 ** n", "power", ["assert power(5000) == 10 ** 5000"]),
+    "HumanEval+ shape (numpy in the tests, a loop over inputs)": (
+        "def add(a, b):\n    return a + b", "add",
+        ["import numpy as np\n\ndef assertion(out, exp, atol):\n"
+         "    assert out == exp or (atol != 0 and np.allclose(out, exp, rtol=1e-07, atol=atol))\n\n"
+         "def check(candidate):\n    inputs, results = [[1, 2], [0.1, 0.2]], [3, 0.3]\n"
+         "    for inp, exp in zip(inputs, results):\n        assertion(candidate(*inp), exp, 1e-6)", "check(add)"]),
     "imports numpy": ("import numpy as np\n\ndef total(xs):\n    return np.sum(np.array(xs))", "total",
                       ["assert total([1, 2, 3]) == 6"]),
 }
