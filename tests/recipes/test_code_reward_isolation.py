@@ -140,9 +140,13 @@ def forking(children: int | bool) -> str:
                      imports="import os, time")
 
 
-def test_forking_is_bounded_and_cleaned_up(runner):
-    if runner == "unisolated" and code_sandbox.cgroup_parents()[0] is None:
-        pytest.skip(f"unisolated, only a cgroup bounds the candidate's processes: {code_sandbox.cgroup_parents()[1]}")
+@pytest.mark.parametrize("cgroup", ["the node's", "none"])
+def test_forking_is_bounded_and_cleaned_up(runner, cgroup, monkeypatch):
+    if cgroup == "none":  # then RLIMIT_NPROC alone bounds it: the candidate's user id is its own
+        monkeypatch.setattr(code_sandbox, "cgroup_parents", lambda: (None, "none for this test"))
+    if runner == "unisolated" and os.geteuid() != 0 and code_sandbox.cgroup_parents()[0] is None:
+        pytest.skip("unisolated as an ordinary user, only a cgroup bounds the candidate's processes: "
+                    f"{code_sandbox.cgroup_parents()[1]}")
     assert score(forking(8)) == 1.0  # a few processes are fine (and killed when the candidate ends)
     assert score(forking(code_sandbox.SANDBOX_PROCESSES)) == 0.0
     assert score(forking(True)) == 0.0
