@@ -163,7 +163,7 @@ def judge_job(code: str, entry_point: str, tests: list[str]) -> dict:
     all its process gets, and the ``tests``, which run only in the judge: ``remote`` (the names the
     tests use but never bind, the entry point among them: calls into the candidate) and ``modules``
     (standard modules the tests use without importing them). ValueError (one line) for tests that do
-    not parse or never use the entry point."""
+    not parse, never use the entry point or bind it themselves."""
     trees = []
     for test in tests:
         try:
@@ -172,9 +172,12 @@ def judge_job(code: str, entry_point: str, tests: list[str]) -> dict:
             raise ValueError(f"code ground truth: test {test[:80]!r} does not parse ({error.msg})") from None
     loaded = {node.id for tree in trees for node in ast.walk(tree) if isinstance(node, ast.Name)
               and isinstance(node.ctx, ast.Load)}
+    bound = set().union(*map(_bound_names, trees))
     if entry_point not in loaded:
         raise ValueError(f"code ground truth: no test uses the entry point {entry_point!r}")
-    free = loaded - set().union(*map(_bound_names, trees)) - set(dir(builtins))
+    if entry_point in bound:  # the tests would call their own, and every candidate would pass
+        raise ValueError(f"code ground truth: the tests bind the entry point {entry_point!r} themselves")
+    free = loaded - bound - set(dir(builtins))
     modules = sorted(name for name in free if name in sys.stdlib_module_names and name != entry_point)
     return {"code": code, "tests": tests, "remote": sorted(free - set(modules)), "modules": modules}
 

@@ -104,6 +104,8 @@ def test_every_test_shape_is_judged(test):
     assert code(PREAMBLE + "```python\ndef add(a, b):\n    return a * b\n```", truth) == 0.0
 
 
-def test_tests_that_never_use_the_entry_point_are_a_clear_error():
+def test_tests_that_never_use_the_entry_point_or_bind_it_are_a_clear_error():
     with pytest.raises(ValueError, match="no test uses the entry point 'add'"):
         rewards.judge_job("def add(a, b):\n    return a + b", "add", ["assert True"])
+    with pytest.raises(ValueError, match="the tests bind the entry point 'add' themselves"):
+        rewards.judge_job("", "add", ["def add(a, b):\n    return a + b", "assert add(1, 2) == 3"])
