@@ -391,9 +391,9 @@ def test_reward_hack_scores_zero(hack, runner, monkeypatch):
                                       ("reply with a set of colliding hashes", "the judge ran out of CPU time")])
 def test_a_costly_reply_stops_the_judge_within_its_bounds(hack, why, runner, monkeypatch):
     monkeypatch.setattr(rewards, "CODE_CPU_LIMIT_S", 1)
-    start = time.monotonic()
+    monkeypatch.setattr(rewards, "CODE_TIMEOUT_S", 60.0)  # so the judge's own bound, not the wall clock, stops it
     passed, line = rewards.code_verdict(rewards.extract_code(HACKS[hack]), "add", TESTS)
-    assert not passed and why in line and time.monotonic() - start < rewards.CODE_TIMEOUT_S
+    assert not passed and why in line
 
 
 def wrong_variant(code: str, entry_point: str) -> str:
