@@ -382,7 +382,7 @@ def test_reward_hack_scores_zero(hack, runner, monkeypatch):
     if hack == "sleep until the timeout":
         monkeypatch.setattr(rewards, "CODE_TIMEOUT_S", 1.0)
     if hack == "reply with a set of colliding hashes":
-        monkeypatch.setattr(rewards, "CODE_CPU_LIMIT_S", 1)  # the judge's own CPU bound stops it
+        monkeypatch.setattr(rewards, "CODE_CPU_LIMIT_S", 2)  # the judge's own CPU bound (or the wall clock) stops it
     truth = json.dumps({"entry_point": "add", "tests": HACK_TESTS.get(hack, TESTS)})
     assert rewards.compute_score(rewards.CODE_DATA_SOURCE, HACKS[hack], truth) == 0.0
 
@@ -390,8 +390,8 @@ def test_reward_hack_scores_zero(hack, runner, monkeypatch):
 @pytest.mark.parametrize("hack,why", [("reply with 16 MB of nested empty lists", "more than 1048576 items"),
                                       ("reply with a set of colliding hashes", "the judge ran out of CPU time")])
 def test_a_costly_reply_stops_the_judge_within_its_bounds(hack, why, runner, monkeypatch):
-    monkeypatch.setattr(rewards, "CODE_CPU_LIMIT_S", 1)
-    monkeypatch.setattr(rewards, "CODE_TIMEOUT_S", 60.0)  # so the judge's own bound, not the wall clock, stops it
+    monkeypatch.setattr(rewards, "CODE_CPU_LIMIT_S", 2)  # the judge's CPU bound is the candidate's plus a second
+    monkeypatch.setattr(rewards, "CODE_TIMEOUT_S", 120.0)  # so that bound, not the wall clock, stops it under load
     passed, line = rewards.code_verdict(rewards.extract_code(HACKS[hack]), "add", TESTS)
     assert not passed and why in line
 
