@@ -38,16 +38,22 @@ def score(response: str) -> float:
 
 
 def sandbox_processes(uids: set[int]) -> list[int]:
-    """Host PIDs of processes running as one of ``uids`` (a candidate or anything it started)."""
-    found = []
-    for status in Path("/proc").glob("[0-9]*/status"):
-        try:
-            uid = int(next(line for line in status.read_text().splitlines() if line.startswith("Uid:")).split()[1])
-        except (OSError, StopIteration):
-            continue
-        if uid in uids:
-            found.append(int(status.parent.name))
-    return found
+    """Host PIDs of live processes (not zombies) running as one of ``uids`` (a candidate or anything
+    it started). Where the host's backstop killed them (its judge was killed), they die within a
+    moment of the verdict: give them one second."""
+    deadline = time.monotonic() + 1.0
+    while True:
+        found = []
+        for status in Path("/proc").glob("[0-9]*/status"):
+            try:
+                fields = dict(line.split(":", 1) for line in status.read_text().splitlines() if ":" in line)
+            except OSError:
+                continue
+            if int(fields.get("Uid", "-1 ").split()[0]) in uids and not fields.get("State", "").strip().startswith("Z"):
+                found.append(int(status.parent.name))
+        if not found or time.monotonic() > deadline:
+            return found
+        time.sleep(0.05)
 
 
 @pytest.fixture(autouse=True)
@@ -381,8 +387,9 @@ def runner(request, monkeypatch):
 def test_reward_hack_scores_zero(hack, runner, monkeypatch):
     if hack == "sleep until the timeout":
         monkeypatch.setattr(rewards, "CODE_TIMEOUT_S", 1.0)
-    if hack == "reply with a set of colliding hashes":
-        monkeypatch.setattr(rewards, "CODE_CPU_LIMIT_S", 2)  # the judge's own CPU bound (or the wall clock) stops it
+    if hack == "reply with a set of colliding hashes":  # the judge's own CPU bound stops it, even under load
+        monkeypatch.setattr(rewards, "CODE_CPU_LIMIT_S", 2)
+        monkeypatch.setattr(rewards, "CODE_TIMEOUT_S", 120.0)
     truth = json.dumps({"entry_point": "add", "tests": HACK_TESTS.get(hack, TESTS)})
     assert rewards.compute_score(rewards.CODE_DATA_SOURCE, HACKS[hack], truth) == 0.0
 
