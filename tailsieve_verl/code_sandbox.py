@@ -1,17 +1,17 @@
 """Runs a code-reward candidate under its judge, isolated from the node where it can, and says
 whether this node can.
 
-Each candidate is judged by :mod:`tailsieve_verl.sandbox_init` (the judge: it runs the candidate in
-a child process, evaluates the tests itself and prints ``PASS <nonce>`` only if every test ran and
-passed; the nonce is a per-run secret of this process). Isolated, the judge runs under util-linux
-``unshare`` in new mount, network, PID, IPC and UTS namespaces, and the candidate sees only a
-read-only ``/usr`` and interpreter install and a private size-capped ``/tmp``. As root each
-candidate gets a fresh user id (no capabilities; its process count is its own); as an ordinary
-user, an unprivileged user namespace (``--user --map-root-user``) gives the same namespaces, and
-the candidate keeps the namespace's root id with every capability dropped (its process count is
-the namespace's own). Where neither works, :func:`isolation_problem` says which in one line, and
-the reward refuses to run candidates unless the user opts into the unisolated runner with
-``TAILSIEVE_UNISOLATED_CODE_REWARD=1`` (the same judge, no namespaces).
+Each candidate is judged by :mod:`tailsieve_verl.sandbox_init` (the judge: it forks the candidate,
+runs the tests itself with the candidate answering only calls, and prints ``PASS <nonce>`` only if
+every test ran and held; the nonce is a per-run secret of this process). Isolated, the judge runs
+under util-linux ``unshare`` in new mount, network, PID, IPC and UTS namespaces, and the candidate
+sees only a read-only ``/usr``, interpreter install and package folders and a private size-capped
+``/tmp``. As root each candidate gets a fresh user id in both runners (no capabilities, no file
+power of root's; its process count is its own); as an ordinary user, an unprivileged user namespace
+(``--user --map-root-user``) gives the same namespaces, and the candidate keeps the namespace's root
+id with every capability dropped. Where neither works, :func:`isolation_problem` says which in one
+line, and the reward refuses to run candidates unless the user opts into the unisolated runner with
+``TAILSIEVE_UNISOLATED_CODE_REWARD=1`` (the same judge and user id, no namespaces).
 
 ``python -m tailsieve_verl.code_sandbox --check-isolation`` runs that check (the recipes' launch
 preflight for ``WORKLOAD=code``): exit 0 if candidates will run isolated, else 1 and the line.
@@ -44,6 +44,8 @@ INIT_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sandbox_
 NAMESPACES = ("--mount", "--net", "--pid", "--ipc", "--uts", "--fork", "--kill-child")
 USER_NAMESPACE = ("--user", "--map-root-user")
 KEEP_UID = -1  # sandbox_init.KEEP_UID
+# numpy's and its libraries' thread pools: one thread each, within the candidate's process bound
+ONE_THREAD = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 
 # Run inside the sandbox by the isolation check: returns "ok" only if the sandbox is what we promise.
 _PROBE = """\
@@ -173,32 +175,63 @@ def sandbox_command(root: str) -> list[str]:
             "isolated", root]
 
 
+def fresh_uid() -> int:
+    return SANDBOX_UID_BASE + secrets.randbelow(SANDBOX_UID_SPAN)
+
+
+def package_folders() -> list[str]:
+    """The trainer's own package folders (numpy and the rest of its environment), which the
+    candidate may import from, read-only."""
+    return list(dict.fromkeys(os.path.realpath(p) for p in sys.path
+                              if p.endswith(("site-packages", "dist-packages")) and os.path.isdir(p)))
+
+
+def _message(part: dict) -> bytes:
+    body = json.dumps(part).encode()
+    return len(body).to_bytes(8, "big") + body  # sandbox_init.read_message
+
+
+def kill_every_process_of(uid: int) -> None:
+    """The host's backstop where the judge itself was killed: every process of the candidate's fresh
+    user id (kill(-1) as that user)."""
+    subprocess.run([_interpreter(), "-I", "-S", "-c", "import os, signal; os.setgroups([]); "
+                    f"os.setresgid({uid}, {uid}, {uid}); os.setresuid({uid}, {uid}, {uid}); os.kill(-1, signal.SIGKILL)"],
+                   capture_output=True, timeout=30)
+
+
 def run_judged(job: dict, timeout_s: float, cpu_s: int, memory_bytes: int, isolated: bool) -> tuple[bool, str]:
-    """Judge one candidate: (passed, the judge's line). ``job``: the candidate's ``code``, the
-    ``calls`` it evaluates, and the ``setup``, ``modules`` and ``checks`` only the judge evaluates
-    (:func:`tailsieve_verl.rewards.judge_job`). Passed only if the judge printed this run's nonce."""
+    """Judge one candidate: (passed, the judge's line). ``job``: the candidate's ``code``; the
+    ``tests``, the ``remote`` names they call in the candidate and the ``modules`` they use unimported,
+    which only the judge sees (:func:`tailsieve_verl.rewards.judge_job`). Passed only if the judge
+    printed this run's nonce."""
     nonce = secrets.token_hex(16)
-    # Isolated, the candidate's process count is its own (a fresh user id as root, else the user
-    # namespace's own count), so RLIMIT_NPROC bounds its tree; unisolated it would count every process
-    # of the trainer's user (and root is exempt), so there is none. Unisolated as root the candidate
-    # keeps uid 0 without capabilities: a fresh id could not reach an interpreter under /root.
-    fresh_uid = SANDBOX_UID_BASE + secrets.randbelow(SANDBOX_UID_SPAN)
-    uid = fresh_uid if isolated and os.geteuid() == 0 else KEEP_UID
-    processes = SANDBOX_PROCESSES if isolated else 0
+    # As root the candidate runs as a fresh user id in both runners, so it has no file power of root's
+    # and its process count (RLIMIT_NPROC counts per user id) is its own; in a user namespace the count
+    # is the namespace's own. Unisolated as an ordinary user it keeps that user's id, whose count
+    # covers every process of the trainer's user, so there is none.
+    uid = fresh_uid() if os.geteuid() == 0 else KEEP_UID
+    processes = SANDBOX_PROCESSES if isolated or uid != KEEP_UID else 0
     limits = [uid, round(1000 * timeout_s), cpu_s, memory_bytes, processes, SANDBOX_WORK_BYTES]  # sandbox_init.LIMITS
     cgroups = candidate_cgroups(memory_bytes, SANDBOX_PROCESSES)
-    job = dict(job, nonce=nonce, cgroup_procs=[os.path.join(folder, "cgroup.procs") for folder in cgroups])
+    candidate_part = {"code": job["code"], "paths": package_folders(),
+                      "cgroup_procs": [os.path.join(folder, "cgroup.procs") for folder in cgroups]}
+    judge_part = {"tests": job["tests"], "remote": job["remote"], "modules": job["modules"], "nonce": nonce}
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **dict.fromkeys(ONE_THREAD, "1")}
+    done = None
     try:
         with tempfile.TemporaryDirectory(prefix="tailsieve_sandbox_") as root:
             argv = sandbox_command(root) if isolated else [_interpreter(), "-I", "-S", INIT_SCRIPT, "unisolated", root]
             try:
-                done = subprocess.run([*argv, *map(str, limits)], input=json.dumps(job).encode(),
-                                      capture_output=True, timeout=timeout_s + HOST_GRACE_S,
-                                      env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")})
+                done = subprocess.run([*argv, *map(str, limits)], input=_message(candidate_part) + _message(judge_part),
+                                      capture_output=True, timeout=timeout_s + HOST_GRACE_S, env=env)
             except subprocess.TimeoutExpired:  # the judge was killed; --kill-child takes its namespace down
-                return False, "the judge timed out"
+                pass
     finally:
+        if not isolated and uid != KEEP_UID and (done is None or done.returncode != 0):
+            kill_every_process_of(uid)
         remove_cgroups(cgroups)
+    if done is None:
+        return False, "the judge timed out"
     verdict = done.stdout.decode(errors="replace").strip()
     if verdict == f"PASS {nonce}":
         return True, "PASS"
@@ -232,9 +265,12 @@ def isolation_problem() -> str | None:
         why = (f"needs root or unprivileged user namespaces: running as uid {os.geteuid()}, and this node "
                f"refuses a user namespace ({refused})")
     else:
-        probe = {"code": _PROBE.format(host_path=INIT_SCRIPT), "setup": [], "modules": [],
-                 "calls": ["probe()"], "checks": ["_tailsieve_call_0 == 'ok'"]}
-        passed, line = run_judged(probe, timeout_s=10.0, cpu_s=10, memory_bytes=1 << 30, isolated=True)
+        with tempfile.TemporaryDirectory(prefix="tailsieve_probe_") as host:  # a host file it must not see
+            marker = os.path.join(host, "marker")
+            open(marker, "w").close()
+            probe = {"code": _PROBE.format(host_path=marker), "tests": ["assert probe() == 'ok'"],
+                     "remote": ["probe"], "modules": []}
+            passed, line = run_judged(probe, timeout_s=10.0, cpu_s=10, memory_bytes=1 << 30, isolated=True)
         if passed:
             return None
         how = "as root" if os.geteuid() == 0 else f"as uid {os.geteuid()} in a user namespace"

@@ -9,14 +9,14 @@ recipes through ``reward.custom_reward_function.path=<this file> ...name=compute
   terminator (the recipes' stop string). Reward 1 if the boxed answer equals the ground truth
   (verl's MATH normalisation, then an exact rational comparison), else 0; a response with no
   ``\\boxed{}<END>`` ending scores 0.
-* ``tailsieve_code``: bounded reasoning (reasoning, correctness, edge cases, complexity), then
-  exactly one complete Python function in one fenced block. Reward = 1 if the function passes
-  every test (``assert`` lines), as judged outside the candidate's process (:func:`judge_job`: the
-  candidate only computes each call of its function; the judge compares), else 0; a response with
-  zero or several code blocks or functions scores 0, and the exit status never counts. The
-  candidate runs in a sandbox (:mod:`tailsieve_verl.code_sandbox`: no network, no host files, a
-  private ``/tmp``, bounded processes, CPU, memory and wall-clock limits); where the node cannot
-  isolate, the reward refuses with one line unless ``TAILSIEVE_UNISOLATED_CODE_REWARD=1``.
+* ``tailsieve_code``: bounded reasoning (reasoning, correctness, edge cases, complexity), then the
+  solution in one fenced block. Reward = 1 if the tests pass, as judged outside the candidate's
+  process (:func:`judge_job`: the tests run only in the judge; the candidate's process defines the
+  code and answers the calls of the names the tests use), else 0; a response with zero or several
+  code blocks scores 0, and the exit status never counts. The candidate runs in a sandbox
+  (:mod:`tailsieve_verl.code_sandbox`: a fresh user id, no network, no host files, a private
+  ``/tmp``, bounded processes, CPU, memory and wall-clock limits); where the node cannot isolate,
+  the reward refuses with one line unless ``TAILSIEVE_UNISOLATED_CODE_REWARD=1``.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import builtins
 import json
 import os
 import re
+import sys
 from fractions import Fraction
 from typing import Any
 
@@ -124,24 +125,11 @@ def math_score(solution_str: str, ground_truth: str) -> float:
 # code
 
 
-def extract_single_function(response: str) -> str | None:
-    """The code of the response's only fenced block if that block parses and defines exactly one
-    top-level function (imports allowed), else None."""
+def extract_code(response: str) -> str | None:
+    """The code of the response's only fenced block, else None. Anything may sit beside the entry
+    point (helpers, constants, an example call): only the judge's tests decide."""
     blocks = _CODE_BLOCK.findall(response)
-    if len(blocks) != 1:
-        return None
-    code = blocks[0]
-    try:
-        tree = ast.parse(code)
-    except SyntaxError:
-        return None
-    functions = [node for node in tree.body if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))]
-    others = [node for node in tree.body
-              if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Import, ast.ImportFrom))
-              and not (isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant))]
-    if len(functions) != 1 or others:
-        return None
-    return code
+    return blocks[0] if len(blocks) == 1 else None
 
 
 def parse_code_ground_truth(ground_truth: str | dict) -> tuple[str, list[str]]:
@@ -153,122 +141,66 @@ def parse_code_ground_truth(ground_truth: str | dict) -> tuple[str, list[str]]:
     return entry_point, [str(t) for t in tests]
 
 
-CALL_VALUE = "_tailsieve_call_{}"  # the judge binds call k's value to this name
-# nodes that bind names: a call to the entry point below one depends on them, so it cannot be sent alone
-_BINDING_NODES = (ast.Lambda, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp, ast.NamedExpr)
-
-
-def _mentions(node: ast.AST, name: str) -> bool:
-    return any(isinstance(n, ast.Name) and n.id == name for n in ast.walk(node))
-
-
-class _CallsToValues(ast.NodeTransformer):
-    """Replaces each outermost call of the entry point by the name of its value, collecting the calls."""
-
-    def __init__(self, entry_point: str, calls: list[str]):
-        self.entry_point, self.calls = entry_point, calls
-
-    def visit_Call(self, node: ast.Call) -> ast.AST:
-        if isinstance(node.func, ast.Name) and node.func.id == self.entry_point:
-            self.calls.append(ast.unparse(node))
-            return ast.Name(CALL_VALUE.format(len(self.calls) - 1), ast.Load())
-        return self.generic_visit(node)
-
-    def generic_visit(self, node: ast.AST) -> ast.AST:
-        if isinstance(node, _BINDING_NODES) and _mentions(node, self.entry_point):
-            raise ValueError(f"calls {self.entry_point} inside a lambda, comprehension or := "
-                             f"({ast.unparse(node)[:80]})")
-        return super().generic_visit(node)
-
-
-class _Renamed(ast.NodeTransformer):
-    def __init__(self, old: str, new: str):
-        self.old, self.new = old, new
-
-    def visit_Name(self, node: ast.Name) -> ast.Name:
-        return ast.Name(self.new, node.ctx) if node.id == self.old else node
-
-
-def _inline_check_functions(statements: list[ast.stmt], entry_point: str) -> list[ast.stmt]:
-    """HumanEval's ``def check(candidate): <asserts>`` then ``check(<entry point>)``: the check's
-    statements in place of the call, with ``candidate`` renamed to the entry point."""
-    defs = {node.name: node for node in statements
-            if isinstance(node, ast.FunctionDef) and len(node.args.args) == 1}
-    inlined = [node.value.func.id for node in statements
-               if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call)
-               and isinstance(node.value.func, ast.Name) and node.value.func.id in defs and not node.value.keywords
-               and [ast.unparse(a) for a in node.value.args] == [entry_point]]
-    out: list[ast.stmt] = []
-    for node in statements:
-        if isinstance(node, ast.FunctionDef) and node.name in inlined:
-            continue
-        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call) and isinstance(node.value.func, ast.Name) \
-                and node.value.func.id in inlined:
-            check = defs[node.value.func.id]
-            out += [_Renamed(check.args.args[0].arg, entry_point).visit(statement) for statement in check.body]
-        else:
-            out.append(node)
-    return out
+def _bound_names(tree: ast.AST) -> set[str]:
+    """Every name the tests bind anywhere (assigned, defined, imported, a parameter, a loop variable)."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
+            names.add(node.id)
+        elif isinstance(node, ast.arg):
+            names.add(node.arg)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((alias.asname or alias.name).split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ExceptHandler) and node.name:
+            names.add(node.name)
+    return names
 
 
 def judge_job(code: str, entry_point: str, tests: list[str]) -> dict:
-    """Split the tests between the candidate and its judge (:mod:`tailsieve_verl.sandbox_init`): each
-    outermost call of ``entry_point`` in an ``assert`` runs in the candidate's process (``calls``),
-    the rest of the assert (the expected side, the comparison) only in the judge (``checks``).
-    Other statements (imports, setup data) run in both (``setup``); ``modules``: names the checks
-    use that nothing defines, imported by the judge. ValueError (one line) for a test the judge
-    cannot split so that its verdict stays out of the candidate's reach."""
-    statements: list[ast.stmt] = []
+    """What the judge (:mod:`tailsieve_verl.sandbox_init`) needs: the candidate's ``code``, which is
+    all its process gets, and the ``tests``, which run only in the judge: ``remote`` (the names the
+    tests use but never bind, the entry point among them: calls into the candidate) and ``modules``
+    (standard modules the tests use without importing them). ValueError (one line) for tests that do
+    not parse, never use the entry point or bind it themselves."""
+    trees = []
     for test in tests:
         try:
-            statements += ast.parse(test).body
+            trees.append(ast.parse(test))
         except SyntaxError as error:
             raise ValueError(f"code ground truth: test {test[:80]!r} does not parse ({error.msg})") from None
-    setup, calls, checks = [], [], []
-    for node in _inline_check_functions(statements, entry_point):
-        try:
-            if isinstance(node, ast.Assert):
-                checks.append(ast.unparse(_CallsToValues(entry_point, calls).visit(node.test)))
-                if _mentions(ast.parse(checks[-1]), entry_point):
-                    raise ValueError(f"uses {entry_point} other than by calling it")
-            elif _mentions(node, entry_point):
-                raise ValueError(f"only assert statements may use {entry_point}")
-            else:
-                setup.append(ast.unparse(node))
-        except ValueError as error:
-            raise ValueError(f"code ground truth: test {ast.unparse(node)[:80]!r} cannot be judged "
-                             f"outside the candidate: {error}") from None
-    if not calls:
-        raise ValueError(f"code ground truth: no assert calls the entry point {entry_point!r}")
-    defined = {name for line in setup for node in ast.walk(ast.parse(line))
-               for name in ([node.id] if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store)
-                            else [node.name] if isinstance(node, (ast.FunctionDef, ast.ClassDef))
-                            else [(a.asname or a.name).split(".")[0] for a in node.names]
-                            if isinstance(node, (ast.Import, ast.ImportFrom)) else [])}
-    used = {node.id for check in checks for node in ast.walk(ast.parse(check))
-            if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load)}
-    bound = {node.arg if isinstance(node, ast.arg) else node.id for check in checks for node in ast.walk(ast.parse(check))
-             if isinstance(node, ast.arg) or (isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store))}
-    modules = sorted(name for name in used - defined - bound
-                     if not hasattr(builtins, name) and not name.startswith("_tailsieve_call_"))
-    return {"code": code, "setup": setup, "calls": calls, "checks": checks, "modules": modules}
+    loaded = {node.id for tree in trees for node in ast.walk(tree) if isinstance(node, ast.Name)
+              and isinstance(node.ctx, ast.Load)}
+    bound = set().union(*map(_bound_names, trees))
+    if entry_point not in loaded:
+        raise ValueError(f"code ground truth: no test uses the entry point {entry_point!r}")
+    if entry_point in bound:  # the tests would call their own, and every candidate would pass
+        raise ValueError(f"code ground truth: the tests bind the entry point {entry_point!r} themselves")
+    free = loaded - bound - set(dir(builtins))
+    modules = sorted(name for name in free if name in sys.stdlib_module_names and name != entry_point)
+    return {"code": code, "tests": tests, "remote": sorted(free - set(modules)), "modules": modules}
 
 
-def run_function_tests(code: str, entry_point: str, tests: list[str], timeout_s: float | None = None) -> bool:
-    """True if ``code``'s ``entry_point`` passes every test, as judged outside the candidate's
-    process (:func:`judge_job`); in the sandbox, or on a node that cannot isolate, refuses with one
-    line unless the user opted into the unisolated runner."""
+def code_verdict(code: str, entry_point: str, tests: list[str], timeout_s: float | None = None) -> tuple[bool, str]:
+    """(passed, the judge's line) for ``code``'s ``entry_point`` against ``tests``, judged outside the
+    candidate's process (:func:`judge_job`); in the sandbox, or on a node that cannot isolate,
+    refuses with one line unless the user opted into the unisolated runner."""
     job = judge_job(code, entry_point, tests)
     problem = isolation_problem()
     if problem is not None and os.environ.get(UNISOLATED_ENV) != "1":
         raise RuntimeError(problem)
     return run_judged(job, CODE_TIMEOUT_S if timeout_s is None else timeout_s, CODE_CPU_LIMIT_S,
-                      CODE_MEMORY_LIMIT_BYTES, isolated=problem is None)[0]
+                      CODE_MEMORY_LIMIT_BYTES, isolated=problem is None)
+
+
+def run_function_tests(code: str, entry_point: str, tests: list[str], timeout_s: float | None = None) -> bool:
+    return code_verdict(code, entry_point, tests, timeout_s)[0]
 
 
 def code_score(solution_str: str, ground_truth: str | dict) -> float:
     entry_point, tests = parse_code_ground_truth(ground_truth)
-    code = extract_single_function(solution_str)
+    code = extract_code(solution_str)
     if code is None:
         return 0.0
     return 1.0 if run_function_tests(code, entry_point, tests) else 0.0

@@ -37,24 +37,34 @@ def score(response: str) -> float:
                                  json.dumps({"entry_point": "add", "tests": TESTS}))
 
 
-def sandbox_processes() -> list[int]:
-    """Host PIDs of processes running as a sandbox user id (a candidate or anything it started)."""
-    found = []
-    for status in Path("/proc").glob("[0-9]*/status"):
-        try:
-            uid = int(next(line for line in status.read_text().splitlines() if line.startswith("Uid:")).split()[1])
-        except (OSError, StopIteration):
-            continue
-        if code_sandbox.SANDBOX_UID_BASE <= uid < code_sandbox.SANDBOX_UID_BASE + code_sandbox.SANDBOX_UID_SPAN:
-            found.append(int(status.parent.name))
-    return found
+def sandbox_processes(uids: set[int]) -> list[int]:
+    """Host PIDs of live processes (not zombies) running as one of ``uids`` (a candidate or anything
+    it started). Where the host's backstop killed them (its judge was killed), they die within a
+    moment of the verdict: give them one second."""
+    deadline = time.monotonic() + 1.0
+    while True:
+        found = []
+        for status in Path("/proc").glob("[0-9]*/status"):
+            try:
+                fields = dict(line.split(":", 1) for line in status.read_text().splitlines() if ":" in line)
+            except OSError:
+                continue
+            if int(fields.get("Uid", "-1 ").split()[0]) in uids and not fields.get("State", "").strip().startswith("Z"):
+                found.append(int(status.parent.name))
+        if not found or time.monotonic() > deadline:
+            return found
+        time.sleep(0.05)
 
 
 @pytest.fixture(autouse=True)
-def no_process_left_behind():
-    assert sandbox_processes() == []
+def no_process_left_behind(monkeypatch):
+    """No process of the fresh user ids this test's candidates got survives it (other test files,
+    run beside this one, score candidates of their own meanwhile)."""
+    used: list[int] = []
+    draw = code_sandbox.fresh_uid
+    monkeypatch.setattr(code_sandbox, "fresh_uid", lambda: used.append(draw()) or used[-1])
     yield
-    assert sandbox_processes() == []
+    assert sandbox_processes(set(used)) == []
 
 
 # ---------------------------------------------------------------------------------------------
@@ -136,9 +146,13 @@ def forking(children: int | bool) -> str:
                      imports="import os, time")
 
 
-def test_forking_is_bounded_and_cleaned_up(runner):
-    if runner == "unisolated" and code_sandbox.cgroup_parents()[0] is None:
-        pytest.skip(f"unisolated, only a cgroup bounds the candidate's processes: {code_sandbox.cgroup_parents()[1]}")
+@pytest.mark.parametrize("cgroup", ["the node's", "none"])
+def test_forking_is_bounded_and_cleaned_up(runner, cgroup, monkeypatch):
+    if cgroup == "none":  # then RLIMIT_NPROC alone bounds it: the candidate's user id is its own
+        monkeypatch.setattr(code_sandbox, "cgroup_parents", lambda: (None, "none for this test"))
+    if runner == "unisolated" and os.geteuid() != 0 and code_sandbox.cgroup_parents()[0] is None:
+        pytest.skip("unisolated as an ordinary user, only a cgroup bounds the candidate's processes: "
+                    f"{code_sandbox.cgroup_parents()[1]}")
     assert score(forking(8)) == 1.0  # a few processes are fine (and killed when the candidate ends)
     assert score(forking(code_sandbox.SANDBOX_PROCESSES)) == 0.0
     assert score(forking(True)) == 0.0
@@ -160,7 +174,7 @@ def test_sleeping_past_the_limit_is_killed_with_its_whole_tree(runner):
         "    time.sleep(600)",
         "time.sleep(600)", imports="import ctypes, os, time")
     start = time.monotonic()
-    assert rewards.run_function_tests(rewards.extract_single_function(sleeper), "add", TESTS, timeout_s=1.0) is False
+    assert rewards.run_function_tests(rewards.extract_code(sleeper), "add", TESTS, timeout_s=1.0) is False
     assert time.monotonic() - start < 1.0 + code_sandbox.HOST_GRACE_S
     assert processes_named(name) == []
 
@@ -280,6 +294,34 @@ HACKS = {
     "read the expected answers from the parent's memory": wrong_add(*READ_THE_PARENTS_MEMORY),
     "fork a child that exits 0 for it": wrong_add("if os.fork():", "    os._exit(0)"),
     "sleep until the timeout": wrong_add("time.sleep(600)", imports="import os, time"),
+    "call the reference function the tests define": wrong_add(
+        "if 'reference' in globals():", "    return globals()['reference'](a, b)"),
+    "read the expected values the tests assign": wrong_add(
+        "if 'expected' in globals():", "    return globals()['expected'][a, b]"),
+    "open the judge script for writing (root's file powers)": wrong_add(
+        f"open({code_sandbox.INIT_SCRIPT!r}, 'ab').close()", "return a + b"),
+    "plant a module beside the standard library": wrong_add(
+        "import tempfile", "fd, path = tempfile.mkstemp(suffix='.py', dir=os.path.dirname(os.__file__))",
+        "os.close(fd)", "os.remove(path)", "return a + b"),
+    "reply with 16 MB of nested empty lists": wrong_add(
+        "body = b'{\"value\":[' + b','.join([b'[]'] * (5 << 20)) + b']}'",
+        "os.write(4, len(body).to_bytes(8, 'big') + body)", "time.sleep(60)", imports="import os, time"),
+    "reply with a set of colliding hashes": wrong_add(
+        "body = ('{\"value\":{\"set\":[' + ','.join(str(k * (2 ** 61 - 1)) for k in range(200000)) + ']}}').encode()",
+        "os.write(4, len(body).to_bytes(8, 'big') + body)", "time.sleep(60)", imports="import os, time"),
+    "a response nested too deeply to parse": PREAMBLE + "```python\ndef add(a, b):\n    return a - b\nx = "
+    + "1+" * 100000 + "1\n```",
+}
+# The tests each hack above is scored against, where not TESTS: a reference function the tests
+# define, and a HumanEval check that assigns its expected values (5d35b14's judge ran both in the
+# candidate's namespace).
+HACK_TESTS = {
+    "call the reference function the tests define": [
+        "def reference(a, b):\n    return a + b", "assert add(1, 2) == reference(1, 2)",
+        "assert add(-1, 1) == reference(-1, 1)"],
+    "read the expected values the tests assign": [
+        "def check(candidate):\n    expected = {(1, 2): 3, (-1, 1): 0}\n    assert candidate(1, 2) == expected[1, 2]\n"
+        "    assert candidate(-1, 1) == expected[-1, 1]", "check(add)"],
 }
 
 LEGITIMATE = {
@@ -301,6 +343,34 @@ LEGITIMATE = {
     "HumanEval check(candidate)": (
         "def add(a, b):\n    return a + b", "add",
         ["def check(candidate):\n    assert candidate(1, 2) == 3\n    assert candidate(-1, 1) == 0\n", "check(add)"]),
+    "a helper and a constant beside the entry point": (
+        "OFFSET = 0\n\ndef plus(a, b):\n    return a + b + OFFSET\n\ndef add(a, b):\n    return plus(a, b)", "add", TESTS),
+    "an example call after the function": ("def add(a, b):\n    return a + b\n\nprint(add(1, 2))", "add", TESTS),
+    "tests that call it in a for loop": (
+        "def add(a, b):\n    return a + b", "add", ["for a in range(5):\n    assert add(a, 1) == a + 1"]),
+    "sorts its argument in place": (
+        "def sort_in_place(xs):\n    xs.sort()", "sort_in_place",
+        ["xs = [3, 1, 2]\nsort_in_place(xs)\nassert xs == [1, 2, 3]"]),
+    "unseeded randomness in the tests' setup": (
+        "def biggest(xs):\n    return max(xs)", "biggest",
+        ["import random\nxs = [random.random() for _ in range(5)]\nassert biggest(xs) == max(xs)"]),
+    "a generator read with list()": ("def upto(n):\n    yield from range(n)", "upto", ["assert list(upto(3)) == [0, 1, 2]"]),
+    "deque, dict views, Fraction": (
+        "import collections, fractions\n\ndef kinds(n):\n"
+        "    return collections.deque(range(n)), {i: -i for i in range(n)}.values(), fractions.Fraction(1, n)",
+        "kinds", ["import collections, fractions\nq, values, f = kinds(3)\n"
+                  "assert q == collections.deque([0, 1, 2]) and list(values) == [0, -1, -2] and f == fractions.Fraction(1, 3)"]),
+    "a returned closure the test calls": (
+        "def adder(n):\n    return lambda x: x + n", "adder", ["assert adder(3)(4) == 7"]),
+    "an int over 4,300 digits": ("def power(n):\n    return 10 ** n", "power", ["assert power(5000) == 10 ** 5000"]),
+    "HumanEval+ shape (numpy in the tests, a loop over inputs)": (
+        "def add(a, b):\n    return a + b", "add",
+        ["import numpy as np\n\ndef assertion(out, exp, atol):\n"
+         "    assert out == exp or (atol != 0 and np.allclose(out, exp, rtol=1e-07, atol=atol))\n\n"
+         "def check(candidate):\n    inputs, results = [[1, 2], [0.1, 0.2]], [3, 0.3]\n"
+         "    for inp, exp in zip(inputs, results):\n        assertion(candidate(*inp), exp, 1e-6)", "check(add)"]),
+    "imports numpy": ("import numpy as np\n\ndef total(xs):\n    return np.sum(np.array(xs))", "total",
+                      ["assert total([1, 2, 3]) == 6"]),
 }
 
 
@@ -317,18 +387,49 @@ def runner(request, monkeypatch):
 def test_reward_hack_scores_zero(hack, runner, monkeypatch):
     if hack == "sleep until the timeout":
         monkeypatch.setattr(rewards, "CODE_TIMEOUT_S", 1.0)
-    assert score(HACKS[hack]) == 0.0
+    if hack == "reply with a set of colliding hashes":  # the judge's own CPU bound stops it, even under load
+        monkeypatch.setattr(rewards, "CODE_CPU_LIMIT_S", 2)
+        monkeypatch.setattr(rewards, "CODE_TIMEOUT_S", 120.0)
+    truth = json.dumps({"entry_point": "add", "tests": HACK_TESTS.get(hack, TESTS)})
+    assert rewards.compute_score(rewards.CODE_DATA_SOURCE, HACKS[hack], truth) == 0.0
+
+
+@pytest.mark.parametrize("hack,why", [("reply with 16 MB of nested empty lists", "more than 1048576 items"),
+                                      ("reply with a set of colliding hashes", "the judge ran out of CPU time")])
+def test_a_costly_reply_stops_the_judge_within_its_bounds(hack, why, runner, monkeypatch):
+    monkeypatch.setattr(rewards, "CODE_CPU_LIMIT_S", 2)  # the judge's CPU bound is the candidate's plus a second
+    monkeypatch.setattr(rewards, "CODE_TIMEOUT_S", 120.0)  # so that bound, not the wall clock, stops it under load
+    passed, line = rewards.code_verdict(rewards.extract_code(HACKS[hack]), "add", TESTS)
+    assert not passed and why in line
+
+
+def wrong_variant(code: str, entry_point: str) -> str:
+    """``code`` with its entry point redefined last to return a wrong value."""
+    return f"{code}\n\ndef {entry_point}(*args, **kwargs):\n    return None\n"
 
 
 @pytest.mark.parametrize("name", list(LEGITIMATE))
 def test_legitimate_solution_scores_one(name, runner):
     code, entry_point, tests = LEGITIMATE[name]
-    response = PREAMBLE + f"```python\n{code}\n```"
-    assert rewards.compute_score(rewards.CODE_DATA_SOURCE, response,
-                                 json.dumps({"entry_point": entry_point, "tests": tests})) == 1.0
-    wrong = response.replace("return a + b", "return a - b").replace("'pairs': pairs", "'pairs': pairs[:1]")
-    assert rewards.compute_score(rewards.CODE_DATA_SOURCE, wrong,
-                                 json.dumps({"entry_point": entry_point, "tests": tests})) == 0.0
+    truth = json.dumps({"entry_point": entry_point, "tests": tests})
+    assert rewards.code_verdict(code, entry_point, tests) == (True, "PASS")
+    assert rewards.compute_score(rewards.CODE_DATA_SOURCE, PREAMBLE + f"```python\n{code}\n```", truth) == 1.0
+    wrong = PREAMBLE + f"```python\n{wrong_variant(code, entry_point)}\n```"
+    assert rewards.compute_score(rewards.CODE_DATA_SOURCE, wrong, truth) == 0.0
+
+
+def test_no_process_of_a_candidate_outlives_its_verdict(runner):
+    """A child that leaves its session and its cgroup and kills the judge is killed all the same."""
+    name = f"ts{time.time_ns() % 10**12}"
+    escapes = [f"open({str(path)!r}, 'w').write(str(os.getpid()))" for path in
+               sorted(Path("/sys/fs/cgroup").glob("*/cgroup.procs"))[:2]]
+    leaver = wrong_add("judge = os.getppid()", "if os.fork() == 0:", "    os.setsid()", *[f"    try:\n        {line}\n    except OSError:\n"
+                                                                "        pass" for line in escapes],
+                       f"    ctypes.CDLL(None).prctl(15, {name.encode()!r})", "    os.kill(judge, 9)",
+                       "    time.sleep(600)", "time.sleep(1)", imports="import ctypes, os, time")
+    assert score(leaver) == 0.0
+    time.sleep(0.5)
+    assert processes_named(name) == []
 
 
 # ---------------------------------------------------------------------------------------------

