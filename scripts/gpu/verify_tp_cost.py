@@ -30,7 +30,7 @@ import argparse
 import datetime
 import json
 import math
-import os
+import queue
 import socket
 import statistics
 import sys
@@ -214,11 +214,17 @@ def measure(width: int, args: dict) -> dict:
     procs = [ctx.Process(target=worker, args=(rank, width, args, port, out)) for rank in range(width)]
     for p in procs:
         p.start()
-    result = out.get()
+    while True:  # rank 0's result, or the failure of any rank (which would leave the others waiting)
+        try:
+            result = out.get(timeout=1.0)
+            break
+        except queue.Empty:
+            if any(p.exitcode for p in procs) or all(p.exitcode is not None for p in procs):
+                for p in procs:
+                    p.kill()
+                raise RuntimeError(f"a rank of width {width} failed (exit codes {[p.exitcode for p in procs]})")
     for p in procs:
         p.join()
-    if any(p.exitcode for p in procs):
-        raise RuntimeError(f"a rank of width {width} failed (exit codes {[p.exitcode for p in procs]})")
     return result
 
 

@@ -20,12 +20,13 @@ SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "gpu" / "verify_tp_co
 
 @pytest.fixture(scope="module")
 def vt():
-    spec = importlib.util.spec_from_file_location("verify_tp_cost_script", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses resolve the script's annotations through it
-    spec.loader.exec_module(module)
-    yield module
-    del sys.modules[spec.name]
+    """The script imported by its own name from its folder: the ranks it spawns import their entry point so."""
+    sys.path.insert(0, str(SCRIPT.parent))
+    try:
+        yield importlib.import_module(SCRIPT.stem)
+    finally:
+        sys.path.remove(str(SCRIPT.parent))
+        sys.modules.pop(SCRIPT.stem, None)
 
 
 @pytest.mark.parametrize("width", [1, 2, 4, 8])
