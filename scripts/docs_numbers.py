@@ -634,6 +634,109 @@ def speed_bench() -> str:
     return f"on one core, {'; '.join(one)}; wall on 2 cores, {'; '.join(two)}"
 
 
+# --- issue 58: a tensor-parallel tail pool, the model and its ceiling ---
+
+TP_FOLDER = RESULTS / "tp_ceiling"
+
+
+def tp_model_table() -> str:
+    """The TP step model (``tp_ceiling.py --model``): ms per decode step at each width beside the one-GPU rows of
+    the bundled H200 table it derives from (– where the table has no such row: extrapolated)."""
+    doc = json.loads((TP_FOLDER / "tp_model.json").read_text())
+    rows = doc["rows"]
+    points = list(dict.fromkeys((r["context"], r["batch"]) for r in rows))
+    head = " | ".join(f"b{b} @ {c // 1024}k" for c, b in points)
+    lines = [f"| model | width | floor ms | KV tokens | {head} |", "| --- " * (4 + len(points)) + "|"]
+    for setup in dict.fromkeys(r["setup"] for r in rows):
+        mine = [r for r in rows if r["setup"] == setup]
+        first = {(r["context"], r["batch"]): r for r in mine if r["width"] == 1}
+        table = " | ".join("–" if first[p]["table_ms"] is None else f"{first[p]['table_ms']:.2f}" for p in points)
+        lines.append(f"| {mine[0]['model']} | H200 table (measured) | – | – | {table} |")
+        for t in dict.fromkeys(r["width"] for r in mine):
+            at = {(r["context"], r["batch"]): r for r in mine if r["width"] == t}
+            one = at[points[0]]
+            lines.append(f"| {mine[0]['model']} | {t} | {one['floor_ms']:.2f} | {one['kv_tokens']:,} | "
+                         + " | ".join(f"{at[p]['step_ms']:.2f}" for p in points) + " |")
+    return "\n" + "\n".join(lines) + "\n"
+
+
+def tp_floors() -> str:
+    """Each bundled shape's step floor (what no width shortens) beside its measured batch-1 step at 4k context."""
+    rows = [r for r in json.loads((TP_FOLDER / "tp_model.json").read_text())["rows"]
+            if r["width"] == 2 and r["batch"] == 1 and r["context"] == 4096]
+    return " and ".join(f"{r['floor_ms']:.2f} of {r['model']}'s {r['table_ms']:.2f} ms" for r in rows)
+
+
+def tp_ceiling_cells(files: tuple[Path, ...] = ()) -> dict[tuple[str, str], dict]:
+    """Per (shape, cell) of ``tp_ceiling.py``'s runs: each configuration's speedup over the strongest stock
+    configuration (per seed the best stock uniform width, cap included), mean over seeds; per family (stock, splits
+    with a width-1 bulk and a wide tail, splits at any widths, PAT-like from any start) its best configuration."""
+    rows = [r for path in (files or (TP_FOLDER / "tp_ceiling.jsonl",)) for r in _jsonl(path)]
+    cells = {}
+    for key in dict.fromkeys((r["shape"], r["cell"]) for r in rows):
+        rs = [r for r in rows if (r["shape"], r["cell"]) == key]
+        names = list(rs[0]["mean_makespan_s"])
+        stock = [n for n in names if n.startswith("verl-")]
+        best_stock = [min(r["mean_makespan_s"][n] for n in stock) for r in rs]
+        over = {n: float(np.mean([b / r["mean_makespan_s"][n] for b, r in zip(best_stock, rs)])) for n in names}
+        free = {n: float(np.mean([b / r["pat_free_switch_s"][n] for b, r in zip(best_stock, rs)]))
+                for n in rs[0]["pat_free_switch_s"]}
+
+        def best(prefix: str, keep=lambda n: True):
+            return max((n for n in names if n.startswith(prefix) and keep(n)), key=over.get, default=None)
+
+        cells[key] = {"seeds": len(rs), "steps": rs[0]["steps"], "over": over, "free": free,
+                      "stock": best("verl-"), "wide_tail": best("split-b1t", lambda n: n != "split-b1t1"),
+                      "split": best("split-"), "pat": best("pat-")}
+    return cells
+
+
+def _tp_reach(c: dict) -> float:
+    """The most a cell's ceilings reach over the strongest stock configuration: its best split or PAT-like."""
+    return max(c["over"][n] for n in (c["split"], c["pat"]) if n)
+
+
+def tp_goal_reach() -> str:
+    """The span, over the issue's goal cells (real tails, DAPO shapes), of the most any ceiling reaches."""
+    return _span([_tp_reach(c) for (shape, cell), c in tp_ceiling_cells().items()
+                  if cell.endswith("-real") and not cell.startswith("dense-") and shape in DAPO_SHAPES])
+
+
+def tp_uniform_gain(setups: tuple[str, ...]) -> str:
+    """The span, over the cells of ``setups``, of the strongest uniform width's speedup over stock verl at width 1."""
+    return _span([1 / c["over"]["verl-tp1"] for (_, cell), c in tp_ceiling_cells().items()
+                  if cell.split("-")[0] in setups], digits=2)
+
+
+def tp_reach_cells() -> str:
+    """Which cells' ceilings reach 1.10x the strongest stock configuration, of how many."""
+    cells = tp_ceiling_cells()
+    hits = [f"{cell} {shape.split('@')[0].replace('x', ' × ')}" for (shape, cell), c in cells.items()
+            if _tp_reach(c) >= 1.10]
+    return f"{len(hits)} of {len(cells)} cells ({', '.join(hits)})"
+
+
+def tp_ceiling_table(files: tuple[Path, ...] = ()) -> str:
+    """docs/results.md's ceiling of width (and ``tp_ceiling.py --report``'s, of its files): speedups over the
+    strongest stock configuration, the winning configuration in brackets."""
+    lines = ["| cell | shape | seeds × steps | stock TP1 | strongest stock | clairvoyant split, TP1 bulk and tail | "
+             "clairvoyant split, TP1 bulk, wide tail | clairvoyant split, any widths | PAT-like [switch free] | "
+             "≥ 1.10× the strongest stock within reach |",
+             "| --- " * 10 + "|"]
+    for (shape, cell), c in tp_ceiling_cells(files).items():
+        o = c["over"]
+
+        def cite(name):
+            return "–" if name is None else f"{o[name]:.3f} ({name.split('-', 1)[1]})"
+
+        reach = _tp_reach(c)
+        lines.append(f"| {cell} | {shape} | {c['seeds']} × {c['steps']} | {o['verl-tp1']:.3f} | "
+                     f"{o[c['stock']]:.3f} ({c['stock'][5:]}) | {o['split-b1t1']:.3f} | {cite(c['wide_tail'])} | "
+                     f"{cite(c['split'])} | {cite(c['pat'])} [{c['free'][c['pat']]:.3f}] | "
+                     f"{'yes' if reach >= 1.10 else 'no'} ({reach:.3f}) |")
+    return "\n" + "\n".join(lines) + "\n"
+
+
 RENDERERS = {
     "current-table": current_table,
     "current-seeds": current_seeds,
@@ -683,6 +786,13 @@ RENDERERS = {
     "yardstick-worst": yardstick_worst,
     "planner-cost": planner_cost,
     "speed-bench": speed_bench,
+    "tp-model": tp_model_table,
+    "tp-floors": tp_floors,
+    "tp-goal-reach": tp_goal_reach,
+    "tp-uniform-gain-dense": lambda: tp_uniform_gain(("dense", "dense8b")),
+    "tp-uniform-gain-moe": lambda: tp_uniform_gain(("moe", "moe8")),
+    "tp-reach-cells": tp_reach_cells,
+    "tp-ceiling": tp_ceiling_table,
 }
 
 

@@ -25,7 +25,7 @@ from functools import lru_cache
 import numpy as np
 
 from ..errors import TailSieveError
-from .perf import PerfModel
+from .perf import PerfModel, TensorParallel, TensorParallelPerf, at_width, step_floor_s
 from .verify_cost import VerifyTable
 
 
@@ -189,6 +189,10 @@ class EngineConfig:
     not reused)."""
     speculative: SpeculativeConfig | None = None
     """Speculative decoding (verl: off). See :class:`SpeculativeConfig`."""
+    tensor_parallel: TensorParallel = TensorParallel()
+    """The replica's width (verl: ``rollout.tensor_model_parallel_size``, 1) and how its step is priced from the
+    one-GPU perf model (:class:`core.engine.perf.TensorParallel`); its KV cache is in ``num_gpu_blocks``. Width 1:
+    the perf model as it is."""
 
     def __post_init__(self) -> None:
         _check_count(self.max_num_seqs, "max_num_seqs", allow_none=True)
@@ -198,6 +202,8 @@ class EngineConfig:
         for name in ("enable_chunked_prefill", "enable_prefix_caching"):
             if not isinstance(getattr(self, name), bool):
                 raise EngineConfigError(f"{name} must be true or false, got {getattr(self, name)!r}")
+        if not isinstance(self.tensor_parallel, TensorParallel):
+            raise EngineConfigError(f"tensor_parallel must be a TensorParallel, got {self.tensor_parallel!r}"[:200])
         if self.speculative is not None and not isinstance(self.speculative, SpeculativeConfig):
             raise EngineConfigError(f"speculative must be a SpeculativeConfig (or None), got {self.speculative!r}"[:200])
         if not (isinstance(self.prefill_s_per_token, (int, float)) and math.isfinite(self.prefill_s_per_token)
@@ -215,6 +221,15 @@ class EngineConfig:
                 or self.prefill_s_per_token > 0 or self.speculative is not None)
 
     @property
+    def width(self) -> int:
+        """GPUs of one replica."""
+        return self.tensor_parallel.size
+
+    def step_model(self, perf: PerfModel) -> PerfModel:
+        """``perf`` (one GPU's step) as this replica's: itself at width 1."""
+        return at_width(perf, self.tensor_parallel)
+
+    @property
     def usable_blocks(self) -> int | None:
         """Blocks requests can hold: vLLM's block pool keeps one of ``num_gpu_blocks`` as its null block
         (``vllm/v1/core/block_pool.py``; measured: 6 blocks of 128 serve at most 640 tokens)."""
@@ -226,24 +241,30 @@ class EngineConfig:
 
     @classmethod
     def verl_defaults(cls, model: str = "qwen3-1.7b", perf: PerfModel | None = None,
-                      gpu_memory_utilization: float = 0.5, **changes) -> "EngineConfig":
-        """verl 0.9.1's rollout defaults on one H200 with a bundled model shape (:data:`H200_MODELS`);
-        the prefill cost comes from ``perf`` when given. ``changes`` override any field."""
+                      gpu_memory_utilization: float = 0.5, tensor_parallel_size: int = 1, **changes) -> "EngineConfig":
+        """verl 0.9.1's rollout defaults on ``tensor_parallel_size`` H200s (1: verl's default) with a bundled model
+        shape (:data:`H200_MODELS`); the prefill cost comes from ``perf`` (one GPU's step) when given, at the
+        replica's width. ``changes`` override any field."""
+        tp = h200_tensor_parallel(model, perf, tensor_parallel_size)
         fields = dict(max_num_seqs=256, max_num_batched_tokens=8192, enable_chunked_prefill=True,
-                      enable_prefix_caching=True, block_size=16,
-                      num_gpu_blocks=h200_kv_blocks(model, gpu_memory_utilization, changes.get("block_size", 16)),
-                      prefill_s_per_token=prefill_cost_from_perf(perf) if perf is not None else 0.0)
+                      enable_prefix_caching=True, block_size=16, tensor_parallel=tp,
+                      num_gpu_blocks=h200_kv_blocks(model, gpu_memory_utilization, changes.get("block_size", 16),
+                                                    tensor_parallel_size),
+                      prefill_s_per_token=prefill_cost_from_perf(at_width(perf, tp)) if perf is not None else 0.0)
         fields.update(changes)
         return cls(**fields)
 
 
 def replica_engines(tail: EngineConfig, bulk: EngineConfig, m: int, n_replicas: int) -> list[EngineConfig]:
-    """One engine per replica of a split with ``m`` tail replicas: the tail pool holds replicas
-    0..m−1 (as ``pool_assignment`` numbers them), the bulk pool the rest; m = 0: the bulk engine
+    """One engine per replica of a split with ``m`` tail replicas on the GPUs of ``n_replicas`` bulk replicas:
+    the tail pool holds replicas 0..m−1 (as ``pool_assignment`` numbers them), the bulk pool the rest (the GPUs
+    the tail leaves, so fewer than R − m replicas when the tail's replicas are wider); m = 0: the bulk engine
     everywhere."""
-    if not 0 <= m <= n_replicas:
-        raise EngineConfigError(f"a split needs 0 <= m <= {n_replicas} tail replicas, got m={m}")
-    return [tail] * m + [bulk] * (n_replicas - m)
+    gpus_left = n_replicas * bulk.width - m * tail.width
+    if not 0 <= m <= n_replicas or gpus_left < 0 or gpus_left % bulk.width:
+        raise EngineConfigError(f"a split needs 0 <= m tail replicas of width {tail.width} within {n_replicas} "
+                                f"replicas of width {bulk.width}, got m={m}")
+    return [tail] * m + [bulk] * (gpus_left // bulk.width)
 
 
 def _check_count(value, name: str, allow_none: bool) -> None:
@@ -256,12 +277,15 @@ def _check_count(value, name: str, allow_none: bool) -> None:
 
 @dataclass(frozen=True)
 class ModelShape:
-    """What sizes a model's KV cache: bytes per token = layers × kv_heads × head_dim × 2 (K, V) × 2 (bf16)."""
+    """What sizes a model's KV cache: bytes per token = layers × kv_heads × head_dim × 2 (K, V) × 2 (bf16);
+    and, for a tensor-parallel replica, its all-reduces (hidden) and the weights one token reads."""
 
     layers: int
     kv_heads: int
     head_dim: int
     params_b: float  # parameters in billions (bf16 weights: 2 bytes each)
+    hidden: int
+    active_params_b: float | None = None  # parameters one token reads (a MoE's active ones); None: all
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -270,26 +294,56 @@ class ModelShape:
 
 # Bundled shapes (the models of the bundled H200 decode tables, and Qwen3-8B of ENGINE_NOTES).
 H200_MODELS = {
-    "qwen3-1.7b": ModelShape(layers=28, kv_heads=8, head_dim=128, params_b=2.03),      # 112 KiB/token
-    "qwen3-8b": ModelShape(layers=36, kv_heads=8, head_dim=128, params_b=8.19),        # 144 KiB/token
-    "qwen3-30b-a3b": ModelShape(layers=48, kv_heads=4, head_dim=128, params_b=30.5),   # 96 KiB/token
+    "qwen3-1.7b": ModelShape(layers=28, kv_heads=8, head_dim=128, params_b=2.03, hidden=2048),     # 112 KiB/token
+    "qwen3-8b": ModelShape(layers=36, kv_heads=8, head_dim=128, params_b=8.19, hidden=4096),       # 144 KiB/token
+    "qwen3-30b-a3b": ModelShape(layers=48, kv_heads=4, head_dim=128, params_b=30.5, hidden=2048,   # 96 KiB/token
+                                active_params_b=3.3),
 }
 H200_MEMORY_BYTES = 143771 * 2 ** 20  # what nvidia-smi reports for one H200 (141 GB class)
 
 
-def h200_kv_blocks(model: str, gpu_memory_utilization: float = 0.5, block_size: int = 16) -> int:
-    """KV blocks of one H200 replica: utilisation × memory − bf16 weights, in blocks (first-order:
-    vLLM also reserves the activation peak and CUDA graphs, a few GB, so the real cache is smaller)."""
-    if model not in H200_MODELS:
-        raise EngineConfigError(f"unknown model shape {model!r}; bundled: {', '.join(H200_MODELS)}")
+def h200_kv_blocks(model: str, gpu_memory_utilization: float = 0.5, block_size: int = 16,
+                   tensor_parallel_size: int = 1) -> int:
+    """KV blocks of one replica on ``tensor_parallel_size`` H200s: utilisation × their memory − one copy of the
+    bf16 weights, in blocks (first-order: vLLM also reserves the activation peak and CUDA graphs, a few GB per
+    GPU, so the real cache is smaller). A replica of width t holds more than t times a one-GPU replica's cache:
+    its weights are stored once."""
+    shape = _shape(model)
     if not 0 < gpu_memory_utilization <= 1:
         raise EngineConfigError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
-    shape = H200_MODELS[model]
-    kv_bytes = gpu_memory_utilization * H200_MEMORY_BYTES - shape.params_b * 1e9 * 2
+    _check_width(model, tensor_parallel_size)
+    kv_bytes = tensor_parallel_size * gpu_memory_utilization * H200_MEMORY_BYTES - shape.params_b * 1e9 * 2
     if kv_bytes <= 0:
         raise EngineConfigError(f"{model} weights do not fit in {gpu_memory_utilization} of an H200; "
                                 "raise gpu_memory_utilization")
     return int(kv_bytes // (shape.kv_bytes_per_token * block_size))
+
+
+def h200_tensor_parallel(model: str, perf: PerfModel | None, size: int) -> TensorParallel:
+    """The width-``size`` pricing of a bundled model shape's step on H200s (:class:`core.engine.perf.TensorParallel`):
+    its layers and hidden size, and the floor :func:`core.engine.perf.step_floor_s` reads from ``perf`` (one GPU's
+    step) with the weights one token reads. Width 1: nothing to price."""
+    _check_width(model, size)
+    if size == 1:
+        return TensorParallel()
+    if perf is None:
+        raise EngineConfigError(f"a replica of width {size} prices its step from the one-GPU perf model; give it")
+    shape = _shape(model)
+    weight_bytes = (shape.active_params_b or shape.params_b) * 1e9 * 2
+    return TensorParallel(size=size, floor_s=step_floor_s(perf, weight_bytes), layers=shape.layers, hidden=shape.hidden)
+
+
+def _shape(model: str) -> ModelShape:
+    if model not in H200_MODELS:
+        raise EngineConfigError(f"unknown model shape {model!r}; bundled: {', '.join(H200_MODELS)}")
+    return H200_MODELS[model]
+
+
+def _check_width(model: str, size: int) -> None:
+    """Widths the model splits evenly by KV head (vLLM replicates KV heads beyond that; not modelled)."""
+    kv_heads = _shape(model).kv_heads
+    if not isinstance(size, (int, np.integer)) or isinstance(size, bool) or size < 1 or kv_heads % size:
+        raise EngineConfigError(f"tensor_parallel_size must divide {model}'s {kv_heads} KV heads, got {size!r}")
 
 
 def prefill_cost_from_perf(perf: PerfModel, tokens: int = 4096) -> float:

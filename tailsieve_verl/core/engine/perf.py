@@ -12,6 +12,9 @@ Specs accepted by :func:`parse_perf_model` (the CLI's ``--perf-model``):
   ``h200-moe``; or a JSON file as written by ``tailsieve calibrate``). See :class:`TablePerf`.
 * ``fitted:NAME_OR_PATH[:MODEL]`` — a smooth ``a + b·active + k·active·context`` least-squares fit
   to the same measurements (useful when a user measured only a few points).
+
+A replica wider than one GPU (tensor parallelism) prices its steps from any of these through
+:class:`TensorParallel` (:class:`TensorParallelPerf`): the tables measure one GPU.
 """
 
 from __future__ import annotations
@@ -288,6 +291,111 @@ class FittedPerf(PerfModel):
     def step_time(self, active, context=0.0):
         active = np.asarray(active, dtype=float)
         return np.where(active > 0, self.a + self.b * active + self.k * active * np.asarray(context, dtype=float), 0.0)
+
+
+HBM_BYTES_PER_S = 4.8e12
+"""H200 HBM3e peak bandwidth, 4.8 TB/s (NVIDIA H200 datasheet): the least time reading a replica's weights takes,
+which separates a measured step into what tensor parallelism splits and what it does not (:func:`step_floor_s`)."""
+NVLINK_BYTES_PER_S = 450e9
+"""NVLink 4 on H100/H200 SXM: 900 GB/s bidirectional per GPU (NVIDIA H200 datasheet), 450 GB/s each way: the
+bandwidth term of an all-reduce."""
+ALLREDUCE_LATENCY_S = 8e-6
+"""One small all-reduce inside a CUDA graph over NVLink: about 6 µs on 2 H100s with NCCL's NVLS algorithm for
+128 B–64 KiB messages, rising with the GPU count (NVIDIA/nccl issue #1259); a decode step's messages are
+``batch × hidden × 2`` bytes, 8 KiB–2 MiB. 8 µs is the first-order figure, a parameter to be measured
+(``scripts/gpu/verify_tp_cost.py``)."""
+
+
+@dataclass(frozen=True)
+class TensorParallel:
+    """A replica's tensor-parallel width and the first-order price of its decode step (issue 58).
+
+    A replica of width ``size`` holds one copy of the weights over ``size`` GPUs. From a one-GPU step
+    ``T₁(b, c)`` (any :class:`PerfModel`), its step is ``F + (T₁ − F)/size + 2·layers·AR(b)``:
+
+    * ``F`` (``floor_s``): the part of a step no width shortens (kernel launches and the small kernels every GPU
+      runs whole); :func:`step_floor_s` reads it from the table as the batch-1 step less the time its weights
+      take to read at HBM peak;
+    * the rest — reading the weights and the KV cache (each GPU holds 1/size of both: heads and MLP columns
+      split), and the matmuls of a large batch — divides by ``size`` (first order: ideal splitting, no loss of
+      kernel efficiency on the narrower matrices);
+    * two all-reduces per layer (after attention and after the MLP), each ``latency + 2(size−1)/size ·
+      b·hidden·bytes / link`` (ring bandwidth term), the latency not shrinking with width.
+
+    ``size`` 1 is the one-GPU model itself, unchanged."""
+
+    size: int = 1
+    """GPUs per replica (vLLM/verl ``tensor_model_parallel_size``)."""
+    floor_s: float = 0.0
+    """Seconds of each step that do not shrink with width (see :func:`step_floor_s`)."""
+    layers: int = 0
+    """Decoder layers: two all-reduces each."""
+    hidden: int = 0
+    """Hidden size: an all-reduce carries ``batch × hidden`` activations."""
+    allreduce_latency_s: float = ALLREDUCE_LATENCY_S
+    """Fixed seconds of one all-reduce (see :data:`ALLREDUCE_LATENCY_S`)."""
+    link_bytes_per_s: float = NVLINK_BYTES_PER_S
+    """Per-GPU link bandwidth one way (see :data:`NVLINK_BYTES_PER_S`)."""
+    bytes_per_element: int = 2
+    """bf16 activations."""
+
+    def __post_init__(self) -> None:
+        for name in ("size", "layers", "hidden", "bytes_per_element"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < (1 if name in (
+                    "size", "bytes_per_element") else 0):
+                raise PerfModelError(f"tensor parallel {name} must be an integer >= "
+                                     f"{1 if name in ('size', 'bytes_per_element') else 0}, got {value!r}")
+        for name in ("floor_s", "allreduce_latency_s"):
+            value = getattr(self, name)
+            if not (_is_number(value) and value >= 0):
+                raise PerfModelError(f"tensor parallel {name} must be >= 0 seconds, got {value!r}")
+        if not (_is_number(self.link_bytes_per_s) and self.link_bytes_per_s > 0):
+            raise PerfModelError(f"tensor parallel link_bytes_per_s must be > 0, got {self.link_bytes_per_s!r}")
+        if self.size > 1 and (self.layers < 1 or self.hidden < 1):
+            raise PerfModelError(f"a replica of width {self.size} needs the model's layers and hidden size to price "
+                                 "its all-reduces")
+
+    def allreduce_s(self, active) -> np.ndarray:
+        """Seconds of one step's all-reduces at ``active`` requests (0 at width 1)."""
+        active = np.asarray(active, dtype=float)
+        if self.size == 1:
+            return np.zeros_like(active)
+        t = self.size
+        message = active * self.hidden * self.bytes_per_element
+        return 2 * self.layers * (self.allreduce_latency_s + 2 * (t - 1) / t * message / self.link_bytes_per_s)
+
+
+class TensorParallelPerf(PerfModel):
+    """``base`` (one GPU's step) at the width of ``tp`` (:class:`TensorParallel`)."""
+
+    def __init__(self, base: PerfModel, tp: TensorParallel):
+        self.base, self.tp = base, tp
+        self.name = f"{base.name}@tp{tp.size}"
+
+    def step_time(self, active, context=0.0):
+        one = np.asarray(self.base.step_time(active, context), dtype=float)
+        if self.tp.size == 1:
+            return one
+        floor = np.minimum(self.tp.floor_s, one)
+        step = floor + (one - floor) / self.tp.size + self.tp.allreduce_s(active)
+        step = np.where(np.asarray(active, dtype=float) > 0, step, 0.0)
+        return float(step) if np.ndim(step) == 0 else step
+
+
+def at_width(perf: PerfModel, tp: TensorParallel) -> PerfModel:
+    """``perf`` for a replica of ``tp``'s width: ``perf`` itself at width 1 (the one-GPU model, untouched)."""
+    return perf if tp.size == 1 else TensorParallelPerf(perf, tp)
+
+
+def step_floor_s(perf: PerfModel, weight_bytes: float, context: float = 1024.0,
+                 hbm_bytes_per_s: float = HBM_BYTES_PER_S) -> float:
+    """The part of a one-GPU step that no width shortens: the batch-1 step at ``context`` (the bundled tables'
+    shortest) less reading ``weight_bytes`` (the weights one token reads: the active ones of a MoE) at HBM peak.
+    First order: the batch-1 KV read (0.1 GB at 1k tokens) is counted in the floor, and all of the floor is
+    taken as fixed, though some of it (attention and norm kernels' own work) would shrink with width."""
+    return max(float(perf.step_time(np.asarray([1.0]), np.asarray([context]))[0]) - weight_bytes / hbm_bytes_per_s,
+               0.0)
 
 
 def cached_per_model(cache: dict, limit: int, perf: PerfModel, key: tuple, build):

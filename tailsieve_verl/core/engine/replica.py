@@ -35,7 +35,8 @@ NO_LIMITS = EngineConfig()
 def simulate_replica(lengths: Sequence[int], perf: PerfModel, prompt_lens: Sequence[int] | None = None,
                      engine: EngineConfig = NO_LIMITS, groups: Sequence[int] | None = None) -> ReplicaRun:
     """Finish time of every response on one replica (input order = admission order) under ``engine``
-    (its limits, the admission cap included). ``groups``: each response's prompt group, for prefix sharing."""
+    (its limits, the admission cap included, and its width: ``perf`` is one GPU's step, priced at the replica's
+    width by :meth:`EngineConfig.step_model`). ``groups``: each response's prompt group, for prefix sharing."""
     lengths = np.asarray(lengths, dtype=np.int64)
     n = len(lengths)
     if n == 0:
@@ -49,12 +50,12 @@ def simulate_replica(lengths: Sequence[int], perf: PerfModel, prompt_lens: Seque
         cached = _RUNS.get(key)
         if cached is not None and cached[0] is perf:
             return cached[1]
-        run = _frozen(ReplicaScheduler(lengths, prompt, group_ids, engine).run_to_end(perf))
+        run = _frozen(ReplicaScheduler(lengths, prompt, group_ids, engine).run_to_end(engine.step_model(perf)))
         if len(_RUNS) >= RUN_CACHE_SIZE:
             _RUNS.pop(next(iter(_RUNS)))
         _RUNS[key] = (perf, run)  # the entry holds the model, so its id is not reused while cached
         return run
-    return _closed_form(lengths, prompt, perf, engine.max_num_seqs)
+    return _closed_form(lengths, prompt, engine.step_model(perf), engine.max_num_seqs)
 
 
 RUN_CACHE_SIZE = 256

@@ -167,7 +167,8 @@ class _Runner:
         """One step's samples on their replicas: the ``execute`` hook, else the engine model."""
         if self.execute is not None:
             return self.execute(self.name, groups, samples)
-        return evaluate_samples(groups, samples, self.cfg.n_replicas, self.perf, engine=self.engines(m))
+        engines = self.engines(m)  # one per replica: fewer than n_replicas where a pool's replicas are wider
+        return evaluate_samples(groups, samples, len(engines), self.perf, engine=engines)
 
     def finish(self) -> PolicyResult:
         self.result.lost, self.result.duplicated = self.ledger.audit(self.in_flight())

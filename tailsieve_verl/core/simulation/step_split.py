@@ -47,10 +47,10 @@ def best_split(planned: Sequence[Sequence[Group]], groups: Sequence[Group],
     shared_s = best = sum(evaluate_samples(draw, shared, R, perf, engine=bulk).makespan_s for draw in planned)
     samples, pick = shared, None
     for q, m, tail in candidates:
-        split = longest_to_tail(groups, q, m, R, group_atomic, split_rng, rank)
-        engines, total = replica_engines(tail, bulk, m, R), 0.0
+        engines, total = replica_engines(tail, bulk, m, R), 0.0  # fewer replicas where the tail's are wider
+        split = longest_to_tail(groups, q, m, len(engines), group_atomic, split_rng, rank)
         for draw in planned:
-            total += makespan_below(draw, split, R, perf, engines, stop_above=best - total)
+            total += makespan_below(draw, split, len(engines), perf, engines, stop_above=best - total)
             if total >= best:
                 break
         if total < best:
