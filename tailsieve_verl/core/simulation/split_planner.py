@@ -123,12 +123,17 @@ class OnlineSplitPlanner:
         return PlannedSplit(q, m, mean[q, m] / mean[0, 0], _spread(racing[q, m], racing[0, 0]))
 
 
-def _spread(split: list, shared: list) -> float:
+def _spread(split: list, shared: list, block: int = 3) -> float:
     """The standard error of a split's makespan relative to one shared pool's, from its simulated steps after the
-    first, each paired with one shared pool's step on the same draws."""
-    ratios = np.concatenate([np.asarray(a.result.makespans[1:]) / np.asarray(b.result.makespans[1:])
-                             for a, b in zip(split, shared)])
-    return float(ratios.std(ddof=1) / np.sqrt(len(ratios))) if len(ratios) > 1 else 0.0
+    first: per draw, the split's makespan summed over blocks of ``block`` steps over one shared pool's on the same
+    steps. Blocks, not single steps: the carry moves each step's slowest groups into the next step, so a single
+    step of the split pairs with a shared-pool step that ran other work, and its ratio is noise."""
+    ratios = []
+    for a, b in zip(split, shared):
+        ms_split, ms_shared = np.asarray(a.result.makespans[1:]), np.asarray(b.result.makespans[1:])
+        for start in range(0, len(ms_split) - block + 1, block):
+            ratios.append(ms_split[start:start + block].sum() / ms_shared[start:start + block].sum())
+    return float(np.std(ratios, ddof=1) / np.sqrt(len(ratios))) if len(ratios) > 1 else 0.0
 
 
 def planner_for(controller: ControllerConfig, cfg: SimConfig, perf: PerfModel) -> OnlineSplitPlanner | None:
