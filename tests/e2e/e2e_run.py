@@ -12,8 +12,10 @@ exactly the processes of its own run afterwards (nothing is killed by name).
 
 from __future__ import annotations
 
+import ast
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -22,6 +24,9 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
+
+from tailsieve_verl.tools.openai_client import OpenAIServer
+from tailsieve_verl.tools.vllm_metrics import parse_metrics
 
 REPO = Path(__file__).resolve().parents[2]
 SHIM_DIR = Path(__file__).resolve().parent / "cpu_shim"
@@ -148,6 +153,8 @@ def overrides(assets: dict[str, Path], run_dir: Path, mode: str, steps: int,
 PINNED_SPLIT = ["tailsieve.mode=fixed", "+tailsieve.controller.inner_loop=false"]
 TAILSIEVE_CPU = ["+tailsieve.drain_timeout_s=300"]  # verl's weight update on 2 shared cores can take minutes
 TAILSIEVE_RECIPE = "qwen3_5-2b_tailsieve"
+# vLLM fills its Prometheus counters (requests finished per replica) only with stats on; verl turns them off
+ENGINE_STATS = ["actor_rollout_ref.rollout.disable_log_stats=False"]
 
 
 def tailsieve_recipe_launch(assets: dict[str, Path], run_dir: Path, steps: int, test_freq: int,
@@ -156,18 +163,36 @@ def tailsieve_recipe_launch(assets: dict[str, Path], run_dir: Path, steps: int, 
     ``bash recipes/qwen3_5-2b_tailsieve.sh`` with what its ``common.sh`` documents as swappable set through
     its environment — the model, the data files, 2 replicas, the tier's sizes, validation every
     ``test_freq`` steps and before training, the initial split (q, m) = (1, 1) — and, appended as its
-    extra overrides (last, so they win), the tier's workload, the split pinned there, the drain bound of
-    2 shared cores and the CPU platform's overrides. Everything else is the recipe's: Dr. GRPO, dynamic
-    batch sizes, the stop strings through the plugin's agent-loop wrapper, the TailSieve trainer and its
-    perf model (``table:h200-dense:qwen3-1.7b``)."""
+    extra overrides (last, so they win), the tier's workload, the split pinned there, the engines' stats
+    on (each replica's /metrics counts its requests), the drain bound of 2 shared cores and the CPU
+    platform's overrides. Everything else is the recipe's: Dr. GRPO, dynamic batch sizes, the stop
+    strings through the plugin's agent-loop wrapper, the TailSieve trainer and its perf model
+    (``table:h200-dense:qwen3-1.7b``)."""
     env = {"PYTHON": sys.executable, "MODEL_PATH": str(assets["model"]), "TRAIN_FILES": str(assets["data"]),
            "VAL_FILES": str(assets["val"]), "N_GPUS": "2", "TRAIN_BATCH_SIZE": str(BATCH), "TOTAL_STEPS": str(steps),
            "MAX_PROMPT_LENGTH": "128", "MAX_RESPONSE_LENGTH": str(MAX_RESPONSE), "ROLLOUT_N": str(N_SAMPLES),
            "TEST_FREQ": str(test_freq), "TAILSIEVE_Q0": "1", "TAILSIEVE_M0": "1",
            "PROJECT_NAME": "tailsieve_e2e", "EXPERIMENT_NAME": run_dir.name,
            "ROLLOUT_DATA_DIR": str(run_dir / rollout_dir)}
-    extra = [*workload_overrides(), *PINNED_SPLIT, *TAILSIEVE_CPU, *cpu_platform_overrides(run_dir)]
+    extra = [*workload_overrides(), *PINNED_SPLIT, *ENGINE_STATS, *TAILSIEVE_CPU, *cpu_platform_overrides(run_dir)]
     return ["bash", str(REPO / "recipes" / f"{TAILSIEVE_RECIPE}.sh")], extra, env
+
+
+def replica_addresses(log: str) -> list[str]:
+    """The run's rollout replicas' server addresses in replica-rank order (verl prints them at start-up:
+    ``LLMServerManager: [...]``); with TailSieve's tail pool launched on ranks ``0 .. m - 1``."""
+    match = re.search(r"LLMServerManager: (\[[^\]]*\])", log)
+    return list(ast.literal_eval(match.group(1))) if match else []
+
+
+def finished_requests(address: str) -> dict[str, float]:
+    """Requests one replica's engine finished so far, by finish reason, from its own /metrics."""
+    finished: dict[str, float] = {}
+    for labels, value in parse_metrics(OpenAIServer(f"http://{address}").metrics_text()).get(
+            "vllm:request_success_total", []):
+        reason = labels.get("finished_reason", "?")
+        finished[reason] = finished.get(reason, 0.0) + value
+    return finished
 
 
 def run_env(run_tag: str, extra: dict[str, str] | None = None) -> dict[str, str]:

@@ -15,8 +15,9 @@ Runs (session fixtures, one at a time, in this order):
   (``recipes/qwen3_5-2b_tailsieve.sh``, ``e2e_run.tailsieve_recipe_launch``): the recipe's Dr. GRPO and
   stop strings, validation before training, q = 1 on m = 1 tail replica of 2 set through its
   ``TAILSIEVE_Q0``/``TAILSIEVE_M0`` and held there (2 bulk groups aborted per step), the tier's workload
-  appended; checkpoint every 2 steps; the trainer holds right after logging step 3 (``cpu_shim``'s
-  ``E2E_HOLD_AFTER_STEP``) and the whole run is SIGKILLed there, before the step-4 checkpoint.
+  appended; checkpoint every 2 steps; the trainer holds after logging step 1 while the test reads each
+  replica's /metrics, and right after logging step 3 (``cpu_shim``'s ``E2E_HOLD_AFTER_STEP``), where the
+  counters are read again and the whole run is SIGKILLed, before the step-4 checkpoint.
 * ``tailsieve_resumed``: the same launch again: resumes from ``global_step_2``, validates there, runs
   steps 3-5 and validates at step 5.
 * ``replica_killed``: TailSieve, 3 steps; the bulk vLLM replica SIGKILLs its engine and server at its first
@@ -52,7 +53,9 @@ from e2e_run import (
     RunWatch,
     end_run_processes,
     forced_len,
+    finished_requests,
     overrides,
+    replica_addresses,
     run_main_ppo,
     signal_run_processes,
     tailsieve_recipe_launch,
@@ -108,18 +111,31 @@ def control_run(assets, e2e_root):
 
 @pytest.fixture(scope="session")
 def tailsieve_killed(assets, e2e_root):
-    marker = e2e_root / "tailsieve_killed.hold"
+    """Held after step 1 while the test reads every replica's /metrics, released; held after step 3, the
+    counters read again, then SIGKILLed there. The two reads bracket steps 2-3, whose tail work is the
+    carried groups only (step 1 has none: with m = 0 the bulk spreads over every replica, the tail's too)."""
+    first, marker = e2e_root / "tailsieve_killed.hold1", e2e_root / "tailsieve_killed.hold"
 
-    def kill_after_step_3(watch: RunWatch) -> None:
+    def read_counters(watch: RunWatch, key: str) -> None:
+        addresses = replica_addresses(watch.log_path.read_text(errors="replace"))
+        watch.done_values[key] = {address: finished_requests(address) for address in addresses}
+
+    def count_then_kill_after_step_3(watch: RunWatch) -> None:
+        if "step 1" not in watch.done and first.exists():
+            watch.done.add("step 1")
+            read_counters(watch, "counters_after_step_1")
+            watch.event("step 1 logged, trainer held there: replicas' /metrics read, trainer released")
+            first.unlink()
         if "killed" not in watch.done and marker.exists():
             watch.done.add("killed")
-            watch.event(f"step 3 logged, trainer held there: SIGKILL every process of the run "
-                        f"(steps logged: {watch.steps_logged()})")
+            read_counters(watch, "counters_after_step_3")
+            watch.event(f"step 3 logged, trainer held there: replicas' /metrics read, SIGKILL every process of the "
+                        f"run (steps logged: {watch.steps_logged()})")
             end_run_processes(watch.run_tag, grace_s=0.0, first_signal=signal.SIGKILL)
 
     return _run(assets, e2e_root, "tailsieve_killed", "recipe", RESUME_STEPS,
-                extra=[f"trainer.save_freq={SAVE_FREQ}"], env={"E2E_HOLD_AFTER_STEP": f"3:{marker}"},
-                watcher=kill_after_step_3, run_dir=e2e_root / "tailsieve")
+                extra=[f"trainer.save_freq={SAVE_FREQ}"], env={"E2E_HOLD_AFTER_STEP": f"1:{first},3:{marker}"},
+                watcher=count_then_kill_after_step_3, run_dir=e2e_root / "tailsieve")
 
 
 @pytest.fixture(scope="session")
@@ -274,6 +290,25 @@ def test_tailsieve_mode_aborts_carries_and_regenerates(tailsieve_killed, control
                    "'default_agent_loop': 'tailsieve_agent'", "'tailsieve_inner_agent_loop': 'e2e_forced_length'"):
         assert needle in tailsieve_killed.log, needle
     assert validated_steps(tailsieve_killed) == [0]
+
+
+def test_the_carried_groups_are_served_by_the_tail_replica_alone(tailsieve_killed):
+    """Placement from vLLM's own counters: over steps 2-3 the tail replica (rank 0: TailSieve's placement
+    takes the first m one-node replicas in verl's order) finished exactly the carried groups' samples,
+    each at its full length; the bulk replica (rank 1) finished at least every consumed bulk group's."""
+    before, after = (tailsieve_killed.done_values.get(k) for k in ("counters_after_step_1", "counters_after_step_3"))
+    assert before and after, tailsieve_killed.events
+    tail, bulk = replica_addresses(tailsieve_killed.log)
+    done = {address: {reason: after[address].get(reason, 0.0) - before[address].get(reason, 0.0)
+                      for reason in after[address] if after[address][reason] != before[address].get(reason, 0.0)}
+            for address in (tail, bulk)}
+    carried = sum(tailsieve_killed.by_step()[s]["tailsieve/carried_groups"] for s in (2, 3))
+    for name, address in (("tail", tail), ("bulk", bulk)):
+        print(f"\n[e2e] tailsieve_killed steps 2-3, {name} replica {address}: requests finished {done[address]} "
+              f"({sum(done[address].values()) / N_SAMPLES:g} groups of {N_SAMPLES})")
+    assert carried == 2
+    assert done[tail] == {"length": carried * N_SAMPLES}
+    assert done[bulk].get("length", 0) >= 2 * (BATCH - 1) * N_SAMPLES  # B - q consumed bulk groups a step
 
 
 def test_resume_regenerates_the_carried_prompts_exactly_once(tailsieve_killed, tailsieve_resumed):
