@@ -144,12 +144,13 @@ def overrides(assets: dict[str, Path], run_dir: Path, mode: str, steps: int,
         # q = 1 carried group on m = 1 tail replica of 2, held fixed (the controller's moves are not what
         # this tier checks); candidate_factor 2 (default): 2 bulk groups aborted and carried per step.
         return common + ["trainer.v1.trainer_mode=tailsieve", "+tailsieve.q0=1", "+tailsieve.tail_replicas=1",
-                         *PINNED_SPLIT, "+tailsieve.perf_model='linear:a=0.02,c=0.001'", *TAILSIEVE_CPU]
+                         "+tailsieve.mode=fixed", "+tailsieve.controller.inner_loop=false",
+                         "+tailsieve.perf_model='linear:a=0.02,c=0.001'", *TAILSIEVE_CPU]
     raise ValueError(f"unknown mode {mode!r}")
 
 
-# The split pinned where it starts (no replica moves, no q adaptation), as `tailsieve plan`'s pin reads; after
-# a recipe's own `+tailsieve.mode=...` the mode is overridden without "+".
+# The recipe's split pinned where it starts (no replica moves, no q adaptation), as `tailsieve plan`'s pin reads;
+# the recipe sets `+tailsieve.mode=...` itself, so the mode is overridden without "+".
 PINNED_SPLIT = ["tailsieve.mode=fixed", "+tailsieve.controller.inner_loop=false"]
 TAILSIEVE_CPU = ["+tailsieve.drain_timeout_s=300"]  # verl's weight update on 2 shared cores can take minutes
 TAILSIEVE_RECIPE = "qwen3_5-2b_tailsieve"
