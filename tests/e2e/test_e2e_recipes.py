@@ -1,8 +1,8 @@
 """The A/B the recipes exist for, launched as a user launches it: the Qwen3.5-2B stock-verl baseline
 (``recipes/qwen3_5-2b_verl.sh``) and its same-path control (``_uniform.sh``) run through their own
 scripts into verl 0.9.1's ``main_ppo`` on this CPU, then ``tailsieve compare`` reads their logs. (The
-TailSieve trainer with a tail pool runs end to end in ``test_e2e_grpo.py``; three launches here keep
-the tier inside CI's time.)
+TailSieve recipe runs through its own script in ``test_e2e_grpo.py``, in its checkpoint/resume runs;
+three launches here keep the tier inside CI's time.)
 
 Only what a recipe documents as swappable is swapped, through the recipe's environment variables
 (``recipes/common.sh``): the model (``MODEL_PATH``: the tier's random 4 M-parameter Qwen3), the data

