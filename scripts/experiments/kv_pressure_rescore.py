@@ -27,7 +27,7 @@ import argparse
 import json
 import statistics
 import sys
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import numpy as np
@@ -46,8 +46,8 @@ CALIBRATION = RUN_DIR / "calibration.json"
 def engines(perf) -> dict[str, EngineConfig]:
     server = EngineConfig(max_num_seqs=128, num_gpu_blocks=8, block_size=128)  # environment.json's server
     return {"old": EngineConfig(max_num_seqs=8), "new": server,
-            "new_prefill_priced": EngineConfig(**{**asdict(server), "max_num_batched_tokens": 10 ** 6,
-                                                  "prefill_s_per_token": prefill_cost_from_perf(perf)})}
+            "new_prefill_priced": replace(server, max_num_batched_tokens=10 ** 6,
+                                          prefill_s_per_token=prefill_cost_from_perf(perf))}
 
 
 def engine_events(report: dict, engine: EngineConfig, perf) -> dict:

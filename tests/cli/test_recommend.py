@@ -83,7 +83,9 @@ def test_simulate_without_stock_verl_says_what_is_missing(tmp_path, capsys):
 def test_plan_recommends_tailsieve_on_weak_tails(tmp_path, capsys):
     trace = tmp_path / "weak_run.jsonl"
     write_trace(generate_trace("weak", 256, 16, seed=1), trace)
-    last = _run(plan_cli, ["plan", "--trace", str(trace), "--batch", "128", "--steps", "6", "--seeds", "2"], capsys)[-1]
+    # three seeds: on two, the adaptive controller (which probes only a plan clear of its own noise) and the pinned
+    # split both stay within the noise of so short a plan
+    last = _run(plan_cli, ["plan", "--trace", str(trace), "--batch", "128", "--steps", "6", "--seeds", "3"], capsys)[-1]
     assert last.startswith("recommendation: TailSieve ") and " is fastest for this workload, 1." in last
     assert "add to your verl command: trainer.v1.trainer_mode=tailsieve +tailsieve." in last
 
