@@ -57,7 +57,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field, replace
-from typing import Callable, Sequence, TypeVar
+from typing import Callable, TypeVar
 
 import numpy as np
 import ray
@@ -75,7 +75,7 @@ from tailsieve_verl.core.tailsieve.bias import LengthBiasMonitor
 from tailsieve_verl.core.kinds import DecisionKind, Pool
 from tailsieve_verl.core.simulation.split_planner import run_planner
 from tailsieve_verl.core.simulation.step_split import run_step_planner
-from tailsieve_verl.core.tailsieve.controller import AbortedGroup, GroupRecord
+from tailsieve_verl.core.tailsieve.controller import AbortedGroup, GroupRecord, StepObservation
 from tailsieve_verl.core.tailsieve.cycle import TailSieveCycle
 from tailsieve_verl.core.tailsieve.selector import StepOutcome, StepPlan, fresh_cutoff, group_work
 from tailsieve_verl.integration.checkpoint import (Restore, RunShape, checkpoint_state, restore_for_resume,
@@ -214,13 +214,11 @@ def _as_aborted(report: dict, n: int) -> AbortedGroup:
     return AbortedGroup(tokens + (0,) * (n - len(tokens)), cut + (True,) * (n - len(cut)))
 
 
-def _pulled_work(plan: StepPlan, consumed: list[tuple[str, GroupRecord]], aborted: Sequence[AbortedGroup]
-                 ) -> tuple[list[tuple[int, ...]], list[tuple[bool, ...]]]:
-    """Every group the step pulled fresh from the data set, for the length-bias monitor's reference:
-    the consumed ones whole, the aborted ones (all fresh) as each sample's work and whether the abort cut it."""
-    fresh = set(plan.bulk_fresh_ids) | set(plan.fresh_tail_ids)
-    groups = [(g.lengths, (False,) * len(g.lengths)) for identity, g in consumed if identity in fresh]
-    groups += [(g.tokens, g.cut) for g in aborted]
+def _pulled_work(observation: StepObservation) -> tuple[list[tuple[int, ...]], list[tuple[bool, ...]]]:
+    """Every group the step pulled fresh from the data set, for the length-bias monitor's reference: the consumed
+    ones whole, the aborted ones as each sample's work and whether the abort cut it."""
+    groups = [(g.lengths, (False,) * len(g.lengths)) for g in observation.pulled]
+    groups += [(g.tokens, g.cut) for g in observation.aborted_groups]
     return [lengths for lengths, _ in groups], [cut for _, cut in groups]
 
 
@@ -818,7 +816,7 @@ class TailSieveTrainer(PPOTrainerSync):
         if self.bias_monitor is not None and consumed_lengths:
             self._watch_bias(self.bias_monitor.update(consumed_lengths))
             self.tailsieve_metrics.update(self.bias_monitor.metrics())
-            self.bias_monitor.add_reference(*_pulled_work(plan, tail + bulk, list(aborted.values())))
+            self.bias_monitor.add_reference(*_pulled_work(observation))
         self.step_state = None
         return batch, {}
 

@@ -400,10 +400,16 @@ def _flat(seqs: Sequence[Sequence]) -> tuple[np.ndarray, np.ndarray]:
     return flat, sizes
 
 
+def _aborted_arrays(aborted: Sequence[AbortedGroup]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(every aborted sample's tokens, flat; the samples per group; whether the abort cut each)."""
+    tokens, sizes = _flat([g.tokens for g in aborted])
+    cut = np.fromiter(itertools.chain.from_iterable(g.cut for g in aborted), dtype=bool, count=len(tokens))
+    return tokens, sizes, cut
+
+
 def _samples_seen(consumed: ConsumedBatch, aborted: Sequence[AbortedGroup]) -> tuple[np.ndarray, np.ndarray]:
     """A step's samples for the length estimate: (every finished one's length, every cut one's tokens)."""
-    tokens = _flat([g.tokens for g in aborted])[0]
-    cut = np.fromiter(itertools.chain.from_iterable(g.cut for g in aborted), dtype=bool, count=len(tokens))
+    tokens, _, cut = _aborted_arrays(aborted)
     return np.concatenate([consumed.lengths, tokens[~cut]]), tokens[cut]
 
 
@@ -550,9 +556,7 @@ class HierarchicalController:
         if not obs.aborted_groups:
             return self.yardstick_s(ConsumedBatch(*_work_arrays(obs.tail_groups + obs.bulk_groups)), obs.prompt_len)
         pulled, pulled_sizes = _work_arrays(obs.pulled)
-        tokens, sizes = _flat([g.tokens for g in obs.aborted_groups])
-        cut = np.fromiter(itertools.chain.from_iterable(g.cut for g in obs.aborted_groups), dtype=bool,
-                          count=len(tokens))
+        tokens, sizes, cut = _aborted_arrays(obs.aborted_groups)
         seen = self.state.survival or [(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))]
         survival = LengthSurvival(np.concatenate([f for f, _ in seen]), np.concatenate([c for _, c in seen]))
         group_of_cut = np.repeat(np.arange(len(sizes)), sizes)[cut]
