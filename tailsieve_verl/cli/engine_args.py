@@ -171,7 +171,8 @@ def engine_config_from_args(args: argparse.Namespace, perf: PerfModel | None, sp
 
 def add_width_arg(parser: argparse.ArgumentParser) -> None:
     """``--tensor-parallel-size`` (``simulate``, ``plan``): the replicas' width; --replicas counts replicas."""
-    parser.add_argument("--tensor-parallel-size", type=IntRule(1, max(TP_WIDTHS)), choices=TP_WIDTHS, default=1, metavar="T",
+    parser.add_argument("--tensor-parallel-size", type=IntRule(1, max(TP_WIDTHS)), choices=TP_WIDTHS, default=1,
+                        metavar="T",
                         help="GPUs per replica (verl: actor_rollout_ref.rollout.tensor_model_parallel_size), 1, 2, 4 "
                              "or 8 (a divisor of an 8-GPU node, and of the model's KV heads); --replicas counts "
                              "replicas, so the run holds replicas × T GPUs. Stock verl is also priced at every other "

@@ -146,9 +146,9 @@ def _print_summary(result: SimResult, out: Path, plots: list) -> None:
     c = result.config
     vs_verl, vs_uniform = result.speedup_vs("verl"), result.speedup_vs("uniform")
     best_stock = result.best_stock
-    # against the best stock configuration: a column of its own only where another stock configuration ran
-    vs_best = (result.speedup_vs(best_stock) if any(p in (*STOCK_SPEC_POLICIES, UNIFORM_TP) for p in result.policies)
-               else None)
+    # against the best stock configuration: a column of its own where stock speculation ran, or a wider width won
+    vs_best = (result.speedup_vs(best_stock) if any(p in STOCK_SPEC_POLICIES for p in result.policies)
+               or best_stock == UNIFORM_TP else None)
     table = Table(title=f"{c.steps} steps, workload {result.workload}, R={c.n_replicas}"
                         f"{f' × TP{c.engine.width}' if c.engine.width > 1 else ''}, B={c.batch_size}×{c.n}, {result.perf}")
     table.add_column("policy", no_wrap=True)
@@ -176,7 +176,7 @@ def _print_summary(result: SimResult, out: Path, plots: list) -> None:
                       "deployable. TailSieve defers a long group by at most one step (max deferral), so a "
                       "TailSieve speedup above them is a bug until shown otherwise.")
     if UNIFORM_TP in result.policies:
-        console.print(width_line(result))
+        console.print(width_line(result), soft_wrap=True)
     if best_stock and best_stock not in ("verl", UNIFORM_TP):
         console.print(f"best stock configuration: {best_stock} ({result.policies[best_stock].choice}); verl-spec and "
                       "verl-dynsd-best are picked in hindsight, which flatters stock verl.")
@@ -198,9 +198,10 @@ def width_line(result: SimResult) -> str:
                      for t, r in sorted(tp.alternatives.items()))
     best = int(tp.choice.removeprefix("tp="))
     if best == c.engine.width:
-        where = "stock verl as run"
-    elif gpus // best < 2:
-        where = "the baseline; it leaves one replica: no TailSieve split"
-    else:
-        where = f"the baseline; TailSieve on it: rerun with --tensor-parallel-size {best} --replicas {gpus // best}"
-    return f"stock verl at each uniform width of {gpus} GPUs ({UNIFORM_TP}): {runs}; the strongest, TP{best}, is {where}"
+        return f"stock verl at each uniform width of {gpus} GPUs ({UNIFORM_TP}): {runs}; the strongest, TP{best}, is " \
+               "stock verl as run"
+    baseline = ", the baseline (vs best stock)" if result.best_stock == UNIFORM_TP else ""
+    tailsieve = ("it leaves one replica: no TailSieve split" if gpus // best < 2 else
+                 f"TailSieve on it: rerun with --tensor-parallel-size {best} --replicas {gpus // best}")
+    return f"stock verl at each uniform width of {gpus} GPUs ({UNIFORM_TP}): {runs}; the strongest is TP{best}{baseline}; " \
+           f"{tailsieve}"

@@ -75,6 +75,8 @@ def test_simulate_recommends_the_strongest_width_with_its_overrides(tmp_path, ca
     choice = report["policies"]["verl-tp"]["choice"]
     best = int(choice.removeprefix("tp="))
     assert best > 1 and report["best_stock"] == "verl-tp"
+    assert any(line.startswith("stock verl at each uniform width of 8 GPUs (verl-tp): TP1 × 8 1.000×")
+               and f"the strongest is TP{best}, the baseline (vs best stock)" in line for line in lines)
     assert lines[-1].startswith(f"recommendation: stock verl at TP{best} (verl-tp, the best uniform width in "
                                 "hindsight) is fastest for this workload")
     assert lines[-1].endswith(f"{TP_KEY}={best} actor_rollout_ref.rollout.max_num_seqs={256 * best}")
