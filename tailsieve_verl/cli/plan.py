@@ -141,7 +141,8 @@ def width_lines(plan: Plan) -> list[str]:
     if w.switch and w.tailsieve:
         lo, hi = _band_of(w.tailsieve)
         lines.append(f"TailSieve on TP{w.best}: {w.tailsieve_speedup:.3f}× stock verl at TP{w.best} (band {lo:.3f}–"
-                     f"{hi:.3f}×), {np.mean(w.tailsieve_vs_width):.3f}× stock verl at TP{w.width}")
+                     f"{hi:.3f}×), {np.mean(w.tailsieve_vs_width):.3f}× stock verl at TP{w.width}; TailSieve at "
+                     f"TP{w.width}: {plan.speedup / w.speedups[w.best]:.3f}× stock verl at TP{w.best}")
     return lines
 
 
