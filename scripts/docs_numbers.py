@@ -637,6 +637,7 @@ def speed_bench() -> str:
 # --- issue 58: a tensor-parallel tail pool, the model and its ceiling ---
 
 TP_FOLDER = RESULTS / "tp_ceiling"
+TP_GPUS = {"dense": 8, "dense8b": 8, "moe": 4, "moe8": 8}  # each setup's GPUs (tp_ceiling.py's SETUPS)
 
 
 def tp_model_table() -> str:
@@ -719,7 +720,8 @@ def tp_reach_cells() -> str:
 def tp_ceiling_table(files: tuple[Path, ...] = ()) -> str:
     """docs/results.md's ceiling of width (and ``tp_ceiling.py --report``'s, of its files): speedups over the
     strongest stock configuration, the winning configuration in brackets."""
-    lines = ["| cell | shape | seeds × steps | stock TP1 | strongest stock | clairvoyant split, TP1 bulk and tail | "
+    lines = ["| cell | shape | seeds × steps | stock TP1 / TP2 / TP4 / TP8 (cap 256·t) | strongest stock | "
+             "clairvoyant split, TP1 bulk and tail | "
              "clairvoyant split, TP1 bulk, wide tail | clairvoyant split, any widths | PAT-like [switch free] | "
              "≥ 1.10× the strongest stock within reach |",
              "| --- " * 10 + "|"]
@@ -730,11 +732,86 @@ def tp_ceiling_table(files: tuple[Path, ...] = ()) -> str:
             return "–" if name is None else f"{o[name]:.3f} ({name.split('-', 1)[1]})"
 
         reach = _tp_reach(c)
-        lines.append(f"| {cell} | {shape} | {c['seeds']} × {c['steps']} | {o['verl-tp1']:.3f} | "
+        widths = " / ".join(f"{o[n]:.3f}" if n in o else "–" for n in
+                            ["verl-tp1", *(f"verl-tp{t}-cap{256 * t}" for t in (2, 4, 8))])
+        lines.append(f"| {cell} | {shape} | {c['seeds']} × {c['steps']} | {widths} | "
                      f"{o[c['stock']]:.3f} ({c['stock'][5:]}) | {o['split-b1t1']:.3f} | {cite(c['wide_tail'])} | "
                      f"{cite(c['split'])} | {cite(c['pat'])} [{c['free'][c['pat']]:.3f}] | "
                      f"{'yes' if reach >= 1.10 else 'no'} ({reach:.3f}) |")
     return "\n" + "\n".join(lines) + "\n"
+
+
+def tp_tailsieve_cells(files: tuple[Path, ...] = ()) -> dict[tuple[str, str], dict]:
+    """Per (shape, cell) of ``tp_ceiling.py --tailsieve``'s runs: TailSieve's default controller over stock verl at
+    each uniform width (mean over seeds), and at each seed's strongest stock width (where it leaves two replicas)."""
+    rows = [r for path in (files or (TP_FOLDER / "tp_tailsieve.jsonl",)) for r in _jsonl(path)]
+    cells = {}
+    for key in dict.fromkeys((r["shape"], r["cell"]) for r in rows):
+        rs = [r for r in rows if (r["shape"], r["cell"]) == key]
+        names = list(rs[0]["mean_makespan_s"])
+        stock = {int(n.split("-")[1][2:]): n for n in names if n.startswith("verl-")}
+        tailsieve = {int(n.removeprefix("tailsieve-tp")): n for n in names if n.startswith("tailsieve-")}
+        at_width = {t: float(np.mean([r["mean_makespan_s"][stock[t]] / r["mean_makespan_s"][n] for r in rs]))
+                    for t, n in tailsieve.items()}
+        strongest = [min(stock, key=lambda t: r["mean_makespan_s"][stock[t]]) for r in rs]
+        on_strongest = [r["mean_makespan_s"][stock[t]] / r["mean_makespan_s"][tailsieve[t]]
+                        for r, t in zip(rs, strongest) if t in tailsieve]
+        best = [min(r["mean_makespan_s"][stock[t]] for t in stock) / min(r["mean_makespan_s"][n] for n in
+                                                                        tailsieve.values()) for r in rs]
+        cells[key] = {"seeds": len(rs), "steps": rs[0]["steps"], "gpus": TP_GPUS[key[1].split("-")[0]],
+                      "at_width": at_width,
+                      "best_over_strongest": float(np.mean(best)),
+                      "strongest": max(set(strongest), key=strongest.count),
+                      "on_strongest": float(np.mean(on_strongest)) if on_strongest else None,
+                      "deferral": max(d for r in rs for d in r["max_deferral_steps"].values())}
+    return cells
+
+
+def tp_tailsieve_table(files: tuple[Path, ...] = ()) -> str:
+    """docs/results.md's TailSieve at each uniform width against stock verl at the same width (and
+    ``tp_ceiling.py --tailsieve --report``'s, of its files)."""
+    cells = tp_tailsieve_cells(files)
+    order = list(tp_ceiling_cells())  # the ceiling table's rows
+    cells = dict(sorted(cells.items(), key=lambda kv: order.index(kv[0]) if kv[0] in order else len(order)))
+    widths = sorted({t for c in cells.values() for t in c["at_width"]})
+    lines = ["| cell | shape | seeds × steps | strongest stock width (GPUs) | TailSieve at it over stock there | "
+             + " | ".join(f"TailSieve TP{t} over stock TP{t}" for t in widths)
+             + " | TailSieve at its best width over the strongest stock | max deferral |",
+             "| --- " * (7 + len(widths)) + "|"]
+    for (shape, cell), c in cells.items():
+        on = ("– (one replica)" if c["on_strongest"] is None else f"{c['on_strongest']:.3f}")
+        lines.append(f"| {cell} | {shape} | {c['seeds']} × {c['steps']} | TP{c['strongest']} ({c['gpus']}) | {on} | "
+                     + " | ".join(f"{c['at_width'][t]:.3f}" if t in c["at_width"] else "–" for t in widths)
+                     + f" | {c['best_over_strongest']:.3f} | {c['deferral']} |")
+    return "\n" + "\n".join(lines) + "\n"
+
+
+def tp_tailsieve_lowest() -> str:
+    """TailSieve's lowest ratio to stock verl at the same width over every cell and width, where it is below 1, and
+    every (cell, width) below 0.99."""
+    at = [(x, t, cell, shape) for (shape, cell), c in tp_tailsieve_cells().items() for t, x in c["at_width"].items()]
+    x, t, cell, shape = min(at)
+    where = f" (TP{t}, {cell} {shape.split('@')[0].replace('x', ' × ')})" if round(x, 3) < 1 else ""
+    below = [f"{cell} {shape.split('@')[0].replace('x', ' × ')} at TP{t}, {y:.3f}" for y, t, cell, shape in at
+             if y < 0.99]
+    return f"{x:.3f}{where}; below 0.99: {'; '.join(below) if below else 'none'}"
+
+
+def tp_tailsieve_on_strongest() -> str:
+    """The span, over the cells where TailSieve runs at the strongest stock width, of its ratio to stock there."""
+    return _span([c["on_strongest"] for c in tp_tailsieve_cells().values() if c["on_strongest"] is not None])
+
+
+def tp_tailsieve_cpu() -> str:
+    """What ``tp_ceiling.py --tailsieve``'s recorded jobs cost."""
+    rows = _jsonl(TP_FOLDER / "tp_tailsieve.jsonl")
+    return f"{sum(r['cpu_s'] for r in rows) / 60:.0f} CPU min for its {len(rows)} jobs"
+
+
+def tp_tailsieve_one_replica() -> str:
+    """How many cells' strongest stock width leaves one replica (no TailSieve split), of how many."""
+    cells = tp_tailsieve_cells()
+    return f"{sum(c['on_strongest'] is None for c in cells.values())} of {len(cells)}"
 
 
 RENDERERS = {
@@ -793,6 +870,11 @@ RENDERERS = {
     "tp-uniform-gain-moe": lambda: tp_uniform_gain(("moe", "moe8")),
     "tp-reach-cells": tp_reach_cells,
     "tp-ceiling": tp_ceiling_table,
+    "tp-tailsieve": tp_tailsieve_table,
+    "tp-tailsieve-lowest": tp_tailsieve_lowest,
+    "tp-tailsieve-on-strongest": tp_tailsieve_on_strongest,
+    "tp-tailsieve-one-replica": tp_tailsieve_one_replica,
+    "tp-tailsieve-cpu": tp_tailsieve_cpu,
 }
 
 

@@ -21,11 +21,16 @@ with the mean makespan of:
   scheduler's hand-over; PAT's own figure not read; ``pat_free_switch_s`` keeps each run with it at 0). Prefill
   of the moved requests is not charged (their KV moves).
 
+With ``--tailsieve`` (into ``tp_tailsieve.jsonl``) instead: stock verl at every uniform width (cap 256·t) and
+``tailsieve-tp{t}``, TailSieve's default adaptive controller with every replica at width t, at each width leaving it
+two replicas or more: TailSieve on top of each stock width, deployable (no hindsight inside a run).
+
 Every configuration runs on the same prompts and length draws (one stream per seed); hindsight picks (the split
 grid's per step, PAT's switch per step) make these ceilings, not deployable policies.
 
     python scripts/experiments/tp_ceiling.py --model                       # the TP step model's table
     python scripts/experiments/tp_ceiling.py --cells dense8b-real,moe-real --shapes 512x16@32768 --seeds 2 --steps 4
+    python scripts/experiments/tp_ceiling.py --tailsieve --cells dense8b-real,moe-real,moe8-real --seeds 2 --steps 8
     python scripts/experiments/tp_ceiling.py --report
 """
 
@@ -54,7 +59,7 @@ from tailsieve_verl.core.simulation.runners import StaticRunner
 from tailsieve_verl.core.simulation.step_split import split_grid
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: the docs' table renderer
-from docs_numbers import tp_ceiling_table, tp_model_table  # noqa: E402
+from docs_numbers import tp_ceiling_table, tp_model_table, tp_tailsieve_table  # noqa: E402
 
 OUT = Path("scripts/results/tp_ceiling")
 SETUPS = {**MAIN_SETUPS, "moe8": ("table:h200-moe", 8, "qwen3-30b-a3b")}  # moe8: the MoE on 8 GPUs, as the paper
@@ -147,6 +152,14 @@ def runners(job: dict) -> tuple[dict, object]:
     cfg = sim.SimConfig(steps=job["steps"], n_replicas=gpus, batch_size=batch, n=n, seed=job["seed"],
                         policies=("verl",), engine=EngineConfig.verl_defaults(model, perf))
     out = {"verl-tp1": StaticRunner(cfg, pool, perf, "verl")}
+    if job.get("tailsieve"):  # TailSieve on top of each stock width
+        for t in widths(gpus, model):
+            at_t = replace(cfg, n_replicas=gpus // t, engine=wide_engine(model, perf, t))
+            if t > 1:
+                out[f"verl-tp{t}-cap{256 * t}"] = StaticRunner(at_t, pool, perf, "verl")
+            if gpus // t >= 2:
+                out[f"tailsieve-tp{t}"] = sim.adaptive_runner(at_t, pool, perf, "tailsieve")
+        return out, perf
     at = {1: cfg}  # each width's stock layout: G/t replicas, the admission cap at 256·t
     for t in widths(gpus, model)[1:]:
         for cap_t in (256, 256 * t):
@@ -177,7 +190,9 @@ def run(job: dict) -> dict:
             "mean_makespan_s": {name: r.mean_makespan_s for name, r in results.items()},
             "pat_free_switch_s": {name: float(np.mean(r.free_s)) for name, r in pats.items()},
             "pat_picks": {name: r.picks for name, r in pats.items()},
-            "split_choice": {name: r.choice for name, r in results.items() if name.startswith("split-")}}
+            "split_choice": {name: r.choice for name, r in results.items() if name.startswith("split-")},
+            "max_deferral_steps": {name: r.max_deferral_steps for name, r in results.items()
+                                   if name.startswith("tailsieve-")}}
 
 
 def model_table() -> dict:
@@ -220,16 +235,20 @@ def main() -> int:
     ap.add_argument("--switch-s", type=float, default=1.0,
                     help="pat-from{b}: seconds charged per switch beyond the KV move")
     ap.add_argument("--jobs", type=int, default=2)
-    ap.add_argument("--out", type=Path, default=OUT / "tp_ceiling.jsonl")
+    ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--model", action="store_true", help="write the TP step model's table (tp_model.json) and print it")
+    ap.add_argument("--tailsieve", action="store_true",
+                    help="TailSieve at each uniform width against stock verl at it (default --out: tp_tailsieve.jsonl)")
     ap.add_argument("--report", action="store_true", help="print the table of --out without running")
     args = ap.parse_args()
     if args.model:
         (OUT / "tp_model.json").write_text(json.dumps(model_table(), indent=1) + "\n")
         print(tp_model_table())
         return 0
+    args.out = args.out or OUT / ("tp_tailsieve.jsonl" if args.tailsieve else "tp_ceiling.jsonl")
     if not args.report:
-        jobs = [{"cell": c, "shape": s, "seed": seed, "steps": args.steps, "pool": args.pool, "switch_s": args.switch_s}
+        jobs = [{"cell": c, "shape": s, "seed": seed, "steps": args.steps, "pool": args.pool, "switch_s": args.switch_s,
+                 "tailsieve": args.tailsieve}
                 for s in args.shapes.split(",") for c in args.cells.split(",")
                 for seed in range(args.first_seed, args.first_seed + args.seeds)]
         args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -238,7 +257,7 @@ def main() -> int:
                 f.write(json.dumps(row) + "\n")
                 f.flush()
                 print(row["cell"], row["shape"], row["seed"], f"{row['cpu_s']:.0f} CPU s", flush=True)
-    print(tp_ceiling_table((args.out,)))
+    print((tp_tailsieve_table if args.tailsieve else tp_ceiling_table)((args.out,)))
     return 0
 
 

@@ -15,8 +15,8 @@ import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ..core.engine.engine import (H200_MODELS, EngineConfig, EngineConfigError, SpeculativeConfig, measured_engine_fields,
-                           parse_spec_schedule, prefill_cost_from_perf)
+from ..core.engine.engine import (H200_MODELS, TP_WIDTHS, EngineConfig, EngineConfigError, SpeculativeConfig,
+                                  measured_engine_fields, parse_spec_schedule, prefill_cost_from_perf, uniform_widths)
 from ..core.engine.perf import BUNDLED_TABLES, Calibration, PerfModel
 from ..core.simulation.sim import DEFAULT_SPECULATION
 from ..core.engine.verify_cost import VerifyTable
@@ -134,7 +134,15 @@ def engine_config_from_args(args: argparse.Namespace, perf: PerfModel | None, sp
     spec_flags = (args.spec_acceptance, args.spec_schedule, args.spec_draft_cost, args.spec_acceptance_half_life,
                   args.spec_verify_table)
     shape = engine_shape(args.engine_defaults, perf)
-    base = EngineConfig.verl_defaults(shape, perf, block_size=args.block_size or 16) if shape else EngineConfig()
+    width = getattr(args, "tensor_parallel_size", 1)
+    if width != 1 and not shape:
+        raise CLIError(f"--tensor-parallel-size {width} prices a wider replica from a bundled model shape; give "
+                       "--engine-defaults MODEL (or a bundled --perf-model table)")
+    try:
+        base = (EngineConfig.verl_defaults(shape, perf, block_size=args.block_size or 16, tensor_parallel_size=width)
+                if shape else EngineConfig())
+    except EngineConfigError as exc:
+        raise CLIError(f"--tensor-parallel-size {width}: {exc}") from None
     fields = {name: getattr(args, name) for name in FIELD_FLAGS if getattr(args, name) is not None}
     if args.max_num_batched_tokens is not None and not shape and perf is not None:
         fields["prefill_s_per_token"] = prefill_cost_from_perf(perf)
@@ -159,6 +167,27 @@ def engine_config_from_args(args: argparse.Namespace, perf: PerfModel | None, sp
             k, _acceptance_values(args.spec_acceptance), args.spec_schedule or (), args.spec_acceptance_half_life,
             args.spec_draft_cost or 0.0, _verify_table(args))
     return replace(base, **fields)
+
+
+def add_width_arg(parser: argparse.ArgumentParser) -> None:
+    """``--tensor-parallel-size`` (``simulate``, ``plan``): the replicas' width; --replicas counts replicas."""
+    parser.add_argument("--tensor-parallel-size", type=IntRule(1, max(TP_WIDTHS)), choices=TP_WIDTHS, default=1,
+                        metavar="T",
+                        help="GPUs per replica (verl: actor_rollout_ref.rollout.tensor_model_parallel_size), 1, 2, 4 "
+                             "or 8 (a divisor of an 8-GPU node, and of the model's KV heads); --replicas counts "
+                             "replicas, so the run holds replicas × T GPUs. Stock verl is also priced at every other "
+                             "such width of those GPUs (verl-tp), a bundled model shape giving each width's KV cache")
+
+
+def stock_widths(args: argparse.Namespace, perf: PerfModel, engine: EngineConfig) -> dict[int, EngineConfig]:
+    """Stock verl's engine at every uniform width of the run's GPUs (``engine`` at its own; the others admit
+    --max-num-seqs' requests per GPU, else verl's 256), {} where no bundled model shape gives a width's KV cache,
+    --num-gpu-blocks fixes one replica's, or the engine speculates (not weighed there)."""
+    shape = engine_shape(args.engine_defaults, perf)
+    if not shape or engine.speculative is not None or args.num_gpu_blocks is not None:
+        return {}
+    per_gpu = args.max_num_seqs / engine.width if args.max_num_seqs is not None else 256
+    return uniform_widths(shape, perf, engine, args.replicas * engine.width, per_gpu)
 
 
 def engine_shape(choice: str | None, perf: PerfModel | None) -> str | None:

@@ -19,10 +19,10 @@ from ..core.simulation.planner import Configuration, EnginePlan, Plan, plan_from
 from ..core.data.trace import Trace, read_trace
 from ..core.data.workload import PRESETS, LengthProfile, generate_trace
 from .checks import MAX_COUNT, IntRule
-from .engine_args import (PLANNING_ENGINE, add_engine_args, engine_config_from_args, engine_shape,
-                          speculation_from_args)
+from .engine_args import (PLANNING_ENGINE, add_engine_args, add_width_arg, engine_config_from_args, engine_shape,
+                          speculation_from_args, stock_widths)
 from .lengths import add_length_cap_args, capped, preset
-from .recommend import from_plan, pin_overrides, plan_overrides
+from .recommend import from_plan, pin_overrides, plan_overrides, switch_pays, tp_overrides
 from .trace import profile_json, profile_lines
 
 PRESET_GROUP_SIZE = 8  # a preset's groups when --n is not given (the recipes' n)
@@ -38,6 +38,7 @@ def register(subparsers) -> None:
                         help="instead of a trace: one logged step of this bundled preset (--pool-size groups of --n)")
     p.add_argument("--pool-size", type=IntRule(2, MAX_COUNT), default=512, help="--workload: prompt groups in the generated step")
     p.add_argument("--replicas", "-R", type=int, default=8)
+    add_width_arg(p)
     p.add_argument("--batch", "-B", type=int, default=None,
                    help="prompt groups per step (default: the trace's groups where it holds one step, i.e. every "
                         "group has as many samples; else min(64, prompts/2))")
@@ -71,7 +72,8 @@ def run(args: argparse.Namespace) -> int:
             print(line)
     plan = plan_from_trace(trace, args.replicas, perf, batch_size=args.batch, n=args.n, steps=args.steps,
                            seeds=args.seeds, engine=replace(engine, speculative=None) if speculating else engine,
-                           speculation=speculation, jobs=args.jobs)
+                           speculation=speculation, jobs=args.jobs,
+                           widths=None if speculating else stock_widths(args, perf, engine))
     recommendation = from_plan(plan, args.perf_model)
     if args.json:
         print(json.dumps(plan.to_json() | _engines_json(plan.engines, args.perf_model) | {
@@ -99,6 +101,8 @@ def run(args: argparse.Namespace) -> int:
           f"(tailsieve.q0 / tailsieve.tail_replicas in the verl config)")
     for line in fixed_split_lines(plan):
         print(line)
+    for line in width_lines(plan):
+        print(line)
     if plan.engines:
         _print_engines(plan.engines)
     print(recommendation)
@@ -121,6 +125,29 @@ def fixed_split_lines(plan: Plan) -> list[str]:
             f"to pin it: {pin_overrides(plan.fixed_q, plan.fixed_m)}",
             "  on strong tails the plan can overrate isolation (there 4 of 10 picked splits lost 3.4 %): "
             "check it against stock verl with `tailsieve compare` before keeping it"]
+
+
+def width_lines(plan: Plan) -> list[str]:
+    """Stock verl at every uniform width of the plan's GPUs and the strongest (with the overrides that switch to it),
+    and TailSieve measured on it where it is not the plan's own."""
+    w = plan.widths
+    if w is None:
+        return []
+    runs = ", ".join(f"TP{t} × {w.gpus // t} {x:.3f}×" for t, x in sorted(w.speedups.items()))
+    lines = [f"stock verl at each uniform width of {w.gpus} GPUs, over TP{w.width} × {w.gpus // w.width}: {runs}; "
+             + (f"the strongest, TP{w.best}, to switch: {tp_overrides(w.best, w.best_max_num_seqs)}" if switch_pays(w)
+                else f"the strongest: TP{w.width}, as planned" if not w.switch else
+                f"TP{w.best} within the seeds' noise of TP{w.width}: no switch")]
+    if w.switch and w.tailsieve:
+        lo, hi = _band_of(w.tailsieve)
+        lines.append(f"TailSieve on TP{w.best}: {w.tailsieve_speedup:.3f}× stock verl at TP{w.best} (band {lo:.3f}–"
+                     f"{hi:.3f}×), {np.mean(w.tailsieve_vs_width):.3f}× stock verl at TP{w.width}; TailSieve at "
+                     f"TP{w.width}: {plan.speedup / w.speedups[w.best]:.3f}× stock verl at TP{w.best}")
+    return lines
+
+
+def _band_of(samples) -> tuple[float, float]:
+    return float(np.percentile(samples, 10)), float(np.percentile(samples, 90))
 
 
 def _assumptions(args: argparse.Namespace, trace: Trace, perf) -> dict:

@@ -12,7 +12,7 @@ import numpy as np
 
 from ..core.engine.engine import parse_spec_schedule
 from ..core.engine.perf import DEFAULT_PERF_MODEL
-from ..core.simulation.sim import LAUNCH_SPEC_POLICIES, engine_label
+from ..core.simulation.sim import LAUNCH_SPEC_POLICIES, UNIFORM_TP, engine_label
 
 TRAINER_MODE = "trainer.v1.trainer_mode=tailsieve"
 MTP_ON = "actor_rollout_ref.model.mtp.enable=true actor_rollout_ref.model.mtp.enable_rollout=true"
@@ -78,6 +78,12 @@ def pool_speculation_overrides(pool: str, label: str) -> str:
     schedule = parse_schedule(label)
     return (f"+tailsieve.{pool}.num_speculative_tokens={max(k for _, _, k in schedule)} "
             f"'+tailsieve.{pool}.spec_schedule=[{','.join(f'[{lo},{hi},{k}]' for lo, hi, k in schedule)}]'")
+
+
+def tp_overrides(width: int, max_num_seqs: int | None) -> str:
+    """The verl overrides that launch every rollout replica at ``width`` GPUs with that admission cap."""
+    cap = f" actor_rollout_ref.rollout.max_num_seqs={max_num_seqs}" if max_num_seqs else ""
+    return f"actor_rollout_ref.rollout.tensor_model_parallel_size={width}{cap}"
 
 
 def adaptive_start(q: int, m: int) -> str:
@@ -152,6 +158,12 @@ def recommendation(candidates: list[Candidate]) -> str:
     return "recommendation: stay with stock verl: " + "; ".join(reasons)
 
 
+def width_engine(cfg, choice: str):
+    """The engine of ``verl-tp``'s pick ``choice`` (``tp=T``) among a simulation's widths."""
+    width = int(choice.removeprefix("tp="))
+    return next(e for e in (cfg.engine, *cfg.stock_widths) if e.width == width)
+
+
 def never_left_stock(r, stock) -> bool:
     """A run that stayed in one shared pool on every step with stock verl's makespans: stock verl itself."""
     return (all(rec.m == 0 and rec.q == 0 and rec.n_tail == 0 for rec in r.records)
@@ -195,6 +207,10 @@ def from_simulation(result, perf_spec: str) -> str:
                 label = f"stock verl with MTP {r.choice} on every replica (verl-spec, the best depth in hindsight)"
             elif name.startswith("verl-dynsd"):
                 label = f"stock verl with MTP on vLLM's batch-size schedule {r.choice} ({name})"
+        elif name == UNIFORM_TP:
+            engine = width_engine(cfg, r.choice)
+            overrides = tp_overrides(engine.width, engine.max_num_seqs)
+            label = f"stock verl at TP{engine.width} ({name}, the best uniform width in hindsight)"
         else:
             continue  # stock verl itself, group round-robin, or a reference no rollout layer can run
         noises = [x for x in (two_standard_errors((stock - r.makespans) / stock.mean()), redraw) if x]
@@ -252,4 +268,26 @@ def from_plan(plan, perf_spec: str) -> str:
         candidates.append(Candidate(f"TailSieve pinned at q={plan.fixed_q}, m={plan.fixed_m}",
                                     plan.fixed_out_of_sample_speedup, two_standard_errors(plan.fixed_out_of_sample),
                                     f"{TRAINER_MODE} {pin_overrides(plan.fixed_q, plan.fixed_m)}", scored=scored))
+    if plan.widths is not None and plan.widths.switch:
+        candidates += width_candidates(plan.widths, perf_spec)
     return recommendation(candidates)
+
+
+def switch_pays(widths) -> bool:
+    """A plan's strongest uniform width (:class:`core.simulation.planner.WidthPlan`) is not its own and beats stock
+    verl at its own by more than two standard errors over the seeds."""
+    noise = two_standard_errors(widths.best_per_seed)
+    return widths.switch and noise is not None and np.mean(widths.best_per_seed) - 1 > noise
+
+
+def width_candidates(widths, perf_spec: str) -> list[Candidate]:
+    """Stock verl switched to a plan's strongest uniform width, and adaptive TailSieve on it where it left one shared
+    pool there, each over stock verl at the plan's own width (noise: two standard errors over the seeds)."""
+    switch = tp_overrides(widths.best, widths.best_max_num_seqs)
+    out = [Candidate(f"stock verl at TP{widths.best}", float(np.mean(widths.best_per_seed)),
+                     two_standard_errors(widths.best_per_seed), switch)]
+    if widths.tailsieve_left_stock:
+        adaptive = " ".join(x for x in (TRAINER_MODE, perf_model_override(perf_spec), adaptive_start(0, 0)) if x)
+        out.append(Candidate(f"TailSieve adaptive on TP{widths.best}", float(np.mean(widths.tailsieve_vs_width)),
+                             two_standard_errors(widths.tailsieve_vs_width), f"{adaptive} {switch}"))
+    return out

@@ -11,14 +11,14 @@ import os
 from pathlib import Path
 
 from ..core.engine.perf import DEFAULT_PERF_MODEL, parse_perf_model
-from ..core.simulation.sim import (ALL_POLICIES, POLICIES, POOL_ENGINE_POLICIES, SPEC_POLICIES, STOCK_SPEC_POLICIES, SimConfig,
-                        SimResult, simulate)
+from ..core.simulation.sim import (ALL_POLICIES, POLICIES, POOL_ENGINE_POLICIES, SPEC_POLICIES, STOCK_SPEC_POLICIES,
+                                   UNIFORM_TP, SimConfig, SimResult, simulate)
 from ..core.data.trace import read_trace
 from ..core.data.workload import PRESETS, PromptPool
 from .checks import output_dir, perf_model_file
 from .checks import CLIError
-from .engine_args import (PLANNING_ENGINE, add_engine_args, add_pool_speculation_args,
-                          engine_config_from_args, pool_engines_from_args, speculation_from_args)
+from .engine_args import (PLANNING_ENGINE, add_engine_args, add_pool_speculation_args, add_width_arg,
+                          engine_config_from_args, pool_engines_from_args, speculation_from_args, stock_widths)
 from .lengths import add_length_cap_args, capped, preset
 from .recommend import from_simulation
 
@@ -41,12 +41,15 @@ def register(subparsers) -> None:
     p.add_argument("--pool-size", type=int, default=2048, help="prompts in a generated workload's dataset")
     p.add_argument("--steps", type=int, default=DEFAULTS.steps)
     p.add_argument("--replicas", "-R", type=int, default=DEFAULTS.n_replicas)
+    add_width_arg(p)
     p.add_argument("--batch", "-B", type=int, default=MAIN_JOB_BATCH, help="prompt groups per step")
     p.add_argument("--n", type=int, default=MAIN_JOB_N, help="responses per prompt group")
     p.add_argument("--perf-model", default=DEFAULT_PERF_MODEL, help="performance model spec, e.g. table:h200-moe")
     p.add_argument("--seed", type=int, default=DEFAULTS.seed)
-    p.add_argument("--policies", default=",".join(POLICIES),
-                   help="comma-separated subset of " + ", ".join(ALL_POLICIES) + " (best-static, the best fixed (q, m) "
+    p.add_argument("--policies", default=None,
+                   help="comma-separated subset of " + ", ".join(ALL_POLICIES) + " (default: " + ",".join(POLICIES)
+                        + f", and {UNIFORM_TP}, stock verl at the best uniform width of the GPUs in hindsight, where a "
+                        "bundled model shape prices the widths; best-static, the best fixed (q, m) "
                         "in hindsight, runs a grid of TailSieve runs: opt-in; verl-redraw, stock verl with its own length "
                         "draws, shows the run's noise floor; " + ", ".join(SPEC_POLICIES) + ": speculative decoding, "
                         "opt-in, as the --spec-* flags describe it: stock verl at the best depth in hindsight, with "
@@ -76,9 +79,12 @@ def register(subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     perf = parse_perf_model(args.perf_model)
-    policies = tuple(p.strip() for p in args.policies.split(",") if p.strip())
+    policies = tuple(p.strip() for p in (args.policies or ",".join(POLICIES)).split(",") if p.strip())
     spec_policies = any(p in SPEC_POLICIES for p in policies)
     engine, speculation = engine_config_from_args(args, perf, spec_policies), speculation_from_args(args)
+    widths = stock_widths(args, perf, engine)
+    if args.policies is None and len(widths) > 1:
+        policies += (UNIFORM_TP,)
     pool_engines = pool_engines_from_args(args, engine, speculation)
     if any(pool_engines.values()) and not set(policies) & set(POOL_ENGINE_POLICIES):
         raise CLIError(f"--tail-*/--bulk-* speculation flags set TailSieve's pool engines, but no policy here has "
@@ -89,8 +95,8 @@ def run(args: argparse.Namespace) -> int:
     config = SimConfig(steps=args.steps, n_replicas=args.replicas, batch_size=args.batch, n=args.n, seed=args.seed,
                        policies=policies, record_replaces_aborts=args.record_replaces_aborts,
                        fixed_tail_replicas=args.fixed_tail_replicas, group_atomic=args.group_atomic,
-                       oracle_time_limit_s=args.oracle_time_limit,
-                       engine=engine, speculation=speculation, **pool_engines)
+                       oracle_time_limit_s=args.oracle_time_limit, engine=engine, speculation=speculation,
+                       stock_widths=tuple(e for t, e in widths.items() if t != engine.width), **pool_engines)
     config.validate()
     output_dir(args.out, "--out", ("simulate.json", "makespan_per_step.png", "controller_trajectories.png",
                                    "gantt_step.png"),
@@ -140,10 +146,11 @@ def _print_summary(result: SimResult, out: Path, plots: list) -> None:
     c = result.config
     vs_verl, vs_uniform = result.speedup_vs("verl"), result.speedup_vs("uniform")
     best_stock = result.best_stock
-    # against the best stock configuration: a column of its own only where stock speculation ran
-    vs_best = result.speedup_vs(best_stock) if any(p in STOCK_SPEC_POLICIES for p in result.policies) else None
-    table = Table(title=f"{c.steps} steps, workload {result.workload}, R={c.n_replicas}, B={c.batch_size}×{c.n}, "
-                        f"{result.perf}")
+    # against the best stock configuration: a column of its own where stock speculation ran, or a wider width won
+    vs_best = (result.speedup_vs(best_stock) if any(p in STOCK_SPEC_POLICIES for p in result.policies)
+               or best_stock == UNIFORM_TP else None)
+    table = Table(title=f"{c.steps} steps, workload {result.workload}, R={c.n_replicas}"
+                        f"{f' × TP{c.engine.width}' if c.engine.width > 1 else ''}, B={c.batch_size}×{c.n}, {result.perf}")
     table.add_column("policy", no_wrap=True)
     bias = result.length_bias()
     for column in ("mean makespan", "vs stock verl") + (("vs best stock",) if vs_best is not None else ()) + (
@@ -168,7 +175,9 @@ def _print_summary(result: SimResult, out: Path, plots: list) -> None:
         console.print("clairvoyant-* know each step's lengths and route one step at a time: references, not "
                       "deployable. TailSieve defers a long group by at most one step (max deferral), so a "
                       "TailSieve speedup above them is a bug until shown otherwise.")
-    if best_stock and best_stock != "verl":
+    if UNIFORM_TP in result.policies:
+        console.print(width_line(result), soft_wrap=True)
+    if best_stock and best_stock not in ("verl", UNIFORM_TP):
         console.print(f"best stock configuration: {best_stock} ({result.policies[best_stock].choice}); verl-spec and "
                       "verl-dynsd-best are picked in hindsight, which flatters stock verl.")
     for warning in result.warnings():
@@ -178,3 +187,21 @@ def _print_summary(result: SimResult, out: Path, plots: list) -> None:
                       "one run of this length can be off by sampling alone; the other policies share their draws.")
     console.print(f"wrote {out / 'simulate.json'}" + "".join(f", {p}" for p in plots))
 
+
+
+def width_line(result: SimResult) -> str:
+    """Stock verl at each uniform width of the run's GPUs against the run's own, and the strongest: the baseline."""
+    c, tp = result.config, result.policies[UNIFORM_TP]
+    own = result.policies["verl"].mean_makespan_s if "verl" in result.policies else None
+    gpus = c.n_replicas * c.engine.width
+    runs = ", ".join(f"TP{t} × {gpus // t} {own / r.mean_makespan_s:.3f}×" if own else f"TP{t} × {gpus // t}"
+                     for t, r in sorted(tp.alternatives.items()))
+    best = int(tp.choice.removeprefix("tp="))
+    if best == c.engine.width:
+        return f"stock verl at each uniform width of {gpus} GPUs ({UNIFORM_TP}): {runs}; the strongest, TP{best}, is " \
+               "stock verl as run"
+    baseline = ", the baseline (vs best stock)" if result.best_stock == UNIFORM_TP else ""
+    tailsieve = ("it leaves one replica: no TailSieve split" if gpus // best < 2 else
+                 f"TailSieve on it: rerun with --tensor-parallel-size {best} --replicas {gpus // best}")
+    return f"stock verl at each uniform width of {gpus} GPUs ({UNIFORM_TP}): {runs}; the strongest is TP{best}{baseline}; " \
+           f"{tailsieve}"

@@ -159,6 +159,15 @@ CASES = [
     ("spec-schedule-alone", "route --trace ok.jsonl -R 2 --spec-schedule 1-64:3,65-256:1",
      "--spec-schedule (speculating up to k = 3) needs --spec-acceptance"),
     ("bench-q-without-m", f"bench --trace ok.jsonl -R 2 --url {SERVER} --q 2", "give --q and --m together"),
+    # a replica's width: a divisor of an 8-GPU node and of the model's KV heads, priced from a bundled model shape
+    ("tp-not-a-node-divisor", "simulate --tensor-parallel-size 3 --out out",
+     "argument --tensor-parallel-size: invalid choice: 3"),
+    ("tp-not-a-kv-head-divisor", "plan --workload real --perf-model table:h200-moe --tensor-parallel-size 8",
+     "--tensor-parallel-size 8: tensor_parallel_size must divide qwen3-30b-a3b's 4 KV heads"),
+    ("tp-without-a-model-shape", "simulate --engine-defaults none --tensor-parallel-size 2 --out out",
+     "--tensor-parallel-size 2 prices a wider replica from a bundled model shape"),
+    ("verl-tp-without-a-model-shape", "simulate --engine-defaults none --policies verl,verl-tp --out out",
+     "verl-tp prices stock verl at other uniform widths"),
     # closed-loop: everything checked before a server is contacted
     ("closed-loop-calibration-binary", f"closed-loop --url {SERVER} --calibration binary.jsonl", "not UTF-8 text"),
     ("closed-loop-out-is-calibration", f"closed-loop --url {SERVER} --calibration cal_nan.json --out cal_nan.json",

@@ -26,7 +26,7 @@ def test_simulate_json_and_plots(tmp_path, capsys):
     assert simulate_cli.run(args) == 0
     report = json.loads(capsys.readouterr().out)
     assert set(report["policies"]) == {"verl", "uniform", "tailsieve-fixed", "tailsieve", "clairvoyant-group",
-                                       "clairvoyant-sample"}
+                                       "clairvoyant-sample", "verl-tp"}  # verl-tp: the default shape prices widths
     assert set(report["speedup_vs_verl"]) == set(report["policies"]) and report["speedup_vs_verl"]["verl"] == 1.0
     assert all(isinstance(p["mean_makespan_s"], float) for p in report["policies"].values())
     assert report["speedup_vs_uniform"]["uniform"] == 1.0

@@ -255,6 +255,25 @@ class EngineConfig:
         return cls(**fields)
 
 
+TP_WIDTHS = (1, 2, 4, 8)
+"""The tensor-parallel widths a rollout replica takes within one 8-GPU node."""
+
+
+def uniform_widths(model: str, perf: PerfModel, engine: EngineConfig, gpus: int,
+                   seqs_per_gpu: float = 256) -> dict[int, EngineConfig]:
+    """Stock verl's engine at every uniform width on ``gpus`` GPUs: each width t of :data:`TP_WIDTHS` that divides
+    the GPUs and ``model``'s KV heads, ``engine`` itself at its own width and every other one verl's rollout defaults
+    at width t with ``engine``'s block size and token budget, admitting ``seqs_per_gpu`` × t requests (verl's 256 a
+    GPU: at 256 a wide replica starves, what a user widening the replicas raises). Its KV cache comes from the model
+    (:func:`h200_kv_blocks`)."""
+    if gpus % engine.width:
+        raise EngineConfigError(f"{gpus} GPUs do not hold replicas of width {engine.width}")
+    return {t: engine if t == engine.width else EngineConfig.verl_defaults(
+                model, perf, tensor_parallel_size=t, max_num_seqs=max(1, round(seqs_per_gpu * t)),
+                block_size=engine.block_size, max_num_batched_tokens=engine.max_num_batched_tokens)
+            for t in TP_WIDTHS if gpus % t == 0 and _shape(model).kv_heads % t == 0}
+
+
 def replica_engines(tail: EngineConfig, bulk: EngineConfig, m: int, n_replicas: int) -> list[EngineConfig]:
     """One engine per replica of a split with ``m`` tail replicas on the GPUs of ``n_replicas`` bulk replicas:
     the tail pool holds replicas 0..m−1 (as ``pool_assignment`` numbers them), the bulk pool the rest (the GPUs

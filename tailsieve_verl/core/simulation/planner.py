@@ -32,6 +32,12 @@ and TailSieve's speculation policies; the best stock configuration is the stock 
 mean steady-state makespan, and the plan's choice the fastest of TailSieve routing-only,
 ``tailsieve-spec``, ``tailsieve-dynsd`` and that best stock configuration (the fallback). verl-spec and
 verl-dynsd-best pick their k or schedule per seed in hindsight, which flatters the stock bar.
+
+Given stock verl's engine at other uniform widths of the plan's GPUs (``widths``,
+:func:`core.engine.engine.uniform_widths`), the same seeds also run ``verl-tp`` (:class:`WidthPlan`): the strongest
+width is the one with the least mean steady-state makespan over the seeds, and where it is not the plan's own,
+TailSieve runs again on it (stock verl and adaptive TailSieve at that width, the same seeds and prompts), so that
+its gain is measured on top of the strongest stock width as well as against the plan's.
 """
 
 from __future__ import annotations
@@ -46,8 +52,8 @@ from ..engine.engine import EngineConfig, SpeculativeConfig
 from ..errors import TailSieveError
 from ..engine.perf import PerfModel
 from .forked import forked_map
-from .sim import (LAUNCH_SPEC_POLICIES, STOCK_POLICIES, SimConfig, SimResult, engine_label, simulate_runs,
-                  static_split_runner, tailsieve_spec_config)
+from .sim import (LAUNCH_SPEC_POLICIES, STOCK_POLICIES, UNIFORM_TP, SimConfig, SimResult, engine_label,
+                  simulate_runs, static_split_runner, tailsieve_spec_config)
 from .split_planner import prompt_copies, prompt_pool
 from ..data.trace import Trace
 from ..data.workload import PromptPool
@@ -104,6 +110,41 @@ class EnginePlan:
 
 
 @dataclass(frozen=True)
+class WidthPlan:
+    """Stock verl at every uniform width of the plan's GPUs, and TailSieve on the strongest one."""
+
+    width: int  # the plan's own replicas' width
+    gpus: int
+    speedups: dict  # width -> stock verl there, its mean steady-state speedup over stock verl at ``width``
+    best: int  # the strongest width: the least mean steady-state makespan over the seeds
+    best_max_num_seqs: int | None  # its admission cap (part of switching to it)
+    best_per_seed: tuple[float, ...]  # stock verl at ``best`` over stock verl at ``width``, per seed
+    tailsieve: tuple[float, ...] = ()  # adaptive TailSieve at ``best`` over stock verl at ``best``, per seed
+    #   (empty where ``best`` is the plan's own width, or leaves one replica: no split)
+    tailsieve_vs_width: tuple[float, ...] = ()  # adaptive TailSieve at ``best`` over stock verl at ``width``, per seed
+    tailsieve_left_stock: bool = False  # TailSieve at ``best`` used a tail pool on some step of some seed
+
+    @property
+    def switch(self) -> bool:
+        return self.best != self.width
+
+    @property
+    def tailsieve_speedup(self) -> float | None:
+        return float(np.mean(self.tailsieve)) if self.tailsieve else None
+
+    def to_json(self) -> dict:
+        return {"width": self.width, "gpus": self.gpus, "stock_speedup_by_width": {str(t): v for t, v in
+                                                                               self.speedups.items()},
+                "best_width": self.best, "best_max_num_seqs": self.best_max_num_seqs,
+                "best_per_seed": list(self.best_per_seed),
+                "tailsieve_at_best_vs_stock_there": self.tailsieve_speedup,
+                "tailsieve_at_best_per_seed": list(self.tailsieve),
+                "tailsieve_at_best_vs_stock_at_width": (float(np.mean(self.tailsieve_vs_width))
+                                                        if self.tailsieve_vs_width else None),
+                "tailsieve_at_best_left_stock": self.tailsieve_left_stock}
+
+
+@dataclass(frozen=True)
 class Plan:
     speedup: float  # mean steady-state speedup of tailsieve over uniform across seeds
     band: tuple[float, float]  # 10th–90th percentile across seeds
@@ -124,6 +165,7 @@ class Plan:
     #   the best a per-prompt length predictor could reach on this workload (a reference, not deployable)
     fixed_out_of_sample: tuple[float, ...] = ()  # the fixed split's speedup on each seed it was not chosen on
     adaptive_left_stock: bool = True  # the adaptive controller used a tail pool on some step of some seed
+    widths: WidthPlan | None = None  # stock verl at every uniform width (given ``widths``: :func:`plan_from_trace`)
 
     @property
     def fixed_out_of_sample_speedup(self) -> float | None:
@@ -161,17 +203,21 @@ class Plan:
                 "scored_on_seeds": [self.seeds_chosen_on, 2 * self.seeds_chosen_on - 1],
                 "adaptive_left_stock": self.adaptive_left_stock,
                 "above_prompt_oracle": self.above_prompt_oracle} | (
-                    self.engines.to_json() if self.engines else {})
+                    self.engines.to_json() if self.engines else {}) | (
+                    {"uniform_widths": self.widths.to_json()} if self.widths else {})
 
 
 def plan_from_trace(trace: Trace, n_replicas: int, perf: PerfModel, *, batch_size: int | None = None,
                     n: int | None = None, steps: int = 30, seeds: int = 5,
                     controller: ControllerConfig | None = None, engine: EngineConfig = EngineConfig(),
-                    speculation: SpeculativeConfig | None = None, jobs: int = 1) -> Plan:
+                    speculation: SpeculativeConfig | None = None, jobs: int = 1,
+                    widths: dict[int, EngineConfig] | None = None) -> Plan:
     """Predict TailSieve's speedup on ``trace``'s workload (see the module docstring); every replica
     runs ``engine`` (default: no limit binds). ``batch_size`` defaults to :func:`trace_batch`'s. With ``speculation`` (acceptance, draft cost, k) the plan
     also chooses the engines (:func:`plan_engines`). ``jobs``: processes that simulate the seeds' policies side
-    by side, the costliest first (the same plan: a policy's run depends on no other)."""
+    by side, the costliest first (the same plan: a policy's run depends on no other). ``widths``: stock verl's engine
+    at every uniform width of the plan's GPUs, ``engine`` at its own among them (:class:`WidthPlan`; None or one
+    width: not weighed)."""
     if seeds < 1 or steps < 3:
         raise PlanError(f"need --seeds >= 1 and --steps >= 3, got {seeds}, {steps}")
     prompts = len(trace)
@@ -183,11 +229,13 @@ def plan_from_trace(trace: Trace, n_replicas: int, perf: PerfModel, *, batch_siz
     steady = slice(steps // 3, None)
     if engine.speculative is not None and speculation is not None:
         raise PlanError("the plan chooses the engines' speculation: give the engine without it")
-    policies = PLAN_POLICIES + (LAUNCH_SPEC_POLICIES if speculation else ())
+    others = tuple(e for t, e in (widths or {}).items() if t != engine.width)
+    policies = PLAN_POLICIES + (LAUNCH_SPEC_POLICIES if speculation else ()) + ((UNIFORM_TP,) if others else ())
     speedups, finals, runs = [], [], []
     configs = [SimConfig(steps=steps, n_replicas=n_replicas, batch_size=batch, n=group_size, seed=seed,
                          policies=policies, controller=controller or ControllerConfig(), prompt_record=False,
-                         engine=engine, best_static_grid="coarse", **({"speculation": speculation} if speculation else {}))
+                         engine=engine, best_static_grid="coarse", stock_widths=others,
+                         **({"speculation": speculation} if speculation else {}))
                for seed in range(seeds)]
     held = [replace(cfg, seed=cfg.seed + seeds, policies=("verl",)) for cfg in configs]  # the seeds not chosen on
     pools = [prompt_pool(trace, batch, cfg.seed) for cfg in configs + held]
@@ -214,7 +262,32 @@ def plan_from_trace(trace: Trace, n_replicas: int, perf: PerfModel, *, batch_siz
     return Plan(float(speedups_arr.mean()), _band(speedups_arr), tuple(float(x) for x in speedups), q0, m0, fixed_q,
                 fixed_m, fixed_speedup, batch, group_size, n_replicas, steps, prompts,
                 plan_engines(results, steady, (q0, m0)) if speculation else None, prompt_copies(prompts, batch),
-                oracle, held_out, left_stock)
+                oracle, held_out, left_stock,
+                _width_plan(results, configs, pools, perf, trace.name, widths, steady, jobs) if others else None)
+
+
+def _width_plan(results: list[SimResult], configs: list[SimConfig], pools: list[PromptPool], perf: PerfModel,
+                name: str, widths: dict[int, EngineConfig], steady: slice, jobs: int) -> WidthPlan:
+    """Stock verl at each width over the seeds (``verl-tp``'s runs); where the strongest is not the plan's own, adaptive
+    TailSieve and stock verl at it on the same seeds and prompts."""
+    cfg = configs[0]
+    width, gpus = cfg.engine.width, cfg.n_replicas * cfg.engine.width
+    per_width = {t: np.array([r.policies[UNIFORM_TP].alternatives[t].window_mean_s(steady) for r in results])
+                 for t in sorted(widths)}
+    own = per_width[width]
+    best = min(per_width, key=lambda t: per_width[t].mean())  # ties: the narrowest
+    plan = WidthPlan(width, gpus, {t: float(np.mean(own / s)) for t, s in per_width.items()}, best,
+                     widths[best].max_num_seqs, tuple(float(x) for x in own / per_width[best]))
+    if best == width or gpus // best < 2:
+        return plan
+    wide = [replace(c, n_replicas=gpus // best, engine=widths[best], policies=("verl", "tailsieve"), stock_widths=())
+            for c in configs]
+    ran = simulate_runs(list(zip(wide, pools)), perf, name, jobs=jobs)
+    tailsieve = [r.policies["tailsieve"].window_mean_s(steady) for r in ran]
+    return replace(plan, tailsieve=tuple(float(r.policies["verl"].window_mean_s(steady) / s)
+                                         for r, s in zip(ran, tailsieve)),
+                   tailsieve_vs_width=tuple(float(x) for x in own / np.array(tailsieve)),
+                   tailsieve_left_stock=any(rec.m or rec.q for r in ran for rec in r.policies["tailsieve"].records))
 
 
 def holds_one_step(trace: Trace) -> bool:

@@ -242,6 +242,21 @@ class BestStaticRunner(HindsightRunner):
         return f"q={key[0]}, m={key[1]}"
 
 
+class UniformWidthRunner(HindsightRunner):
+    """``verl-tp``: stock verl at every uniform width of the run's GPUs (``cfg.engine`` on ``cfg.n_replicas``
+    replicas, each of ``cfg.stock_widths`` on the GPUs over its width), the fastest in hindsight: a width is fixed
+    at launch, so a user picks it once, as this does over the whole run."""
+
+    def __init__(self, cfg: SimConfig, pool: PromptPool, perf: PerfModel, name: str = "verl-tp"):
+        gpus = cfg.n_replicas * cfg.engine.width
+        engines = {e.width: e for e in cfg.stock_widths} | {cfg.engine.width: cfg.engine}
+        super().__init__(name, {t: StaticRunner(replace(cfg, n_replicas=gpus // t, engine=engines[t]), pool, perf, name)
+                                for t in sorted(engines)})
+
+    def label(self, key) -> str:
+        return f"tp={key}"
+
+
 def stock_spec_runner(cfg: SimConfig, pool: PromptPool, perf: PerfModel, name: str) -> _Runner | HindsightRunner:
     """Stock verl's routing with speculation on every replica (``cfg.speculation``'s acceptance and draft
     cost): ``verl-spec`` every depth of ``cfg.spec_depths``, the best in hindsight; ``verl-dynsd`` vLLM's

@@ -9,7 +9,7 @@ import numpy as np
 from ..tailsieve.bias import ks_distance, ks_noise
 from ..engine.verify_cost import VerifyTable
 from ..kinds import Pool
-from .config import BASELINE, SPEC_POLICIES, STOCK_POLICIES, SimConfig
+from .config import BASELINE, SPEC_POLICIES, STOCK_POLICIES, UNIFORM_TP, SimConfig
 
 
 def _settings_json(settings) -> dict:
@@ -129,8 +129,8 @@ class SimResult:
     @property
     def best_stock(self) -> str | None:
         """The fastest stock configuration that ran (:data:`STOCK_POLICIES`: stock verl with or without
-        speculation), the bar TailSieve must clear; None when none ran."""
-        stock = [name for name in STOCK_POLICIES if name in self.policies]
+        speculation; ``verl-tp``, its best uniform width), the bar TailSieve must clear; None when none ran."""
+        stock = [name for name in (*STOCK_POLICIES, UNIFORM_TP) if name in self.policies]
         return min(stock, key=lambda name: self.policies[name].mean_makespan_s, default=None)
 
     def length_bias(self) -> dict[str, tuple[float, float]]:
@@ -173,6 +173,7 @@ class SimResult:
             "engine": _settings_json(self.config.engine),
             "tail_engine": _settings_json(self.config.tail_engine) if self.config.tail_engine else None,
             "bulk_engine": _settings_json(self.config.bulk_engine) if self.config.bulk_engine else None,
+            "stock_widths": [_settings_json(e) for e in self.config.stock_widths],
             "speculation": (_settings_json(self.config.speculation)
                             if any(p in SPEC_POLICIES for p in self.policies) else None),
             "policies": {name: {"mean_makespan_s": r.mean_makespan_s, "choice": r.choice or None,
