@@ -242,7 +242,8 @@ class EngineConfig:
     @classmethod
     def verl_defaults(cls, model: str = "qwen3-1.7b", perf: PerfModel | None = None,
                       gpu_memory_utilization: float = 0.5, tensor_parallel_size: int = 1, **changes) -> "EngineConfig":
-        """verl 0.9.1's rollout defaults on ``tensor_parallel_size`` H200s (1: verl's default) with a bundled model
+        """verl 0.9.1's rollout defaults on ``tensor_parallel_size`` H200s (verl's rollout.yaml says 2; the recipes and
+        the simulated stock verl set it, 1 unless told) with a bundled model
         shape (:data:`H200_MODELS`); the prefill cost comes from ``perf`` (one GPU's step) when given, at the
         replica's width. ``changes`` override any field."""
         tp = h200_tensor_parallel(model, perf, tensor_parallel_size)
