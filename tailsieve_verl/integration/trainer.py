@@ -28,7 +28,7 @@ with TailSieve's rollout step in place of "submit B prompts, wait for B groups":
    and a replica found dead or silent there stops the run with one error naming it.
 
 Inside each pool every sample goes to the pool's least-loaded replica, as stock verl routes
-(``tailsieve.group_atomic=true``: whole groups). With ``tailsieve.enable=false`` / ``mode=uniform`` the
+(``tailsieve.group_atomic=true``: whole groups). With ``tailsieve.enable=false`` / ``mode=disabled`` the
 same path runs with (q, m) = (0, 0): one pool of all replicas, B fresh groups, nothing aborted —
 stock verl's routing on TailSieve's code path (uniform group routing with ``group_atomic``). The
 baseline to compare against is stock verl itself (``trainer.v1.trainer_mode=sync``).

@@ -309,7 +309,7 @@ class FluidModel:
         return self._memo[("cut", replicas)]
 
     def bulk_full(self, replicas: int) -> float:
-        """Predicted end of one shared pool running the whole batch (uniform routing)."""
+        """Predicted end of one shared pool running the whole batch."""
         key = ("full", replicas)
         if key not in self._memo:
             crit = self._critical(np.array([self.batch_size]), replicas, self.bulk_active[None, :])[0]
