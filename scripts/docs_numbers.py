@@ -669,7 +669,7 @@ def tp_floors() -> str:
 
 def tp_ceiling_cells(files: tuple[Path, ...] = ()) -> dict[tuple[str, str], dict]:
     """Per (shape, cell) of ``tp_ceiling.py``'s runs: each configuration's speedup over the strongest stock
-    configuration (per seed the best stock uniform width, cap included), mean over seeds; per family (stock, splits
+    configuration (per seed the best stock single width, cap included), mean over seeds; per family (stock, splits
     with a width-1 bulk and a wide tail, splits at any widths, PAT-like from any start) its best configuration."""
     rows = [r for path in (files or (TP_FOLDER / "tp_ceiling.jsonl",)) for r in _jsonl(path)]
     cells = {}
@@ -703,7 +703,7 @@ def tp_goal_reach() -> str:
 
 
 def tp_uniform_gain(setups: tuple[str, ...]) -> str:
-    """The span, over the cells of ``setups``, of the strongest uniform width's speedup over stock verl at width 1."""
+    """The span, over the cells of ``setups``, of the strongest single width's speedup over stock verl at width 1."""
     return _span([1 / c["over"]["verl-tp1"] for (_, cell), c in tp_ceiling_cells().items()
                   if cell.split("-")[0] in setups], digits=2)
 

@@ -1,11 +1,11 @@
-"""What can width reach? The ceiling of a tensor-parallel tail pool against stock verl at its best uniform width
+"""What can width reach? The ceiling of a tensor-parallel tail pool against stock verl at its best single width
 (issue 58), on the engine model with the first-order TP step (``core.engine.perf.TensorParallel``).
 
 On one cell's GPUs (dense: 8, MoE: 4, the main table's replicas at width 1; ``moe8``: the MoE on 8, as the
 paper runs its large models), one JSON line per (cell, shape, seed)
 with the mean makespan of:
 
-* ``verl-tp{t}``: stock verl at uniform width t (G/t replicas of t GPUs), verl's rollout defaults at that width
+* ``verl-tp{t}``: stock verl at single width t (G/t replicas of t GPUs), verl's rollout defaults at that width
   (KV cache of one weight copy over t GPUs), the admission cap at verl's 256 (``cap256``) and at 256·t
   (``cap{256t}``: the same running requests per GPU, what a user widening the replicas would set);
 * ``split-b{b}t{t}``: clairvoyant-split's grid (``core.simulation.references.ClairvoyantSplitRunner``, this step's
