@@ -258,7 +258,7 @@ class TailSieveTrainer(PPOTrainerSync):
         self.batch_size = int(config.data.train_batch_size)
         self.n_replicas = rollout_replica_count(config)
         self.samples_per_group = int(config.actor_rollout_ref.rollout.n)
-        # the pools' engine models (admission caps), for the controller's model and the step metrics' predictions
+        # the pools' engine models (their max_num_seqs), for the controller's model and the step metrics' predictions
         self.pool_engines = pool_engine_models(self.settings, int(config.actor_rollout_ref.rollout.max_num_seqs))
         self.engines_per_pool = has_pool_engine_settings(self.settings)
         # selector, controller and per-prompt length record: the step logic the simulator runs too
