@@ -343,3 +343,39 @@ def test_mtp_recipe_runs_the_plans_pick(name, dry_run, capsys):
     assert m == best["m"]  # the trainer starts where the plan did (m = 0: one shared pool)
     assert plan_summary(plans) == ([("tail", True, *label_engine(best["engines"]["tail"]))] * m
                                    + [("bulk", True, *label_engine(best["engines"]["bulk"]))] * (len(plans) - m))
+
+
+def _pick(name: str, label: str, q: int, m: int):
+    from tailsieve_verl.core.simulation.planner import Configuration
+
+    return Configuration(name, label, {}, q, m, 1.0, (1.0, 1.0), 1.0, (1.0, 1.0))
+
+
+@pytest.mark.parametrize("recipe, printed", [
+    # plan's "to pin it" line and its pinned candidate, on a recipe that already sets tailsieve.mode, q0,
+    # tail_replicas and perf_model, and on stock verl's recipe, which sets none of them
+    ("qwen3-8b_tailsieve", lambda r: f"{r.TRAINER_MODE} {r.perf_model_override('table:h200-moe')} {r.pin_overrides(4, 2)}"),
+    ("qwen3-8b_verl", lambda r: f"{r.TRAINER_MODE} {r.pin_overrides(4, 2)}"),
+    # a plan's speculation picks: per-pool engines on an MTP recipe, vLLM's schedule on the dynamic-SD recipe
+    ("qwen3_5-2b_tailsieve_mtp", lambda r: r.plan_overrides(_pick("tailsieve-spec", "tail k=6 / bulk 1-64:3,65-128:1",
+                                                                   4, 2), "table:h200-dense")),
+    ("qwen3_5-35b-a3b_verl_dynsd", lambda r: r.plan_overrides(_pick("verl-dynsd", "1-32:4,33-64:1", 0, 0),
+                                                                 "table:h200-moe")),
+])
+def test_printed_overrides_compose_when_appended_to_a_shipped_recipe(dry_run, recipe, printed):
+    """What `plan` and `simulate` print after "add to your verl command" is appended to a recipe's command
+    line as a user would: Hydra must take it whether or not the recipe already sets the key."""
+    from tailsieve_verl.cli import recommend
+
+    line = printed(recommend)
+    config, tailsieve, _ = dry_run([*recipe_args(ROOT / "recipes" / f"{recipe}.sh"), *shlex.split(line)])
+    if "tailsieve.mode=fixed" in line:
+        assert tailsieve.active and tailsieve.mode == "fixed" and tailsieve.tail_replicas == 2
+        assert tailsieve.q0 == 4 and tailsieve.controller.get("inner_loop") is (False if "inner_loop" in line else None)
+    if "table:h200-moe" in line and recipe.startswith("qwen3-8b"):
+        assert tailsieve.perf_model == "table:h200-moe"
+    if recipe.endswith("tailsieve_mtp"):
+        assert tailsieve.tail.num_speculative_tokens == 6 and list(map(list, tailsieve.bulk.spec_schedule)) == [[1, 64, 3], [65, 128, 1]]
+    if recipe.endswith("dynsd"):
+        spec = config.actor_rollout_ref.rollout.engine_kwargs.vllm.speculative_config
+        assert list(map(list, spec.num_speculative_tokens_per_batch_size)) == [[1, 32, 4], [33, 64, 1]]
