@@ -422,11 +422,14 @@ class TailSieveTrainer(PPOTrainerSync):
         addresses = list(self._replicas_by_address())
         plan, m = self.cycle.plan(list(fresh_rows), len(addresses))
         replicas = self.llm_server_manager.get_replicas()
-        if self.engines_per_pool:  # engines are set at launch: the tail pool is where its engine runs
-            tail_addresses = launched_tail(replicas, self.settings)[:m]
+        if self.engines_per_pool:  # engines are set at launch: the tail pool is where its engine runs, and only
+            # there: a step with nothing carried (m = 0) leaves it idle rather than lend a tail engine (a deeper
+            # draft, a lower max_num_seqs) to the bulk route, where stock routing would queue a share behind it
+            tail_addresses = launched_tail(replicas, self.settings)
+            m = len(tail_addresses) if m else 0
         else:  # integration.placement: whole replicas, by node
             tail_addresses = choose_tail(replicas, m, self.settings.tail_on_one_node, PROBE_TIMEOUT_S)
-        m = len(tail_addresses)  # tail_on_one_node caps m at the fullest node's replicas
+            m = len(tail_addresses)  # tail_on_one_node caps m at the fullest node's replicas
         ray.get(self.router.set_pools.remote(tail_addresses, self.settings.group_atomic,
                                              bool(self.config.actor_rollout_ref.rollout.full_determinism)))
 
@@ -810,7 +813,8 @@ class TailSieveTrainer(PPOTrainerSync):
             tail=[g for _, g in tail], bulk=[g for _, g in bulk],
             redispatched=state.redispatched, live_replicas=len(self._replicas_by_address()), refused=state.refused)
         self.tailsieve_metrics = step_metrics(measurement, observation, self.cycle.decision, self.n_replicas,
-                                              self.settings.perf(), self.settings.group_atomic, self.pool_engines)
+                                              self.settings.perf(), self.settings.group_atomic, self.pool_engines,
+                                              self.settings.tail_replicas if self.engines_per_pool else 0)
         self.tailsieve_metrics.update(record_plan_metrics(record_plan))
         consumed_lengths = [g.lengths for g in measurement.tail + measurement.bulk if g.lengths]
         if self.bias_monitor is not None and consumed_lengths:
