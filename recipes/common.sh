@@ -214,7 +214,7 @@ mtp_schedule_everywhere() {
 # (its trainer, router and agent loop). Against stock verl (stock_verl) it isolates the plugin's
 # overhead; the A/B baseline is stock verl. (+tailsieve.group_atomic=true would route whole groups,
 # the paper's uniform group routing: no recipe does.)
-uniform() {
+same_path() {
   ARGS+=(trainer.v1.trainer_mode=tailsieve +tailsieve.enable=false)
 }
 
@@ -248,8 +248,8 @@ mtp_everywhere() {
 
 # The same-path control of the MTP variants: MTP at the bulk depth on every replica, stock verl's
 # per-sample routing through the plugin's code path (its stock twin: stock_verl_mtp).
-uniform_mtp() {
-  uniform
+same_path_mtp() {
+  same_path
   mtp_everywhere
 }
 

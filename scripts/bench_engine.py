@@ -46,7 +46,7 @@ def main() -> None:
     verl = EngineConfig.verl_defaults(args.model, perf)
     configs = {
         "today (no limits)": EngineConfig(),
-        "cap 256 only (closed form)": EngineConfig(max_num_seqs=256),
+        "max_num_seqs 256 only": EngineConfig(max_num_seqs=256),
         "verl defaults": verl,
         "verl defaults, KV / 8": EngineConfig.verl_defaults(args.model, perf,
                                                             num_gpu_blocks=max(1, verl.num_gpu_blocks // 8)),

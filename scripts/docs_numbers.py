@@ -670,7 +670,7 @@ def tp_floors() -> str:
 
 def tp_ceiling_cells(files: tuple[Path, ...] = ()) -> dict[tuple[str, str], dict]:
     """Per (shape, cell) of ``tp_ceiling.py``'s runs: each configuration's speedup over the strongest stock
-    configuration (per seed the best stock uniform width, cap included), mean over seeds; per family (stock, splits
+    configuration (per seed the best stock single width, cap included), mean over seeds; per family (stock, splits
     with a width-1 bulk and a wide tail, splits at any widths, PAT-like from any start) its best configuration."""
     rows = [r for path in (files or (TP_FOLDER / "tp_ceiling.jsonl",)) for r in _jsonl(path)]
     cells = {}
@@ -704,7 +704,7 @@ def tp_goal_reach() -> str:
 
 
 def tp_uniform_gain(setups: tuple[str, ...]) -> str:
-    """The span, over the cells of ``setups``, of the strongest uniform width's speedup over stock verl at width 1."""
+    """The span, over the cells of ``setups``, of the strongest single width's speedup over stock verl at width 1."""
     return _span([1 / c["over"]["verl-tp1"] for (_, cell), c in tp_ceiling_cells().items()
                   if cell.split("-")[0] in setups], digits=2)
 
@@ -720,7 +720,7 @@ def tp_reach_cells() -> str:
 def tp_ceiling_table(files: tuple[Path, ...] = ()) -> str:
     """docs/results.md's ceiling of width (and ``tp_ceiling.py --report``'s, of its files): speedups over the
     strongest stock configuration, the winning configuration in brackets."""
-    lines = ["| cell | shape | seeds × steps | stock TP1 / TP2 / TP4 / TP8 (cap 256·t) | strongest stock | "
+    lines = ["| cell | shape | seeds × steps | stock TP1 / TP2 / TP4 / TP8 (max_num_seqs 256·t) | strongest stock | "
              "clairvoyant split, TP1 bulk and tail | "
              "clairvoyant split, TP1 bulk, wide tail | clairvoyant split, any widths | PAT-like [switch free] | "
              "≥ 1.10× the strongest stock within reach |",
@@ -733,7 +733,7 @@ def tp_ceiling_table(files: tuple[Path, ...] = ()) -> str:
 
         reach = _tp_reach(c)
         widths = " / ".join(f"{o[n]:.3f}" if n in o else "–" for n in
-                            ["verl-tp1", *(f"verl-tp{t}-cap{256 * t}" for t in (2, 4, 8))])
+                            ["verl-tp1", *(f"verl-tp{t}-seqs{256 * t}" for t in (2, 4, 8))])
         lines.append(f"| {cell} | {shape} | {c['seeds']} × {c['steps']} | {widths} | "
                      f"{o[c['stock']]:.3f} ({c['stock'][5:]}) | {o['split-b1t1']:.3f} | {cite(c['wide_tail'])} | "
                      f"{cite(c['split'])} | {cite(c['pat'])} [{c['free'][c['pat']]:.3f}] | "

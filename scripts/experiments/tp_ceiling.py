@@ -1,27 +1,27 @@
-"""What can width reach? The ceiling of a tensor-parallel tail pool against stock verl at its best uniform width
+"""What can width reach? The ceiling of a tensor-parallel tail pool against stock verl at its best single width
 (issue 58), on the engine model with the first-order TP step (``core.engine.perf.TensorParallel``).
 
 On one cell's GPUs (dense: 8, MoE: 4, the main table's replicas at width 1; ``moe8``: the MoE on 8, as the
 paper runs its large models), one JSON line per (cell, shape, seed)
 with the mean makespan of:
 
-* ``verl-tp{t}``: stock verl at uniform width t (G/t replicas of t GPUs), verl's rollout defaults at that width
-  (KV cache of one weight copy over t GPUs), the admission cap at verl's 256 (``cap256``) and at 256·t
-  (``cap{256t}``: the same running requests per GPU, what a user widening the replicas would set);
+* ``verl-tp{t}``: stock verl at single width t (G/t replicas of t GPUs), verl's rollout defaults at that width
+  (KV cache of one weight copy over t GPUs), ``max_num_seqs`` at verl's 256 (``seqs256``) and at 256·t
+  (``seqs{256t}``: the same running requests per GPU, what a user widening the replicas would set);
 * ``split-b{b}t{t}``: clairvoyant-split's grid (``core.simulation.references.ClairvoyantSplitRunner``, this step's
   lengths known, the q heaviest groups on m tail replicas, one shared pool among the candidates) with tail
-  replicas of width t on m·t of the GPUs and the bulk at width b on the rest (t >= b, caps 256·width);
+  replicas of width t on m·t of the GPUs and the bulk at width b on the rest (t >= b, max_num_seqs 256·width);
   ``split-b1t1`` is the routing-only split (group-oracle-split's grid), ``split-b1t{t}`` the issue's wide tail
   beside a width-1 bulk;
-* ``pat-from{b}``: PAT's re-shard at the drain: stock verl at width b (cap 256·b) until a fraction f of the step's
-  requests is left, then every unfinished request moves to G/t replicas of width t > b (cap 256·t) and decodes
+* ``pat-from{b}``: PAT's re-shard at the drain: stock verl at width b (max_num_seqs 256·b) until a fraction f of the step's
+  requests is left, then every unfinished request moves to G/t replicas of width t > b (max_num_seqs 256·t) and decodes
   there to its end; the best (f, t) per step in hindsight (PAT predicts it) or no switch. Charged: the KV of every
   moved request (prompt and tokens so far) over NVLink, all G GPUs sending at once, plus ``--switch-s`` for the
   switch itself (1 s: NCCL groups and CUDA graphs of the wide layout built at launch, the engines' pause and the
   scheduler's hand-over; PAT's own figure not read; ``pat_free_switch_s`` keeps each run with it at 0). Prefill
   of the moved requests is not charged (their KV moves).
 
-With ``--tailsieve`` (into ``tp_tailsieve.jsonl``) instead: stock verl at every uniform width (cap 256·t) and
+With ``--tailsieve`` (into ``tp_tailsieve.jsonl``) instead: stock verl at every uniform width (max_num_seqs 256·t) and
 ``tailsieve-tp{t}``, TailSieve's default adaptive controller with every replica at width t, at each width leaving it
 two replicas or more: TailSieve on top of each stock width, deployable (no hindsight inside a run).
 
@@ -71,9 +71,9 @@ def widths(gpus: int, model: str) -> list[int]:
     return [t for t in (1, 2, 4, 8) if gpus % t == 0 and H200_MODELS[model].kv_heads % t == 0]
 
 
-def wide_engine(model: str, perf, t: int, cap: int | None = None, **changes) -> EngineConfig:
-    """verl's rollout defaults at width t, the admission cap 256·t unless given."""
-    return EngineConfig.verl_defaults(model, perf, tensor_parallel_size=t, max_num_seqs=cap or 256 * t, **changes)
+def wide_engine(model: str, perf, t: int, max_num_seqs: int | None = None, **changes) -> EngineConfig:
+    """verl's rollout defaults at width t, ``max_num_seqs`` 256·t unless given."""
+    return EngineConfig.verl_defaults(model, perf, tensor_parallel_size=t, max_num_seqs=max_num_seqs or 256 * t, **changes)
 
 
 class WideTailSplitRunner(ClairvoyantSplitRunner):
@@ -156,16 +156,16 @@ def runners(job: dict) -> tuple[dict, object]:
         for t in widths(gpus, model):
             at_t = replace(cfg, n_replicas=gpus // t, engine=wide_engine(model, perf, t))
             if t > 1:
-                out[f"verl-tp{t}-cap{256 * t}"] = StaticRunner(at_t, pool, perf, "verl")
+                out[f"verl-tp{t}-seqs{256 * t}"] = StaticRunner(at_t, pool, perf, "verl")
             if gpus // t >= 2:
                 out[f"tailsieve-tp{t}"] = sim.adaptive_runner(at_t, pool, perf, "tailsieve")
         return out, perf
-    at = {1: cfg}  # each width's stock layout: G/t replicas, the admission cap at 256·t
+    at = {1: cfg}  # each width's stock layout: G/t replicas, max_num_seqs 256·t
     for t in widths(gpus, model)[1:]:
-        for cap_t in (256, 256 * t):
-            out[f"verl-tp{t}-cap{cap_t}"] = StaticRunner(
-                replace(cfg, n_replicas=gpus // t, engine=wide_engine(model, perf, t, cap_t)), pool, perf, "verl")
-        at[t] = out[f"verl-tp{t}-cap{256 * t}"].cfg
+        for seqs in (256, 256 * t):
+            out[f"verl-tp{t}-seqs{seqs}"] = StaticRunner(
+                replace(cfg, n_replicas=gpus // t, engine=wide_engine(model, perf, t, seqs)), pool, perf, "verl")
+        at[t] = out[f"verl-tp{t}-seqs{256 * t}"].cfg
     for b in widths(gpus, model)[:-1]:  # bulk at width b, the tail at t >= b, some GPUs left to the bulk
         for t in widths(gpus, model):
             if t >= b and t < gpus:

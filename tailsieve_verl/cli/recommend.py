@@ -2,7 +2,11 @@
 verl overrides that turn it on, or stay with stock verl when no deployable configuration beats it by
 more than the run's own noise (a few per cent is below what one simulated run resolves). A stock
 speculation configuration (MTP on every replica, at a fixed depth or on vLLM's batch-size schedule) is
-a candidate like TailSieve: when it is the fastest, it is what the line recommends."""
+a candidate like TailSieve: when it is the fastest, it is what the line recommends.
+
+Every printed key takes Hydra's ``++`` (add, or override where it is set): the line is appended to a command or
+a recipe that may already set the key (the shipped recipes set ``tailsieve.mode``, ``q0``, ``tail_replicas`` and
+``perf_model``), where ``+`` stops Hydra with "Could not append to config"."""
 
 from __future__ import annotations
 
@@ -18,7 +22,7 @@ TRAINER_MODE = "trainer.v1.trainer_mode=tailsieve"
 MTP_ON = "actor_rollout_ref.model.mtp.enable=true actor_rollout_ref.model.mtp.enable_rollout=true"
 # verl 0.9.1 merges rollout.engine_kwargs.vllm.speculative_config into the MTP speculative config
 # (workers/rollout/vllm_rollout/utils.py build_mtp_speculative_config)
-SCHEDULE_KEY = "+actor_rollout_ref.rollout.engine_kwargs.vllm.speculative_config.num_speculative_tokens_per_batch_size"
+SCHEDULE_KEY = "++actor_rollout_ref.rollout.engine_kwargs.vllm.speculative_config.num_speculative_tokens_per_batch_size"
 ROUTING_ONLY = ("tailsieve", "tailsieve-fixed", "best-static")  # candidates on the clairvoyant reference's engine
 
 
@@ -50,8 +54,8 @@ def two_standard_errors(samples) -> float | None:
 
 def pin_overrides(q: int, m: int) -> str:
     """Overrides that pin the split (q, m): no replica moves, no q adaptation."""
-    return (f"+tailsieve.mode=fixed +tailsieve.q0={q} +tailsieve.tail_replicas={m} "
-            "+tailsieve.controller.inner_loop=false")
+    return (f"++tailsieve.mode=fixed ++tailsieve.q0={q} ++tailsieve.tail_replicas={m} "
+            "++tailsieve.controller.inner_loop=false")
 
 
 def parse_schedule(text: str) -> list[list[int]]:
@@ -72,12 +76,12 @@ def pool_speculation_overrides(pool: str, label: str) -> str:
     """One TailSieve pool's speculation (``off``, ``k=K`` or a schedule, as the simulator names it) as
     ``tailsieve.<pool>`` overrides (shell-quoted where the list has brackets)."""
     if label == "off":
-        return f"+tailsieve.{pool}.num_speculative_tokens=0"
+        return f"++tailsieve.{pool}.num_speculative_tokens=0"
     if label.startswith("k="):
-        return f"+tailsieve.{pool}.num_speculative_tokens={label.removeprefix('k=')}"
+        return f"++tailsieve.{pool}.num_speculative_tokens={label.removeprefix('k=')}"
     schedule = parse_schedule(label)
-    return (f"+tailsieve.{pool}.num_speculative_tokens={max(k for _, _, k in schedule)} "
-            f"'+tailsieve.{pool}.spec_schedule=[{','.join(f'[{lo},{hi},{k}]' for lo, hi, k in schedule)}]'")
+    return (f"++tailsieve.{pool}.num_speculative_tokens={max(k for _, _, k in schedule)} "
+            f"'++tailsieve.{pool}.spec_schedule=[{','.join(f'[{lo},{hi},{k}]' for lo, hi, k in schedule)}]'")
 
 
 def tp_overrides(width: int, max_num_seqs: int | None) -> str:
@@ -88,7 +92,7 @@ def tp_overrides(width: int, max_num_seqs: int | None) -> str:
 
 def adaptive_start(q: int, m: int) -> str:
     """The adaptive controller's start at (q, m); at m = 0, one shared pool, nothing is carried (q0 stays 0)."""
-    return f"+tailsieve.q0={q} +tailsieve.tail_replicas={m}" if m else "+tailsieve.tail_replicas=0"
+    return f"++tailsieve.q0={q} ++tailsieve.tail_replicas={m}" if m else "++tailsieve.tail_replicas=0"
 
 
 def speculation_policy_overrides(name: str, choice: str, q: int, m: int, common: str,
@@ -110,7 +114,7 @@ def speculation_policy_overrides(name: str, choice: str, q: int, m: int, common:
         return f"{common} {start} {stock}"
     if name == "tailsieve-spec":
         tail, bulk = choice.removeprefix("tail ").split(" / bulk ")
-        return (f"{common} +tailsieve.mode=fixed +tailsieve.q0={max(q, m)} +tailsieve.tail_replicas={m} "
+        return (f"{common} ++tailsieve.mode=fixed ++tailsieve.q0={max(q, m)} ++tailsieve.tail_replicas={m} "
                 f"actor_rollout_ref.model.mtp.enable=true {pool_speculation_overrides('tail', tail)} "
                 f"{pool_speculation_overrides('bulk', bulk)}")
     raise ValueError(f"{name} is not a speculation policy")
@@ -120,7 +124,7 @@ def perf_model_override(spec: str) -> str:
     """The controller's performance model, Hydra-quoted where the spec needs it; empty for the default."""
     if spec == DEFAULT_PERF_MODEL:
         return ""
-    return f"\"+tailsieve.perf_model='{spec}'\"" if any(c in spec for c in "=,") else f"+tailsieve.perf_model={spec}"
+    return f"\"++tailsieve.perf_model='{spec}'\"" if any(c in spec for c in "=,") else f"++tailsieve.perf_model={spec}"
 
 
 def recommendation(candidates: list[Candidate]) -> str:
@@ -182,7 +186,7 @@ def from_simulation(result, perf_spec: str) -> str:
     redraw = abs(1 - result.speedup_vs("verl")["verl-redraw"]) if "verl-redraw" in result.policies else None
     reference = result.speedup_vs("verl").get("clairvoyant-sample")  # routing knowing every length, one step at a time
     common = " ".join(x for x in (TRAINER_MODE, perf_model_override(perf_spec),
-                                  "+tailsieve.group_atomic=true" if result.config.group_atomic else "") if x)
+                                  "++tailsieve.group_atomic=true" if result.config.group_atomic else "") if x)
     cfg = result.config
     pools = " ".join(pool_speculation_overrides(pool, engine_label(engine))
                      for pool, engine in (("tail", cfg.tail_engine), ("bulk", cfg.bulk_engine)) if engine is not None)
@@ -195,8 +199,8 @@ def from_simulation(result, perf_spec: str) -> str:
                 continue  # per-pool engines are set at launch: the trainer pins the split, so no adaptive m
             overrides = f"{common} {adaptive_start(0, 0)}"  # where the simulation started it
         elif name == "tailsieve-fixed":
-            overrides = (f"{common} +tailsieve.mode=fixed +tailsieve.q0={max(last.next_q, last.next_m)} "
-                         f"+tailsieve.tail_replicas={last.next_m}{pools}")
+            overrides = (f"{common} ++tailsieve.mode=fixed ++tailsieve.q0={max(last.next_q, last.next_m)} "
+                         f"++tailsieve.tail_replicas={last.next_m}{pools}")
         elif name == "best-static" and last.next_m > 0:
             overrides = f"{common} {pin_overrides(last.next_q, last.next_m)}{pools}"
             label = f"best-static (q={last.next_q}, m={last.next_m}, the best fixed split in hindsight)"

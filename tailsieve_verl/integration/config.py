@@ -9,9 +9,9 @@ Activation (see ``tailsieve_verl/config/tailsieve_trainer.yaml`` for the full li
 
     trainer.v1.trainer_mode=tailsieve     # the adaptive controller, started at one shared pool
 
-``tailsieve.enable=false`` (or ``mode=uniform``) runs the very same trainer with (q, m) = (0, 0):
-every group goes to the one bulk pool spanning all replicas, nothing is aborted or carried — the
-fair uniform-routing baseline for A/B comparisons.
+``tailsieve.enable=false`` (or ``mode=disabled``) runs the very same trainer with (q, m) = (0, 0):
+every sample goes to the one pool spanning all replicas, routed as stock verl routes it, nothing is
+aborted or carried — the same-path control, which isolates the plugin's overhead from stock verl.
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ SIM_ROLLOUT_NAME = "tailsieve_sim"
 # Backends whose server can abort single prompt groups without pausing the engine (abort_groups):
 # verl's vLLM server through TailSieve's subclass (integration.vllm_server) and the simulated backend.
 ABORT_CAPABLE_ROLLOUTS = ("vllm", SIM_ROLLOUT_NAME)
-MODES = ("adaptive", "fixed", "uniform")
+MODES = ("adaptive", "fixed", "disabled")
+MODE_ALIASES = {"uniform": "disabled"}  # tailsieve.mode's old spelling, still accepted (docs/usage.md)
 MISMATCH_POLICIES = ("stop", "keep_carried", "drop_carried")  # tailsieve.on_checkpoint_mismatch
 REFUSAL_POLICIES = ("stop", "skip")  # tailsieve.on_refused_request
 STOCK_MODE_SETTINGS = {"stop"}  # the only tailsieve.* setting that acts in verl's own trainer modes
@@ -146,8 +147,8 @@ class TailSieveConfig:
 
     @property
     def active(self) -> bool:
-        """False means the uniform boundary: (q, m) = (0, 0) on the same code path."""
-        return self.enable and self.mode != "uniform"
+        """False means the same-path boundary: (q, m) = (0, 0) on the same code path."""
+        return self.enable and self.mode != "disabled"
 
     @property
     def initial_q(self) -> int:
@@ -236,6 +237,8 @@ def parse_tailsieve_section(section: Any) -> TailSieveConfig:
     """Build a :class:`TailSieveConfig` from the ``tailsieve:`` section (mapping or DictConfig);
     types and ranges are checked, cross-checks with verl's settings are in :func:`validate_verl_config`."""
     values = _section_to_dict(section, "tailsieve")
+    if isinstance(values.get("mode"), str):
+        values["mode"] = MODE_ALIASES.get(values["mode"], values["mode"])
     cfg = _build(TailSieveConfig, values, "tailsieve", {"tail": PoolEngineConfig, "bulk": PoolEngineConfig, "sim": SimBackendConfig})
     _check_types(cfg)
     return cfg
@@ -477,7 +480,7 @@ def _refuse_ignored_settings(cfg: TailSieveConfig, rollout_name: str) -> None:
             ignored.append("tailsieve.mode=fixed")
         if ignored:
             raise TailSieveConfigError(
-                f"{', '.join(ignored)} would be ignored: with tailsieve.enable=false or tailsieve.mode=uniform the "
+                f"{', '.join(ignored)} would be ignored: with tailsieve.enable=false or tailsieve.mode=disabled the "
                 f"trainer runs (q, m) = (0, 0) on one pool of every replica; remove them, or turn TailSieve on "
                 f"(tailsieve.enable=true with mode adaptive or fixed)")
     if rollout_name != SIM_ROLLOUT_NAME and cfg.sim != SimBackendConfig():

@@ -162,7 +162,7 @@ def pool_plan(config: Any, tailsieve: Any) -> list[PoolPlan]:
         mtp_rollout = bool(mtp is not None and mtp.enable and mtp.enable_rollout)
         vllm_kwargs = dict((rollout.engine_kwargs or {}).get("vllm") or {})
         spec = vllm_kwargs.get("speculative_config")
-        plans.append(PoolPlan(rank, launch_pool(rank, tailsieve) if tailsieve.active else "uniform",
+        plans.append(PoolPlan(rank, launch_pool(rank, tailsieve) if tailsieve.active else "shared",
                               int(rollout.max_num_seqs), mtp_rollout,
                               int(mtp.num_speculative_tokens) if mtp_rollout else None,
                               dict(spec) if spec else None))

@@ -62,7 +62,7 @@ def pool_engine(replica_rank: int, settings: TailSieveConfig) -> PoolEngineConfi
 
 def pool_engine_models(settings: TailSieveConfig, rollout_max_num_seqs: int) -> tuple[EngineConfig, EngineConfig]:
     """(tail, bulk) engine models of the pools' replicas, as far as the settings say: each pool's
-    admission cap (``tailsieve.{tail,bulk}.max_num_seqs``, else verl's ``rollout.max_num_seqs``)."""
+    concurrency limit (``tailsieve.{tail,bulk}.max_num_seqs``, else verl's ``rollout.max_num_seqs``)."""
     return tuple(EngineConfig(max_num_seqs=int(pool.max_num_seqs or rollout_max_num_seqs))
                  for pool in (settings.tail, settings.bulk))
 

@@ -309,7 +309,7 @@ class SimServer:
 
     async def _decode_loop(self) -> None:
         while self._fault not in ("engine_dead", "engine_hung"):
-            while len(self._active) < self.max_num_seqs and self._waiting:  # FIFO admission under the cap
+            while len(self._active) < self.max_num_seqs and self._waiting:  # FIFO admission under max_num_seqs
                 self._active.append(self._waiting.pop(0))
             if not self._active:
                 self._wake.clear()

@@ -28,7 +28,7 @@ with TailSieve's rollout step in place of "submit B prompts, wait for B groups":
    and a replica found dead or silent there stops the run with one error naming it.
 
 Inside each pool every sample goes to the pool's least-loaded replica, as stock verl routes
-(``tailsieve.group_atomic=true``: whole groups). With ``tailsieve.enable=false`` / ``mode=uniform`` the
+(``tailsieve.group_atomic=true``: whole groups). With ``tailsieve.enable=false`` / ``mode=disabled`` the
 same path runs with (q, m) = (0, 0): one pool of all replicas, B fresh groups, nothing aborted —
 stock verl's routing on TailSieve's code path (uniform group routing with ``group_atomic``). The
 baseline to compare against is stock verl itself (``trainer.v1.trainer_mode=sync``).
@@ -258,7 +258,7 @@ class TailSieveTrainer(PPOTrainerSync):
         self.batch_size = int(config.data.train_batch_size)
         self.n_replicas = rollout_replica_count(config)
         self.samples_per_group = int(config.actor_rollout_ref.rollout.n)
-        # the pools' engine models (admission caps), for the controller's model and the step metrics' predictions
+        # the pools' engine models (their max_num_seqs), for the controller's model and the step metrics' predictions
         self.pool_engines = pool_engine_models(self.settings, int(config.actor_rollout_ref.rollout.max_num_seqs))
         self.engines_per_pool = has_pool_engine_settings(self.settings)
         # selector, controller and per-prompt length record: the step logic the simulator runs too
@@ -422,11 +422,14 @@ class TailSieveTrainer(PPOTrainerSync):
         addresses = list(self._replicas_by_address())
         plan, m = self.cycle.plan(list(fresh_rows), len(addresses))
         replicas = self.llm_server_manager.get_replicas()
-        if self.engines_per_pool:  # engines are set at launch: the tail pool is where its engine runs
-            tail_addresses = launched_tail(replicas, self.settings)[:m]
+        if self.engines_per_pool:  # engines are set at launch: the tail pool is where its engine runs, and only
+            # there: a step with nothing carried (m = 0) leaves it idle rather than lend a tail engine (a deeper
+            # draft, a lower max_num_seqs) to the bulk route, where stock routing would queue a share behind it
+            tail_addresses = launched_tail(replicas, self.settings)
+            m = len(tail_addresses) if m else 0
         else:  # integration.placement: whole replicas, by node
             tail_addresses = choose_tail(replicas, m, self.settings.tail_on_one_node, PROBE_TIMEOUT_S)
-        m = len(tail_addresses)  # tail_on_one_node caps m at the fullest node's replicas
+            m = len(tail_addresses)  # tail_on_one_node caps m at the fullest node's replicas
         ray.get(self.router.set_pools.remote(tail_addresses, self.settings.group_atomic,
                                              bool(self.config.actor_rollout_ref.rollout.full_determinism)))
 
@@ -810,7 +813,8 @@ class TailSieveTrainer(PPOTrainerSync):
             tail=[g for _, g in tail], bulk=[g for _, g in bulk],
             redispatched=state.redispatched, live_replicas=len(self._replicas_by_address()), refused=state.refused)
         self.tailsieve_metrics = step_metrics(measurement, observation, self.cycle.decision, self.n_replicas,
-                                              self.settings.perf(), self.settings.group_atomic, self.pool_engines)
+                                              self.settings.perf(), self.settings.group_atomic, self.pool_engines,
+                                              self.settings.tail_replicas if self.engines_per_pool else 0)
         self.tailsieve_metrics.update(record_plan_metrics(record_plan))
         consumed_lengths = [g.lengths for g in measurement.tail + measurement.bulk if g.lengths]
         if self.bias_monitor is not None and consumed_lengths:

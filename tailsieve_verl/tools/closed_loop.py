@@ -64,7 +64,7 @@ def check_run(cfg: SimConfig, warmup: int) -> None:
 def closed_loop(cfg: SimConfig, pool: PromptPool, servers: Sequence[OpenAIServer], perf: PerfModel,
                 warmup: int = 0, on_step: Callable[[str, int, float], None] | None = None) -> dict:
     """Run ``cfg``'s policies on the servers; a JSON-able report (see the module docstring).
-    ``cfg.engine`` describes the servers' engine (admission cap, KV blocks, token budget) for the
+    ``cfg.engine`` describes the servers' engine (max_num_seqs, KV blocks, token budget) for the
     prediction, which runs every replica under it.
     ``on_step(policy, step, seconds)`` after every step's run (until its last replica is done; the
     step's makespan, cut at the abort, is in the report)."""

@@ -33,7 +33,7 @@ def test_simulate_recommends_tailsieve_where_it_wins_by_more_than_the_noise(tmp_
             "--out", str(tmp_path), "--no-plots"]
     last = _run(simulate_cli, argv, capsys)[-1]
     assert last.startswith("recommendation: tailsieve is fastest for this workload, 1.")
-    assert last.endswith("add to your verl command: trainer.v1.trainer_mode=tailsieve +tailsieve.tail_replicas=0")
+    assert last.endswith("add to your verl command: trainer.v1.trainer_mode=tailsieve ++tailsieve.tail_replicas=0")
     report = json.loads((tmp_path / "simulate.json").read_text())
     assert report["recommendation"] == last
 
@@ -89,7 +89,7 @@ def test_plan_recommends_tailsieve_on_weak_tails(tmp_path, capsys):
     # split both stay within the noise of so short a plan
     last = _run(plan_cli, ["plan", "--trace", str(trace), "--batch", "128", "--steps", "6", "--seeds", "3"], capsys)[-1]
     assert last.startswith("recommendation: TailSieve ") and " is fastest for this workload, 1." in last
-    assert "add to your verl command: trainer.v1.trainer_mode=tailsieve +tailsieve." in last
+    assert "add to your verl command: trainer.v1.trainer_mode=tailsieve ++tailsieve." in last
 
 
 def test_plan_stays_with_stock_verl_without_tails(tmp_path, capsys):
@@ -142,8 +142,8 @@ def test_noise_and_perf_model_overrides():
     assert two_standard_errors([1.0]) is None and two_standard_errors([1.0, 1.0]) is None  # nothing measured
     assert abs(two_standard_errors([1.0, 3.0]) - 2.0) < 1e-12  # std 1.414, /√2, ×2
     assert perf_model_override("table:h200-dense") == ""
-    assert perf_model_override("table:h200-moe") == "+tailsieve.perf_model=table:h200-moe"
-    assert perf_model_override("linear:a=0.002,c=0.0002") == "\"+tailsieve.perf_model='linear:a=0.002,c=0.0002'\""
+    assert perf_model_override("table:h200-moe") == "++tailsieve.perf_model=table:h200-moe"
+    assert perf_model_override("linear:a=0.002,c=0.0002") == "\"++tailsieve.perf_model='linear:a=0.002,c=0.0002'\""
 
 
 def test_simulate_recommends_per_pool_speculation_with_its_overrides(tmp_path, capsys):
@@ -155,17 +155,17 @@ def test_simulate_recommends_per_pool_speculation_with_its_overrides(tmp_path, c
                                 "--no-plots"], capsys)
     last = lines[-1]
     assert last.startswith("recommendation: tailsieve-spec is fastest for this workload")
-    assert ("+tailsieve.mode=fixed" in last and "+tailsieve.tail_replicas=1" in last
-            and "actor_rollout_ref.model.mtp.enable=true +tailsieve.tail.num_speculative_tokens=6 "
-                "+tailsieve.bulk.num_speculative_tokens=3 '+tailsieve.bulk.spec_schedule=[[1,64,3],[65,128,1],[129,256,0]]'"
+    assert ("++tailsieve.mode=fixed" in last and "++tailsieve.tail_replicas=1" in last
+            and "actor_rollout_ref.model.mtp.enable=true ++tailsieve.tail.num_speculative_tokens=6 "
+                "++tailsieve.bulk.num_speculative_tokens=3 '++tailsieve.bulk.spec_schedule=[[1,64,3],[65,128,1],[129,256,0]]'"
             in last)
 
 
 def test_pool_speculation_in_the_verl_configs_words():
-    assert pool_speculation_overrides("bulk", "off") == "+tailsieve.bulk.num_speculative_tokens=0"
-    assert pool_speculation_overrides("tail", "k=5") == "+tailsieve.tail.num_speculative_tokens=5"
+    assert pool_speculation_overrides("bulk", "off") == "++tailsieve.bulk.num_speculative_tokens=0"
+    assert pool_speculation_overrides("tail", "k=5") == "++tailsieve.tail.num_speculative_tokens=5"
     assert pool_speculation_overrides("tail", "1-8:4,9-16:1") == (
-        "+tailsieve.tail.num_speculative_tokens=4 '+tailsieve.tail.spec_schedule=[[1,8,4],[9,16,1]]'")
+        "++tailsieve.tail.num_speculative_tokens=4 '++tailsieve.tail.spec_schedule=[[1,8,4],[9,16,1]]'")
 
 
 def test_a_plans_overrides_start_the_adaptive_controller_where_the_plan_did():
@@ -178,13 +178,13 @@ def test_a_plans_overrides_start_the_adaptive_controller_where_the_plan_did():
         return Configuration(name, label, {}, q, m, 1.0, (1.0, 1.0), 1.0, (1.0, 1.0))
 
     assert plan_overrides(pick("tailsieve", "", 0, 0), "table:h200-dense").endswith(
-        "tailsieve +tailsieve.tail_replicas=0")
+        "tailsieve ++tailsieve.tail_replicas=0")
     dynsd = plan_overrides(pick("tailsieve-dynsd", "1-64:3,65-128:1", 6, 2), "table:h200-moe")
-    assert "+tailsieve.perf_model=table:h200-moe +tailsieve.q0=6 +tailsieve.tail_replicas=2" in dynsd
+    assert "++tailsieve.perf_model=table:h200-moe ++tailsieve.q0=6 ++tailsieve.tail_replicas=2" in dynsd
     assert dynsd.endswith("num_speculative_tokens_per_batch_size=[[1,64,3],[65,128,1]]'")
     spec = plan_overrides(pick("tailsieve-spec", "tail k=6 / bulk off", 3, 4), "table:h200-dense")
-    assert spec.endswith("+tailsieve.mode=fixed +tailsieve.q0=4 +tailsieve.tail_replicas=4 actor_rollout_ref.model."
-                         "mtp.enable=true +tailsieve.tail.num_speculative_tokens=6 +tailsieve.bulk.num_speculative_tokens=0")
+    assert spec.endswith("++tailsieve.mode=fixed ++tailsieve.q0=4 ++tailsieve.tail_replicas=4 actor_rollout_ref.model."
+                         "mtp.enable=true ++tailsieve.tail.num_speculative_tokens=6 ++tailsieve.bulk.num_speculative_tokens=0")
     assert plan_overrides(pick("verl", "", 0, 0), "table:h200-dense") == ""
 
 
@@ -203,4 +203,4 @@ def test_plan_names_a_fixed_split_best_only_where_it_beats_stock_verl_out_of_sam
                      "(chosen on seeds 0–1 at 1.036×, scored on seeds 2–3)"]
     winning = plan_cli.fixed_split_lines(replace(plan, fixed_out_of_sample=(1.04, 1.06)))
     assert winning[0].startswith("best fixed split: q=1, m=1, 1.050× out of sample (chosen on seeds 0–1 at 1.036×")
-    assert "to pin it: +tailsieve.mode=fixed +tailsieve.q0=1 +tailsieve.tail_replicas=1" in winning[0]
+    assert "to pin it: ++tailsieve.mode=fixed ++tailsieve.q0=1 ++tailsieve.tail_replicas=1" in winning[0]

@@ -68,7 +68,7 @@ def test_plan_cli(tmp_path, capsys):
     plan_cli.run(_parse(plan_cli, ["plan", "--trace", str(trace), "--replicas", "4", "--batch", "16", "--steps", "4",
                                    "--seeds", "2"]))
     out = capsys.readouterr().out
-    pinned = f"+tailsieve.mode=fixed +tailsieve.q0={report['fixed_q']} +tailsieve.tail_replicas={report['fixed_m']}"
+    pinned = f"++tailsieve.mode=fixed ++tailsieve.q0={report['fixed_q']} ++tailsieve.tail_replicas={report['fixed_m']}"
     assert "best fixed split: " in out and (report["fixed_m"] == 0 or pinned in out)
     assert report["fixed_m"] == 0 or "out of sample" in out
     assert out.startswith("assumed: B=16 (--batch), n=4 (the trace's median samples per group), R=4 (--replicas), "
@@ -114,7 +114,7 @@ def test_plan_cli_chooses_the_engines_with_speculation(capsys):
                  "actor_rollout_ref.model.mtp.num_speculative_tokens=6")
     assert report["overrides"] == choice["overrides"] == stock_mtp
     spec = report["candidates"][1]
-    assert "+tailsieve.tail.num_speculative_tokens=6" in spec["overrides"] and "+tailsieve.bulk.spec_schedule=" in spec["overrides"]
+    assert "++tailsieve.tail.num_speculative_tokens=6" in spec["overrides"] and "++tailsieve.bulk.spec_schedule=" in spec["overrides"]
     assert report["recommendation"].startswith("recommendation: fall back to stock verl (verl-spec k=6)")
 
     assert plan_cli.run(_parse(plan_cli, PLAN_SPEC)) == 0

@@ -282,7 +282,7 @@ def _consumed(groups, n):
 
 
 @pytest.mark.parametrize("per_sample", [True, False])
-def test_the_fluid_model_takes_each_pools_admission_cap(per_sample):
+def test_the_fluid_model_takes_each_pools_concurrency_limit(per_sample):
     from tailsieve_verl.core.tailsieve.fluid import Candidates, FluidModel, StepTable
     from tailsieve_verl.core.engine.engine import EngineConfig
 

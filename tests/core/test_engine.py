@@ -20,7 +20,7 @@ def run(lengths, prompts, engine, groups=None, perf=ONE_SECOND_STEPS):
     return simulate_replica(lengths, perf, prompts, engine=engine, groups=groups)
 
 
-def test_admission_cap_queues_fifo():
+def test_concurrency_limit_queues_fifo():
     # cap 2: #0 and #1 start; #1 ends after step 1, so #2 starts at step 2; #0 ends after step 2, #3 starts at 3
     r = run([3, 2, 4, 1], [8] * 4, EngineConfig(max_num_seqs=2, num_gpu_blocks=HUGE_KV), groups=[0, 1, 2, 3])
     np.testing.assert_array_equal(r.admit_s, [0, 0, 2, 3])

@@ -74,6 +74,25 @@ def test_tailsieve_step_semantics():
     assert {s.replica for s in second.spans if s.route == "bulk"} == {1, 2, 3}
 
 
+def test_per_pool_engines_keep_their_tail_replicas_out_of_a_step_with_nothing_carried():
+    """Per-pool engines are launched once, as the trainer launches them: in the first step, where nothing is
+    carried yet (m = 0), the replica launched with the tail engine idles instead of taking a share of the
+    bulk behind an engine that runs one request at a time; on one engine everywhere the step spans every replica."""
+    from tailsieve_verl.core.engine.engine import EngineConfig
+
+    first = {}
+    for name, tail in (("one engine", None), ("per-pool", EngineConfig(max_num_seqs=1))):
+        cfg = SimConfig(steps=1, n_replicas=4, batch_size=16, n=4, seed=1, tail_engine=tail)
+        runner = TailSieveRunner(cfg, PromptPool("real", 256, seed=1), LinearPerf(0.01, 0.0001),
+                                 ControllerConfig(fixed_tail_replicas=1, q_init=3, inner_loop=False), "tailsieve-fixed")
+        runner.step(0, keep=True)
+        first[name] = runner.result.records[0]
+    shared, held = first["one engine"], first["per-pool"]
+    assert shared.m == held.m == 0
+    assert {s.replica for s in shared.spans} == {0, 1, 2, 3}
+    assert {s.replica for s in held.spans} == {1, 2, 3} and held.replica_busy_s[0] == 0.0
+
+
 @pytest.mark.parametrize("group_atomic", [True, False])
 def test_pools_route_groups_whole_or_spread_samples(group_atomic):
     perf = LinearPerf(0.01, 0.0001)

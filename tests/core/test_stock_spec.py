@@ -69,10 +69,10 @@ def test_per_pool_engines_reach_m_tail_and_r_minus_m_bulk_replicas(monkeypatch):
     monkeypatch.setattr(runners, "evaluate_samples", lambda *a, engine, **k: seen.append(list(engine)) or real(*a, engine=engine, **k))
     runner = TailSieveRunner(cfg, POOL, PERF, ControllerConfig(fixed_tail_replicas=1, q_init=2, inner_loop=False),
                              "tailsieve-fixed")
-    runner.step(0, keep=False)  # nothing carried yet: no tail pool, the bulk engine everywhere
+    runner.step(0, keep=False)  # nothing carried yet: no tail groups, the engines as launched (replica 0 idle)
     runner.step(1, keep=False)
     assert [r.m for r in runner.result.records] == [0, 1]
-    assert seen == [[bulk] * 4, [tail, bulk, bulk, bulk]]
+    assert seen == [[tail, bulk, bulk, bulk]] * 2
     # and the tail engine really ran there: one request at a time makes the tail pool slower than unlimited
     free = TailSieveRunner(replace(cfg, tail_engine=None, bulk_engine=bulk), POOL, PERF,
                            ControllerConfig(fixed_tail_replicas=1, q_init=2, inner_loop=False), "tailsieve-fixed")

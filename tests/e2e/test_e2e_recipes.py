@@ -1,5 +1,5 @@
 """The A/B the recipes exist for, launched as a user launches it: the Qwen3.5-2B stock-verl baseline
-(``recipes/qwen3_5-2b_verl.sh``) and its same-path control (``_uniform.sh``) run through their own
+(``recipes/qwen3_5-2b_verl.sh``) and its same-path control (``_samepath.sh``) run through their own
 scripts into verl 0.9.1's ``main_ppo`` on this CPU, then ``tailsieve compare`` reads their logs. (The
 TailSieve recipe runs through its own script in ``test_e2e_grpo.py``, in its checkpoint/resume runs;
 three launches here keep the tier inside CI's time.)
@@ -34,14 +34,14 @@ import pytest
 
 from e2e_run import BATCH, N_SAMPLES, REPO, RunResult, cpu_platform_overrides, run_main_ppo
 
-RECIPES = {"verl": "qwen3_5-2b_verl", "uniform": "qwen3_5-2b_uniform"}
+RECIPES = {"verl": "qwen3_5-2b_verl", "samepath": "qwen3_5-2b_samepath"}
 STEPS = 2
 RESUMED_STEPS = 3  # the resumed launch's last step: the first of the second epoch
 VAL_KEY = "val-core/tailsieve_math/acc/mean@1"
 QUESTIONS = 20  # train prompts: 2 steps an epoch, the last 4 dropped
 HELD_OUT = 8
-SAME_PATH = ("verl", "uniform")  # the arms that must train the same prompts at every step
-LAST_STEP = {"verl": RESUMED_STEPS, "uniform": STEPS}  # each arm's first launch
+SAME_PATH = ("verl", "samepath")  # the arms that must train the same prompts at every step
+LAST_STEP = {"verl": RESUMED_STEPS, "samepath": STEPS}  # each arm's first launch
 STOCK_POLL_S = 2.0  # verl 0.9.1's sync replay buffer checks for finished groups this often
 
 
@@ -94,7 +94,7 @@ def recipe_runs(assets, recipe_data, e2e_root) -> dict[str, RunResult]:
 def resumed_run(assets, recipe_data, e2e_root, recipe_runs) -> RunResult:
     """The same-path arm launched again: resumed from global_step_2, step 3 opens the second epoch (stock
     verl's own resume is verl's; the stock arm runs its 3 steps in one launch)."""
-    return _launch(assets, recipe_data, e2e_root, "uniform", steps=RESUMED_STEPS, name="uniform_resumed")
+    return _launch(assets, recipe_data, e2e_root, "samepath", steps=RESUMED_STEPS, name="samepath_resumed")
 
 
 def _tail(result: RunResult, lines: int = 60) -> str:
@@ -153,12 +153,12 @@ def test_stock_and_same_path_arms_train_the_same_prompts_over_an_epoch_boundary_
     assert resumed_run.returncode == 0, _tail(resumed_run)
     assert sorted(s for s, d in resumed_run.by_step().items() if "timing_s/gen" in d) == [RESUMED_STEPS]
     # both same-path launches dump into its one rollout folder: steps 1-2, then 3 after the resume
-    trained = {"verl": _trained_prompts(recipe_runs["verl"]), "uniform": _trained_prompts(resumed_run)}
+    trained = {"verl": _trained_prompts(recipe_runs["verl"]), "samepath": _trained_prompts(resumed_run)}
     for step in range(1, RESUMED_STEPS + 1):
         print(f"[e2e] step {step} prompts: " + "; ".join(
             f"{arm}: {sorted(p[:24] for p in trained[arm][step])}" for arm in SAME_PATH))
     assert sorted(trained["verl"]) == list(range(1, RESUMED_STEPS + 1))
-    assert trained["uniform"] == trained["verl"]
+    assert trained["samepath"] == trained["verl"]
     first_epoch = trained["verl"][1] | trained["verl"][2]
     assert len(first_epoch) == 2 * BATCH  # the epoch's last QUESTIONS - 2 * BATCH prompts were dropped
 
@@ -168,7 +168,7 @@ def test_stock_and_same_path_checkpoints_hold_the_same_kinds_of_files(recipe_run
         folder = recipe_runs[arm].run_dir / "ckpt" / f"global_step_{STEPS}"
         return {str(path.relative_to(folder)) for path in folder.rglob("*")}
 
-    stock, same_path = kinds("verl"), kinds("uniform")
+    stock, same_path = kinds("verl"), kinds("samepath")
     print(f"[e2e] global_step_{STEPS}: stock {sorted(stock)}; same path {sorted(same_path)}")
     assert same_path - stock == {"tailsieve.pt"} and stock <= same_path
     assert not any("transfer_queue" in path for path in same_path)
@@ -177,8 +177,8 @@ def test_stock_and_same_path_checkpoints_hold_the_same_kinds_of_files(recipe_run
 def test_stock_and_same_path_arms_measure_generation_on_the_same_poll(recipe_runs, resumed_run):
     """verl's sync replay buffer first checks at once, then every 2 s: no step's generation ends before
     the second check. The same-path arm checks for the step's end on that poll too."""
-    for name, result in (("verl", recipe_runs["verl"]), ("uniform", recipe_runs["uniform"]),
-                         ("uniform_resumed", resumed_run)):
+    for name, result in (("verl", recipe_runs["verl"]), ("samepath", recipe_runs["samepath"]),
+                         ("samepath_resumed", resumed_run)):
         for step, data in sorted(result.by_step().items()):
             if "timing_s/gen" in data:
                 assert data["timing_s/gen"] >= STOCK_POLL_S, (name, step, data["timing_s/gen"])

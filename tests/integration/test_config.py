@@ -77,14 +77,24 @@ def test_stop_strings_are_read_as_a_list():
     assert validate_verl_config(shipped([])).stop == ()
 
 
-def test_uniform_mode_is_the_zero_boundary():
-    for flag in ("+tailsieve.enable=false", "+tailsieve.mode=uniform"):
+def test_disabled_mode_is_the_zero_boundary():
+    for flag in ("+tailsieve.enable=false", "+tailsieve.mode=disabled"):
         cfg = validate_verl_config(stock(["trainer.v1.trainer_mode=tailsieve", flag]))
         assert not cfg.active and (cfg.initial_q, cfg.initial_m) == (0, 0)
-    # the uniform baseline also runs where no tail pool fits
+    # the same-path control also runs where no tail pool fits
     cfg = validate_verl_config(stock(["trainer.v1.trainer_mode=tailsieve", "+tailsieve.enable=false",
                                       "trainer.n_gpus_per_node=1"]))
     assert not cfg.active
+
+
+def test_the_old_spelling_of_the_disabled_mode_still_launches_the_same_run():
+    """``tailsieve.mode=uniform`` was the disabled mode's name until "uniform" came to mean group round-robin
+    only; a command line that still says it gets the very same settings."""
+    old, new = (validate_verl_config(stock(["trainer.v1.trainer_mode=tailsieve", f"+tailsieve.mode={mode}"]))
+                for mode in ("uniform", "disabled"))
+    assert old == new and old.mode == "disabled" and not old.active
+    with pytest.raises(TailSieveConfigError, match="tailsieve.mode must be one of adaptive, fixed, disabled"):
+        parse_tailsieve_section({"mode": "group-rr"})
 
 
 @pytest.mark.parametrize("overrides, message", [
@@ -129,12 +139,12 @@ def test_uniform_mode_is_the_zero_boundary():
     (["tailsieve.enable=false", "tailsieve.q0=4", "tailsieve.tail_replicas=0"],
      "tailsieve.q0 would be ignored: with tailsieve.enable=false"),
     (["tailsieve.enable=false", "tailsieve.tail_replicas=1"], "tailsieve.tail_replicas would be ignored"),
-    (["tailsieve.mode=uniform", "+tailsieve.tail.max_num_seqs=16"], "tailsieve.tail would be ignored"),
+    (["tailsieve.mode=disabled", "+tailsieve.tail.max_num_seqs=16"], "tailsieve.tail would be ignored"),
     (["tailsieve.enable=false", "tailsieve.mode=fixed"], "tailsieve.mode=fixed would be ignored"),
     (["+tailsieve.sim.time_scale=2"], "tailsieve.sim.* would be ignored"),
     (["+tailsieve.tail_on_one_node=yes"], "tailsieve.tail_on_one_node must be true or false"),
     (["+tailsieve.record_replaces_aborts=1"], "tailsieve.record_replaces_aborts must be true or false"),
-    (["tailsieve.mode=uniform", "+tailsieve.record_replaces_aborts=true"],
+    (["tailsieve.mode=disabled", "+tailsieve.record_replaces_aborts=true"],
      "tailsieve.record_replaces_aborts would be ignored"),
     (["+tailsieve.tail_on_one_node=true", "trainer.nnodes=4", "actor_rollout_ref.rollout.tensor_model_parallel_size=8"],
      "each rollout replica needs 8 GPUs (tp x dp x pp) and spans nodes of trainer.n_gpus_per_node=4"),

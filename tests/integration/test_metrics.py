@@ -33,3 +33,20 @@ def test_predictions_are_unchanged_when_no_limit_binds_and_follow_each_pools_cap
 def test_pool_engine_models_take_each_pools_cap_else_verls():
     settings = parse_tailsieve_section({"tail": {"max_num_seqs": 8}})
     assert pool_engine_models(settings, 256) == (EngineConfig(max_num_seqs=8), EngineConfig(max_num_seqs=256))
+
+
+def test_at_m_0_a_launched_tail_engine_is_predicted_idle_not_lent_to_the_bulk():
+    """A step with nothing carried on per-pool engines: the replica launched with the tail engine serves
+    nothing (the trainer keeps it from the bulk route), so the split's prediction is the bulk engine on
+    the other replicas, not the tail engine's share of one shared pool."""
+    from tailsieve_verl.core.routing.policies import evaluate_samples, pool_assignment
+    from tailsieve_verl.integration.metrics import _groups
+
+    bulk = _records([(120, 100, 90, 80)] * 8)
+    slow_tail = EngineConfig(max_num_seqs=1)
+    _, _, held = predicted_makespans([], bulk, 0, 4, PERF, 16.0, False, slow_tail, EngineConfig(), launched_tail=1)
+    groups = _groups(bulk, "b", 16.0)
+    three = evaluate_samples(groups, pool_assignment(groups, 3), 3, PERF, EngineConfig()).makespan_s
+    assert held == three
+    _, _, shared = predicted_makespans([], bulk, 0, 4, PERF, 16.0, False, slow_tail, EngineConfig())
+    assert shared < held  # without per-pool engines every replica is one shared pool

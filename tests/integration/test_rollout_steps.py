@@ -85,6 +85,24 @@ def test_uniform_mode_routes_like_stock_verl_or_whole_groups(harness_factory, tm
         assert min(completed) > 0
 
 
+def test_per_pool_engines_leave_the_tail_replica_idle_in_a_step_with_nothing_carried(harness_factory, tmp_path):
+    """Per-pool engines are set at launch: replica 0 runs the tail engine. The first step carries nothing
+    (m = 0), and its bulk groups stay off that replica rather than queue behind the tail engine's limit; the
+    next step's carried groups run there."""
+    h = harness_factory(["+tailsieve.mode=fixed", "+tailsieve.tail_replicas=1", "+tailsieve.q0=2",
+                         "+tailsieve.tail.max_num_seqs=2", f"trainer.default_local_dir={tmp_path}"])
+    assert h.trainer.engines_per_pool
+    tail_rank = [r.replica_rank for r in h.trainer.llm_server_manager.get_replicas()].index(0)
+    first = h.step()
+    assert first["metrics"]["tailsieve/m"] == 0 and first["metrics"]["tailsieve/aborted_groups"] > 0
+    stats = h.server_stats()
+    assert stats[tail_rank]["completed"] == stats[tail_rank]["aborted"] == 0
+    assert all(s["completed"] > 0 for i, s in enumerate(stats) if i != tail_rank)
+    second = h.step()
+    assert second["metrics"]["tailsieve/m"] == 1 and second["metrics"]["tailsieve/carried_groups"] > 0
+    assert h.server_stats()[tail_rank]["completed"] > 0
+
+
 def test_adaptive_mode_starts_at_one_shared_pool(harness_factory, tmp_path):
     """``+tailsieve.tail_replicas=0`` (what `tailsieve simulate`/`plan` recommend when the controller starts
     shared) launches in adaptive mode: the first step runs (q, m) = (0, 0), one pool of all R replicas,

@@ -64,10 +64,10 @@ def header(recipe: Path) -> str:
 def test_recipe_set_covers_the_issue():
     names = {p.stem for p in RECIPES}
     for model in MODELS:
-        for v in ("verl", "uniform", "tailsieve"):
+        for v in ("verl", "samepath", "tailsieve"):
             assert f"{model}_{v}" in names
     for model in ("qwen3_5-2b", "qwen3_5-35b-a3b"):
-        assert {f"{model}_verl_mtp", f"{model}_verl_dynsd", f"{model}_uniform_mtp", f"{model}_tailsieve_mtp"} <= names
+        assert {f"{model}_verl_mtp", f"{model}_verl_dynsd", f"{model}_samepath_mtp", f"{model}_tailsieve_mtp"} <= names
     for model in ("qwen3-4b", "qwen3-8b", "qwen3-30b-a3b"):
         assert f"{model}_tailsieve_dflash" in names
 
@@ -79,16 +79,16 @@ def test_every_recipe_names_its_stock_baseline(recipe):
     same-path control says what it is."""
     model, kind = model_and_kind(recipe)
     text = header(recipe)
-    assert "uniform twin" not in text and "uniform group routing" not in text
+    assert "uniform" not in text  # one meaning per word: uniform is group round-robin, which no recipe runs
     if kind == "verl":
         assert "stock verl, the A/B baseline" in text and "Compare with" not in text
         return
     line = next(line for line in recipe.read_text().splitlines() if line.startswith("# Compare with the stock-verl baseline: "))
     baseline = ROOT / line.split(": ", 1)[1].split()[0]
-    wanted = "verl_mtp" if kind in ("tailsieve_mtp", "uniform_mtp") else "verl"
+    wanted = "verl_mtp" if kind in ("tailsieve_mtp", "samepath_mtp") else "verl"
     assert baseline == ROOT / "recipes" / f"{model}_{wanted}.sh" and baseline.exists()
     assert "stock_verl\n" in baseline.read_text() or "stock_verl_mtp\n" in baseline.read_text()
-    if kind == "uniform":
+    if kind == "samepath":
         assert "stock verl's per-sample least-loaded routing run through the plugin's code path" in text
         assert "(+tailsieve.enable=false, (q, m) = (0, 0))" in text and "isolates the plugin's overhead" in text
 
@@ -137,9 +137,9 @@ def test_every_recipe_dry_runs(recipe, dry_run):
     if kind.startswith("verl"):
         assert not tailsieve.active
     bulk_depth = 1
-    if kind.startswith("uniform") or kind.startswith("verl"):
+    if kind.startswith("samepath") or kind.startswith("verl"):
         assert not tailsieve.active
-        assert {p.pool for p in plans} == {"uniform"}
+        assert {p.pool for p in plans} == {"shared"}
     else:
         assert tailsieve.active and tailsieve.tail_replicas >= 0  # 0: adaptive from one shared pool
         assert [p.pool for p in plans] == ["tail"] * tailsieve.tail_replicas + ["bulk"] * (len(plans) - tailsieve.tail_replicas)
@@ -153,9 +153,9 @@ def test_every_recipe_dry_runs(recipe, dry_run):
             assert f"perf model: {BORROWED_TABLE[model]}, borrowed:" in header(recipe)
     if kind == "tailsieve":  # adaptive from one shared pool, where every measured result starts
         assert tailsieve.mode == "adaptive" and (tailsieve.q0, tailsieve.tail_replicas) == (0, 0)
-    if kind in ("verl", "uniform", "tailsieve"):
+    if kind in ("verl", "samepath", "tailsieve"):
         assert all(p[1:] == (False, None, None) for p in plan_summary(plans))
-    if kind in ("uniform_mtp", "verl_mtp"):
+    if kind in ("samepath_mtp", "verl_mtp"):
         assert all(p[1:] == (True, bulk_depth, None) for p in plan_summary(plans))
     if kind == "verl_dynsd":  # vLLM's documented batch-size schedule on every replica, depth = its deepest k
         schedule = {"num_speculative_tokens_per_batch_size": [[1, 64, 3], [65, 128, 1], [129, 256, 0]]}
@@ -240,7 +240,7 @@ def run_recipe(name: str, *overrides: str, **env: str) -> subprocess.CompletedPr
 
 
 @pytest.mark.parametrize("name, ending", [("qwen3_5-2b_tailsieve_mtp", "tailsieve active"),
-                                          ("qwen3-30b-a3b_uniform", "stock verl's per-sample routing"),
+                                          ("qwen3-30b-a3b_samepath", "stock verl's per-sample routing"),
                                           ("qwen3-8b_verl", "stock verl (its own trainer and per-sample router)")])
 def test_dry_run_end_to_end_through_bash(name, ending):
     proc = run_recipe(name)
@@ -291,7 +291,7 @@ def test_dynsd_schedule_from_the_environment(dry_run):
     recipe = ROOT / "recipes" / "qwen3_5-35b-a3b_verl_dynsd.sh"
     config, _, plans = dry_run(recipe_args(recipe, MTP_SCHEDULE="[[1,32,6],[33,64,1],[65,256,0]]"))
     schedule = {"num_speculative_tokens_per_batch_size": [[1, 32, 6], [33, 64, 1], [65, 256, 0]]}
-    assert plan_summary(plans) == [("uniform", True, 6, schedule)] * 4  # the depth is the schedule's deepest k
+    assert plan_summary(plans) == [("shared", True, 6, schedule)] * 4  # the depth is the schedule's deepest k
 
 
 def test_dynsd_rejects_a_bad_schedule_in_one_line():
@@ -343,3 +343,39 @@ def test_mtp_recipe_runs_the_plans_pick(name, dry_run, capsys):
     assert m == best["m"]  # the trainer starts where the plan did (m = 0: one shared pool)
     assert plan_summary(plans) == ([("tail", True, *label_engine(best["engines"]["tail"]))] * m
                                    + [("bulk", True, *label_engine(best["engines"]["bulk"]))] * (len(plans) - m))
+
+
+def _pick(name: str, label: str, q: int, m: int):
+    from tailsieve_verl.core.simulation.planner import Configuration
+
+    return Configuration(name, label, {}, q, m, 1.0, (1.0, 1.0), 1.0, (1.0, 1.0))
+
+
+@pytest.mark.parametrize("recipe, printed", [
+    # plan's "to pin it" line and its pinned candidate, on a recipe that already sets tailsieve.mode, q0,
+    # tail_replicas and perf_model, and on stock verl's recipe, which sets none of them
+    ("qwen3-8b_tailsieve", lambda r: f"{r.TRAINER_MODE} {r.perf_model_override('table:h200-moe')} {r.pin_overrides(4, 2)}"),
+    ("qwen3-8b_verl", lambda r: f"{r.TRAINER_MODE} {r.pin_overrides(4, 2)}"),
+    # a plan's speculation picks: per-pool engines on an MTP recipe, vLLM's schedule on the dynamic-SD recipe
+    ("qwen3_5-2b_tailsieve_mtp", lambda r: r.plan_overrides(_pick("tailsieve-spec", "tail k=6 / bulk 1-64:3,65-128:1",
+                                                                   4, 2), "table:h200-dense")),
+    ("qwen3_5-35b-a3b_verl_dynsd", lambda r: r.plan_overrides(_pick("verl-dynsd", "1-32:4,33-64:1", 0, 0),
+                                                                 "table:h200-moe")),
+])
+def test_printed_overrides_compose_when_appended_to_a_shipped_recipe(dry_run, recipe, printed):
+    """What `plan` and `simulate` print after "add to your verl command" is appended to a recipe's command
+    line as a user would: Hydra must take it whether or not the recipe already sets the key."""
+    from tailsieve_verl.cli import recommend
+
+    line = printed(recommend)
+    config, tailsieve, _ = dry_run([*recipe_args(ROOT / "recipes" / f"{recipe}.sh"), *shlex.split(line)])
+    if "tailsieve.mode=fixed" in line:
+        assert tailsieve.active and tailsieve.mode == "fixed" and tailsieve.tail_replicas == 2
+        assert tailsieve.q0 == 4 and tailsieve.controller.get("inner_loop") is (False if "inner_loop" in line else None)
+    if "table:h200-moe" in line and recipe.startswith("qwen3-8b"):
+        assert tailsieve.perf_model == "table:h200-moe"
+    if recipe.endswith("tailsieve_mtp"):
+        assert tailsieve.tail.num_speculative_tokens == 6 and list(map(list, tailsieve.bulk.spec_schedule)) == [[1, 64, 3], [65, 128, 1]]
+    if recipe.endswith("dynsd"):
+        spec = config.actor_rollout_ref.rollout.engine_kwargs.vllm.speculative_config
+        assert list(map(list, spec.num_speculative_tokens_per_batch_size)) == [[1, 32, 4], [33, 64, 1]]

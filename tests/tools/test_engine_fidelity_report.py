@@ -32,6 +32,6 @@ def test_repeat_noise_scores_each_repetition_against_the_median_of_the_others(fi
 def test_shipped_fidelity_summaries_follow_from_their_steps(fidelity, run):
     report = json.loads((ROOT / "scripts/results/engine_model" / run / "fidelity.json").read_text())
     assert fidelity.summarize(report["steps"]) == report["regimes"]
-    assert set(report["regimes"]) == {"plain", "admission_cap", "kv_pressure", "speculation", "dynamic_sd"}
+    assert set(report["regimes"]) == {"plain", "concurrency_limit", "kv_pressure", "speculation", "dynamic_sd"}
     text = (ROOT / "scripts/results/engine_model" / run / "fidelity.txt").read_text()
     assert text == fidelity.text_summary(report)

@@ -25,8 +25,8 @@ from tailsieve_verl.tools.run_logs import (
 STEPS = 6
 RNG = np.random.default_rng(7)
 RUNS = {
-    "uniform": {"gen": RNG.uniform(100, 140, STEPS), "other": 30.0, "reward": RNG.uniform(0.3, 0.6, STEPS),
-                "length": RNG.uniform(900, 1300, STEPS)},
+    "samepath": {"gen": RNG.uniform(100, 140, STEPS), "other": 30.0, "reward": RNG.uniform(0.3, 0.6, STEPS),
+                 "length": RNG.uniform(900, 1300, STEPS)},
     "tailsieve": {"gen": RNG.uniform(60, 90, STEPS), "other": 30.0, "reward": RNG.uniform(0.3, 0.6, STEPS),
                   "length": RNG.uniform(900, 1300, STEPS)},
 }
@@ -95,7 +95,7 @@ def test_each_tracker_format_gives_the_logged_means(verl_logs, fmt):
     steps, (base, fast) = compare_runs(runs, extra_keys=["tailsieve/q"])
     assert steps == list(range(1, STEPS + 1))
     tol = 1e-5 if fmt == "tensorboard" else 1e-9  # tensorboard stores float32
-    for summary, name in ((base, "uniform"), (fast, "tailsieve")):
+    for summary, name in ((base, "samepath"), (fast, "tailsieve")):
         want = expected(name)
         assert summary.gen_s == pytest.approx(want["gen"], rel=tol)
         assert summary.step_s == pytest.approx(want["step"], rel=tol)
@@ -103,14 +103,14 @@ def test_each_tracker_format_gives_the_logged_means(verl_logs, fmt):
         assert summary.response_length == pytest.approx(want["length"], rel=tol)
         assert summary.extra["tailsieve/q"] == pytest.approx(np.mean(range(STEPS)))
     assert base.gen_speedup == pytest.approx(1.0)
-    assert fast.gen_speedup == pytest.approx(expected("uniform")["gen"] / expected("tailsieve")["gen"], rel=tol)
-    assert fast.step_speedup == pytest.approx(expected("uniform")["step"] / expected("tailsieve")["step"], rel=tol)
+    assert fast.gen_speedup == pytest.approx(expected("samepath")["gen"] / expected("tailsieve")["gen"], rel=tol)
+    assert fast.step_speedup == pytest.approx(expected("samepath")["step"] / expected("tailsieve")["step"], rel=tol)
     assert fast.gen_speedup > fast.step_speedup > 1.0
 
 
 def test_directories_are_searched_for_the_run_log(verl_logs):
-    run = read_run(verl_logs / "file" / "tailsieve" / "uniform.jsonl")
-    assert read_run(verl_logs / "tensorboard_log" / "tailsieve" / "uniform").series.keys() == run.series.keys()
+    run = read_run(verl_logs / "file" / "tailsieve" / "samepath.jsonl")
+    assert read_run(verl_logs / "tensorboard_log" / "tailsieve" / "samepath").series.keys() == run.series.keys()
     with pytest.raises(CompareError, match="several verl file-logger files"):
         read_run(verl_logs / "file")
 
@@ -129,10 +129,10 @@ def test_cli_window_baseline_plot_and_json(verl_logs, tmp_path, capsys):
     assert compare_cli.run(args) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["baseline"] == "tailsieve" and out["steps"] == [2, 3, 4, 5]
-    uniform = next(r for r in out["runs"] if r["name"] == "uniform")
-    want_base, want = expected("tailsieve", slice(1, 5)), expected("uniform", slice(1, 5))
-    assert uniform["gen_s"] == pytest.approx(want["gen"])
-    assert uniform["gen_speedup"] == pytest.approx(want_base["gen"] / want["gen"])
+    samepath = next(r for r in out["runs"] if r["name"] == "samepath")
+    want_base, want = expected("tailsieve", slice(1, 5)), expected("samepath", slice(1, 5))
+    assert samepath["gen_s"] == pytest.approx(want["gen"])
+    assert samepath["gen_speedup"] == pytest.approx(want_base["gen"] / want["gen"])
     assert plot.exists() and plot.stat().st_size > 10_000
 
     assert compare_cli.run(cli_args(*files, "--names", "base,ts")) == 0
@@ -141,7 +141,7 @@ def test_cli_window_baseline_plot_and_json(verl_logs, tmp_path, capsys):
 
 
 def test_bad_inputs_are_clear_errors(verl_logs, tmp_path):
-    good = str(verl_logs / "file" / "tailsieve" / "uniform.jsonl")
+    good = str(verl_logs / "file" / "tailsieve" / "samepath.jsonl")
     with pytest.raises(CompareError, match="at least two runs"):
         compare_runs([read_run(good)])
     with pytest.raises(CompareError, match="no such file"):

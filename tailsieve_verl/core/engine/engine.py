@@ -1,7 +1,7 @@
 """What a rollout replica's engine is configured to do, in vLLM's words: one :class:`EngineConfig`
 per pool, read by the replica evaluator (:mod:`core.engine.scheduler`, called from :mod:`core.engine.replica`).
 
-``EngineConfig()`` binds nothing (no admission cap, no KV limit, no prefill cost, no speculation):
+``EngineConfig()`` binds nothing (no max_num_seqs, no KV limit, no prefill cost, no speculation):
 the evaluator then runs today's closed-form model exactly. :meth:`EngineConfig.verl_defaults`
 gives what a verl 0.9.1 rollout replica really runs (``trainer/config/rollout/rollout.yaml``:
 ``max_num_seqs`` 256, ``max_num_batched_tokens`` 8192 with chunked prefill, prefix caching on,
@@ -168,7 +168,7 @@ class EngineConfig:
     0.9.1 rollout default of each field is given in its docstring (see :meth:`verl_defaults`)."""
 
     max_num_seqs: int | None = None
-    """Requests running at once; the rest wait FIFO. verl: ``rollout.max_num_seqs`` = 256. None: no cap."""
+    """Requests running at once; the rest wait FIFO. verl: ``rollout.max_num_seqs`` = 256. None: no limit."""
     num_gpu_blocks: int | None = None
     """KV-cache blocks requests can hold on the replica: vLLM's ``num_gpu_blocks``
     (``--num-gpu-blocks-override``) less its null block, see :func:`usable_kv_blocks`. verl: derived
@@ -216,7 +216,7 @@ class EngineConfig:
 
     @property
     def binds_beyond_cap(self) -> bool:
-        """Whether anything but the admission cap shapes the run (else the closed form is exact)."""
+        """Whether anything but max_num_seqs shapes the run (else the closed form is exact)."""
         return (self.num_gpu_blocks is not None or self.max_num_batched_tokens is not None
                 or self.prefill_s_per_token > 0 or self.speculative is not None)
 

@@ -3,9 +3,9 @@
 Two evaluators of one model, vLLM v1's scheduler (:mod:`core.engine.scheduler`), configured per pool by
 an :class:`core.engine.engine.EngineConfig`:
 
-* the closed form, when only the admission cap can bind (no KV limit, token budget, prefill cost
+* the closed form, when only ``max_num_seqs`` can bind (no KV limit, token budget, prefill cost
   or speculation: ``EngineConfig()``): responses are admitted in FIFO order at t=0, up to
-  ``max_num_seqs`` at once (None = no cap); each decode step every active request produces one
+  ``max_num_seqs`` at once (None = no limit); each decode step every active request produces one
   token and costs ``perf.step_time(active, mean_context)`` seconds; a request of length L leaves
   after its L-th step and frees its slot for the next waiting one at the following step. The whole
   timeline is computed with difference arrays and one vectorised call to the model, so a replica
@@ -35,7 +35,7 @@ NO_LIMITS = EngineConfig()
 def simulate_replica(lengths: Sequence[int], perf: PerfModel, prompt_lens: Sequence[int] | None = None,
                      engine: EngineConfig = NO_LIMITS, groups: Sequence[int] | None = None) -> ReplicaRun:
     """Finish time of every response on one replica (input order = admission order) under ``engine``
-    (its limits, the admission cap included, and its width: ``perf`` is one GPU's step, priced at the replica's
+    (its limits, ``max_num_seqs`` included, and its width: ``perf`` is one GPU's step, priced at the replica's
     width by :meth:`EngineConfig.step_model`). ``groups``: each response's prompt group, for prefix sharing."""
     lengths = np.asarray(lengths, dtype=np.int64)
     n = len(lengths)

@@ -20,7 +20,7 @@ cost. The search:
 
 Set costs come from :class:`StepCostTable`: prefix sums of the step model per active count, which
 give the same completion time as :func:`core.engine.replica.simulate_replica` (tested to 1e-9) in
-O(responses) per set when the replica's engine binds nothing (no ``max_num_seqs`` cap below the
+O(responses) per set when the replica's engine binds nothing (no ``max_num_seqs`` below the
 instance size, no KV limit, token budget, prefill cost or speculation: every request is admitted at
 t=0), all prompts have the same length and the (requests × steps) grid fits in memory.
 Otherwise costs come from ``simulate_replica`` itself under the engine; the partial sets' true costs

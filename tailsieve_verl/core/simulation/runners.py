@@ -241,6 +241,12 @@ class TailSieveRunner(_Runner):
         ``step_planner``: plans a step from the per-prompt record (:func:`core.simulation.step_split.step_planner_for`)."""
         self.name = name
         super().__init__(cfg, pool, perf, execute)
+        # Per-pool engines on a pinned split are launched once, as the trainer launches them: replicas
+        # 0..launched_tail-1 run the tail engine and serve the tail pool only, idle in a step with nothing
+        # carried (m = 0) rather than lend their engine to the bulk route (integration.trainer does the same).
+        pinned = controller_cfg.fixed_tail_replicas
+        per_pool = cfg.tail_engine is not None or cfg.bulk_engine is not None
+        self.launched_tail = pinned if pinned is not None and per_pool else 0
         self.cycle = TailSieveCycle(cfg.batch_size, cfg.n_replicas, controller_cfg, perf,
                                     per_sample=not cfg.group_atomic, record=cfg.prompt_record, prompt_key=prompt_of,
                                     record_replaces_aborts=cfg.record_replaces_aborts,
@@ -283,14 +289,15 @@ class TailSieveRunner(_Runner):
         pulled = self.stream.take(self.cycle.n_fresh())
         self.ledger.pull(pulled, t)
         plan, m = self.cycle.plan(pulled, R)
+        tail_pool = max(m, self.launched_tail)  # replicas kept from the bulk pool: m, or the launched tail
         bulk_ids = list(plan.requeued_ids) + list(plan.bulk_fresh_ids)
         tail = self.sample(plan.tail_ids, t)  # regenerated from scratch under policy version t
         bulk = self.sample(bulk_ids, t)
         self.generated.update(dict.fromkeys(list(plan.tail_ids) + bulk_ids, t))
         groups = tail + bulk
         samples = np.concatenate([pool_assignment(tail, m, 0, cfg.group_atomic, self.routing_rng),
-                                  pool_assignment(bulk, R - m, m, cfg.group_atomic, self.routing_rng)])
-        ev = self.run(groups, samples, m)
+                                  pool_assignment(bulk, R - tail_pool, tail_pool, cfg.group_atomic, self.routing_rng)])
+        ev = self.run(groups, samples, tail_pool)
         tail_finish = ev.group_finish_s[:len(tail)]
         bulk_finish = ev.group_finish_s[len(tail):]
         # requeued groups run to completion; the fresh ones still running at the cutoff are aborted. After
@@ -319,7 +326,7 @@ class TailSieveRunner(_Runner):
         consumed = tail + [bulk[i] for i in done]
         self.last_consumed = consumed
         lengths = tuple(x for g in consumed for x in g.lengths)
-        busy = [min(x, cut.bulk_end_s) if r >= m else x for r, x in enumerate(ev.replica_times_s)]
+        busy = [min(x, cut.bulk_end_s) if r >= tail_pool else x for r, x in enumerate(ev.replica_times_s)]
         spans = ()
         if keep:
             aborted = np.zeros(len(bulk), dtype=bool)
@@ -353,6 +360,7 @@ class FallbackRunner(TailSieveRunner):
         pinned = replace(cfg.controller, fixed_tail_replicas=cfg.fixed_m,
                          q_init=max(1, cfg.controller.q_init or cfg.batch_size // 16))
         super().__init__(cfg, pool, perf, pinned, name)
+        self.launched_tail = 0  # its engines switch per step (engines()): a shared step spans every replica
         self.switch = StockFallback(fallback)
         self.tail_engine = cfg.tail_engine or with_speculation(cfg.engine, cfg.speculation, max(cfg.spec_depths))
         self.stock = stock_engines(cfg)

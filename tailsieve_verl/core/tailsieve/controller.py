@@ -177,7 +177,7 @@ class ControllerConfig:
         if not 0 <= m < n_replicas:
             raise ControllerError(f"tail replicas must be in 0..{n_replicas - 1} (the bulk pool needs one), got {m}")
         if self.fixed_tail_replicas is not None and self.fixed_tail_replicas < 1:
-            raise ControllerError("fixed_tail_replicas must be >= 1 (0 is uniform routing: use the uniform policy)")
+            raise ControllerError("fixed_tail_replicas must be >= 1 (0 is one shared pool: leave it None with m_init=0)")
         if self.q_init is not None and not 0 <= self.q_init <= q_max:
             raise ControllerError(f"q_init must be in 0..{q_max} (max_q_fraction · batch_size), got {self.q_init}")
         for name in ("q_gain", "smoothing"):

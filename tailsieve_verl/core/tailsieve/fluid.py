@@ -185,7 +185,7 @@ class FluidModel:
     It is the fluid limit of the replica evaluator (:mod:`core.engine.replica`), kept beside it for speed: a
     decision evaluates every q' candidate on every pool size in one vectorised pass (~0.3 ms at
     256 × 16 on 8 replicas), where the evaluator takes 20–70 ms for one split of one batch. Of each
-    pool's :class:`core.engine.engine.EngineConfig` it models the admission cap (``max_num_seqs``): a replica
+    pool's :class:`core.engine.engine.EngineConfig` it models the concurrency limit (``max_num_seqs``): a replica
     with ``a`` responses active and cap ``c < a`` runs ``c`` at a time, so a segment takes ``a / c``
     times as many steps at concurrency ``c`` (processor sharing; FIFO order, KV blocks, preemption,
     prefill and speculation are the evaluator's alone).
@@ -309,7 +309,7 @@ class FluidModel:
         return self._memo[("cut", replicas)]
 
     def bulk_full(self, replicas: int) -> float:
-        """Predicted end of one shared pool running the whole batch (uniform routing)."""
+        """Predicted end of one shared pool running the whole batch."""
         key = ("full", replicas)
         if key not in self._memo:
             crit = self._critical(np.array([self.batch_size]), replicas, self.bulk_active[None, :])[0]

@@ -3,13 +3,13 @@
 # (+tailsieve.enable=false, (q, m) = (0, 0)) with MTP at the bulk depth on every replica: the same-path control of the MTP variants.
 # Layout on one 8-GPU node: 4 vLLM replicas of TP2. Dr. GRPO, n = 8; see recipes/README.md.
 # Compare with the stock-verl baseline: recipes/qwen3_5-35b-a3b_verl_mtp.sh (stock verl with MTP on every replica)
-#   bash recipes/qwen3_5-35b-a3b_uniform_mtp.sh [extra Hydra overrides]
-#   TAILSIEVE_DRY_RUN=1 bash recipes/qwen3_5-35b-a3b_uniform_mtp.sh      # compose + validate only, no GPU
+#   bash recipes/qwen3_5-35b-a3b_samepath_mtp.sh [extra Hydra overrides]
+#   TAILSIEVE_DRY_RUN=1 bash recipes/qwen3_5-35b-a3b_samepath_mtp.sh      # compose + validate only, no GPU
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 model Qwen/Qwen3.5-35B-A3B
 layout 2 0.6 table:h200-moe:qwen3-30b-a3b
 offload_actor
-uniform_mtp
+same_path_mtp
 launch "$@"

@@ -3,12 +3,12 @@
 # (+tailsieve.enable=false, (q, m) = (0, 0)): a same-path control that isolates the plugin's overhead, not the A/B baseline.
 # Layout on one 8-GPU node: 8 vLLM replicas of TP1. Dr. GRPO, n = 8; see recipes/README.md.
 # Compare with the stock-verl baseline: recipes/qwen3_5-2b_verl.sh
-#   bash recipes/qwen3_5-2b_uniform.sh [extra Hydra overrides]
-#   TAILSIEVE_DRY_RUN=1 bash recipes/qwen3_5-2b_uniform.sh      # compose + validate only, no GPU
+#   bash recipes/qwen3_5-2b_samepath.sh [extra Hydra overrides]
+#   TAILSIEVE_DRY_RUN=1 bash recipes/qwen3_5-2b_samepath.sh      # compose + validate only, no GPU
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 model Qwen/Qwen3.5-2B
 layout 1 0.6 table:h200-dense:qwen3-1.7b
-uniform
+same_path
 launch "$@"
