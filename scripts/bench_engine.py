@@ -23,7 +23,7 @@ from tailsieve_verl.core.engine.engine import EngineConfig, SpeculativeConfig  #
 from tailsieve_verl.core.engine.perf import parse_perf_model  # noqa: E402
 from tailsieve_verl.core.routing.policies import least_inflight_assignment  # noqa: E402
 from tailsieve_verl.core.engine.replica import evaluate_samples  # noqa: E402
-from tailsieve_verl.core.simulation.sim import ALL_POLICIES, UNIFORM_TP, SimConfig, simulate  # noqa: E402
+from tailsieve_verl.core.simulation.sim import ALL_POLICIES, STOCK_TP, SimConfig, simulate  # noqa: E402
 from tailsieve_verl.core.data.workload import PromptPool  # noqa: E402
 
 
@@ -74,7 +74,7 @@ def main() -> None:
         bench_simulate(args, perf, verl)
 
 
-NON_CLAIRVOYANT = tuple(name for name in ALL_POLICIES if not name.startswith("clairvoyant") and name != UNIFORM_TP)
+NON_CLAIRVOYANT = tuple(name for name in ALL_POLICIES if not name.startswith("clairvoyant") and name != STOCK_TP)
 
 
 def bench_simulate(args, perf, engine: EngineConfig) -> None:

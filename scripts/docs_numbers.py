@@ -743,7 +743,7 @@ def tp_ceiling_table(files: tuple[Path, ...] = ()) -> str:
 
 def tp_tailsieve_cells(files: tuple[Path, ...] = ()) -> dict[tuple[str, str], dict]:
     """Per (shape, cell) of ``tp_ceiling.py --tailsieve``'s runs: TailSieve's default controller over stock verl at
-    each uniform width (mean over seeds), and at each seed's strongest stock width (where it leaves two replicas)."""
+    each single width (mean over seeds), and at each seed's strongest stock width (where it leaves two replicas)."""
     rows = [r for path in (files or (TP_FOLDER / "tp_tailsieve.jsonl",)) for r in _jsonl(path)]
     cells = {}
     for key in dict.fromkeys((r["shape"], r["cell"]) for r in rows):
@@ -768,7 +768,7 @@ def tp_tailsieve_cells(files: tuple[Path, ...] = ()) -> dict[tuple[str, str], di
 
 
 def tp_tailsieve_table(files: tuple[Path, ...] = ()) -> str:
-    """docs/results.md's TailSieve at each uniform width against stock verl at the same width (and
+    """docs/results.md's TailSieve at each single width against stock verl at the same width (and
     ``tp_ceiling.py --tailsieve --report``'s, of its files)."""
     cells = tp_tailsieve_cells(files)
     order = list(tp_ceiling_cells())  # the ceiling table's rows

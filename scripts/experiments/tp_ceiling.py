@@ -21,7 +21,7 @@ with the mean makespan of:
   scheduler's hand-over; PAT's own figure not read; ``pat_free_switch_s`` keeps each run with it at 0). Prefill
   of the moved requests is not charged (their KV moves).
 
-With ``--tailsieve`` (into ``tp_tailsieve.jsonl``) instead: stock verl at every uniform width (max_num_seqs 256·t) and
+With ``--tailsieve`` (into ``tp_tailsieve.jsonl``) instead: stock verl at every single width (max_num_seqs 256·t) and
 ``tailsieve-tp{t}``, TailSieve's default adaptive controller with every replica at width t, at each width leaving it
 two replicas or more: TailSieve on top of each stock width, deployable (no hindsight inside a run).
 
@@ -238,7 +238,7 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--model", action="store_true", help="write the TP step model's table (tp_model.json) and print it")
     ap.add_argument("--tailsieve", action="store_true",
-                    help="TailSieve at each uniform width against stock verl at it (default --out: tp_tailsieve.jsonl)")
+                    help="TailSieve at each single width against stock verl at it (default --out: tp_tailsieve.jsonl)")
     ap.add_argument("--report", action="store_true", help="print the table of --out without running")
     args = ap.parse_args()
     if args.model:

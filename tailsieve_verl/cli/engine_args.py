@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..core.engine.engine import (H200_MODELS, TP_WIDTHS, EngineConfig, EngineConfigError, SpeculativeConfig,
-                                  measured_engine_fields, parse_spec_schedule, prefill_cost_from_perf, uniform_widths)
+                                  measured_engine_fields, parse_spec_schedule, prefill_cost_from_perf, single_widths)
 from ..core.engine.perf import BUNDLED_TABLES, Calibration, PerfModel
 from ..core.simulation.sim import DEFAULT_SPECULATION
 from ..core.engine.verify_cost import VerifyTable
@@ -180,14 +180,14 @@ def add_width_arg(parser: argparse.ArgumentParser) -> None:
 
 
 def stock_widths(args: argparse.Namespace, perf: PerfModel, engine: EngineConfig) -> dict[int, EngineConfig]:
-    """Stock verl's engine at every uniform width of the run's GPUs (``engine`` at its own; the others admit
+    """Stock verl's engine at every single width of the run's GPUs (``engine`` at its own; the others admit
     --max-num-seqs' requests per GPU, else verl's 256), {} where no bundled model shape gives a width's KV cache,
     --num-gpu-blocks fixes one replica's, or the engine speculates (not weighed there)."""
     shape = engine_shape(args.engine_defaults, perf)
     if not shape or engine.speculative is not None or args.num_gpu_blocks is not None:
         return {}
     per_gpu = args.max_num_seqs / engine.width if args.max_num_seqs is not None else 256
-    return uniform_widths(shape, perf, engine, args.replicas * engine.width, per_gpu)
+    return single_widths(shape, perf, engine, args.replicas * engine.width, per_gpu)
 
 
 def engine_shape(choice: str | None, perf: PerfModel | None) -> str | None:

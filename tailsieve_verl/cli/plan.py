@@ -128,13 +128,13 @@ def fixed_split_lines(plan: Plan) -> list[str]:
 
 
 def width_lines(plan: Plan) -> list[str]:
-    """Stock verl at every uniform width of the plan's GPUs and the strongest (with the overrides that switch to it),
+    """Stock verl at every single width of the plan's GPUs and the strongest (with the overrides that switch to it),
     and TailSieve measured on it where it is not the plan's own."""
     w = plan.widths
     if w is None:
         return []
     runs = ", ".join(f"TP{t} × {w.gpus // t} {x:.3f}×" for t, x in sorted(w.speedups.items()))
-    lines = [f"stock verl at each uniform width of {w.gpus} GPUs, over TP{w.width} × {w.gpus // w.width}: {runs}; "
+    lines = [f"stock verl at each single width of {w.gpus} GPUs, over TP{w.width} × {w.gpus // w.width}: {runs}; "
              + (f"the strongest, TP{w.best}, to switch: {tp_overrides(w.best, w.best_max_num_seqs)}" if switch_pays(w)
                 else f"the strongest: TP{w.width}, as planned" if not w.switch else
                 f"TP{w.best} within the seeds' noise of TP{w.width}: no switch")]

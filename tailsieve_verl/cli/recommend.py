@@ -16,7 +16,7 @@ import numpy as np
 
 from ..core.engine.engine import parse_spec_schedule
 from ..core.engine.perf import DEFAULT_PERF_MODEL
-from ..core.simulation.sim import LAUNCH_SPEC_POLICIES, UNIFORM_TP, engine_label
+from ..core.simulation.sim import LAUNCH_SPEC_POLICIES, STOCK_TP, engine_label
 
 TRAINER_MODE = "trainer.v1.trainer_mode=tailsieve"
 MTP_ON = "actor_rollout_ref.model.mtp.enable=true actor_rollout_ref.model.mtp.enable_rollout=true"
@@ -211,10 +211,10 @@ def from_simulation(result, perf_spec: str) -> str:
                 label = f"stock verl with MTP {r.choice} on every replica (verl-spec, the best depth in hindsight)"
             elif name.startswith("verl-dynsd"):
                 label = f"stock verl with MTP on vLLM's batch-size schedule {r.choice} ({name})"
-        elif name == UNIFORM_TP:
+        elif name == STOCK_TP:
             engine = width_engine(cfg, r.choice)
             overrides = tp_overrides(engine.width, engine.max_num_seqs)
-            label = f"stock verl at TP{engine.width} ({name}, the best uniform width in hindsight)"
+            label = f"stock verl at TP{engine.width} ({name}, the best single width in hindsight)"
         else:
             continue  # stock verl itself, group round-robin, or a reference no rollout layer can run
         noises = [x for x in (two_standard_errors((stock - r.makespans) / stock.mean()), redraw) if x]
@@ -278,14 +278,14 @@ def from_plan(plan, perf_spec: str) -> str:
 
 
 def switch_pays(widths) -> bool:
-    """A plan's strongest uniform width (:class:`core.simulation.planner.WidthPlan`) is not its own and beats stock
+    """A plan's strongest single width (:class:`core.simulation.planner.WidthPlan`) is not its own and beats stock
     verl at its own by more than two standard errors over the seeds."""
     noise = two_standard_errors(widths.best_per_seed)
     return widths.switch and noise is not None and np.mean(widths.best_per_seed) - 1 > noise
 
 
 def width_candidates(widths, perf_spec: str) -> list[Candidate]:
-    """Stock verl switched to a plan's strongest uniform width, and adaptive TailSieve on it where it left one shared
+    """Stock verl switched to a plan's strongest single width, and adaptive TailSieve on it where it left one shared
     pool there, each over stock verl at the plan's own width (noise: two standard errors over the seeds)."""
     switch = tp_overrides(widths.best, widths.best_max_num_seqs)
     out = [Candidate(f"stock verl at TP{widths.best}", float(np.mean(widths.best_per_seed)),

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from ..core.engine.perf import DEFAULT_PERF_MODEL, parse_perf_model
 from ..core.simulation.sim import (ALL_POLICIES, POLICIES, POOL_ENGINE_POLICIES, SPEC_POLICIES, STOCK_SPEC_POLICIES,
-                                   UNIFORM_TP, SimConfig, SimResult, simulate)
+                                   STOCK_TP, SimConfig, SimResult, simulate)
 from ..core.data.trace import read_trace
 from ..core.data.workload import PRESETS, PromptPool
 from .checks import output_dir, perf_model_file
@@ -48,7 +48,7 @@ def register(subparsers) -> None:
     p.add_argument("--seed", type=int, default=DEFAULTS.seed)
     p.add_argument("--policies", default=None,
                    help="comma-separated subset of " + ", ".join(ALL_POLICIES) + " (default: " + ",".join(POLICIES)
-                        + f", and {UNIFORM_TP}, stock verl at the best uniform width of the GPUs in hindsight, where a "
+                        + f", and {STOCK_TP}, stock verl at the best single width of the GPUs in hindsight, where a "
                         "bundled model shape prices the widths; best-static, the best fixed (q, m) "
                         "in hindsight, runs a grid of TailSieve runs: opt-in; verl-redraw, stock verl with its own length "
                         "draws, shows the run's noise floor; " + ", ".join(SPEC_POLICIES) + ": speculative decoding, "
@@ -84,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
     engine, speculation = engine_config_from_args(args, perf, spec_policies), speculation_from_args(args)
     widths = stock_widths(args, perf, engine)
     if args.policies is None and len(widths) > 1:
-        policies += (UNIFORM_TP,)
+        policies += (STOCK_TP,)
     pool_engines = pool_engines_from_args(args, engine, speculation)
     if any(pool_engines.values()) and not set(policies) & set(POOL_ENGINE_POLICIES):
         raise CLIError(f"--tail-*/--bulk-* speculation flags set TailSieve's pool engines, but no policy here has "
@@ -148,7 +148,7 @@ def _print_summary(result: SimResult, out: Path, plots: list) -> None:
     best_stock = result.best_stock
     # against the best stock configuration: a column of its own where stock speculation ran, or a wider width won
     vs_best = (result.speedup_vs(best_stock) if any(p in STOCK_SPEC_POLICIES for p in result.policies)
-               or best_stock == UNIFORM_TP else None)
+               or best_stock == STOCK_TP else None)
     table = Table(title=f"{c.steps} steps, workload {result.workload}, R={c.n_replicas}"
                         f"{f' × TP{c.engine.width}' if c.engine.width > 1 else ''}, B={c.batch_size}×{c.n}, {result.perf}")
     table.add_column("policy", no_wrap=True)
@@ -175,9 +175,9 @@ def _print_summary(result: SimResult, out: Path, plots: list) -> None:
         console.print("clairvoyant-* know each step's lengths and route one step at a time: references, not "
                       "deployable. TailSieve defers a long group by at most one step (max deferral), so a "
                       "TailSieve speedup above them is a bug until shown otherwise.")
-    if UNIFORM_TP in result.policies:
+    if STOCK_TP in result.policies:
         console.print(width_line(result), soft_wrap=True)
-    if best_stock and best_stock not in ("verl", UNIFORM_TP):
+    if best_stock and best_stock not in ("verl", STOCK_TP):
         console.print(f"best stock configuration: {best_stock} ({result.policies[best_stock].choice}); verl-spec and "
                       "verl-dynsd-best are picked in hindsight, which flatters stock verl.")
     for warning in result.warnings():
@@ -190,18 +190,18 @@ def _print_summary(result: SimResult, out: Path, plots: list) -> None:
 
 
 def width_line(result: SimResult) -> str:
-    """Stock verl at each uniform width of the run's GPUs against the run's own, and the strongest: the baseline."""
-    c, tp = result.config, result.policies[UNIFORM_TP]
+    """Stock verl at each single width of the run's GPUs against the run's own, and the strongest: the baseline."""
+    c, tp = result.config, result.policies[STOCK_TP]
     own = result.policies["verl"].mean_makespan_s if "verl" in result.policies else None
     gpus = c.n_replicas * c.engine.width
     runs = ", ".join(f"TP{t} × {gpus // t} {own / r.mean_makespan_s:.3f}×" if own else f"TP{t} × {gpus // t}"
                      for t, r in sorted(tp.alternatives.items()))
     best = int(tp.choice.removeprefix("tp="))
     if best == c.engine.width:
-        return f"stock verl at each uniform width of {gpus} GPUs ({UNIFORM_TP}): {runs}; the strongest, TP{best}, is " \
+        return f"stock verl at each single width of {gpus} GPUs ({STOCK_TP}): {runs}; the strongest, TP{best}, is " \
                "stock verl as run"
-    baseline = ", the baseline (vs best stock)" if result.best_stock == UNIFORM_TP else ""
+    baseline = ", the baseline (vs best stock)" if result.best_stock == STOCK_TP else ""
     tailsieve = ("it leaves one replica: no TailSieve split" if gpus // best < 2 else
                  f"TailSieve on it: rerun with --tensor-parallel-size {best} --replicas {gpus // best}")
-    return f"stock verl at each uniform width of {gpus} GPUs ({UNIFORM_TP}): {runs}; the strongest is TP{best}{baseline}; " \
+    return f"stock verl at each single width of {gpus} GPUs ({STOCK_TP}): {runs}; the strongest is TP{best}{baseline}; " \
            f"{tailsieve}"

@@ -167,7 +167,7 @@ CASES = [
     ("tp-without-a-model-shape", "simulate --engine-defaults none --tensor-parallel-size 2 --out out",
      "--tensor-parallel-size 2 prices a wider replica from a bundled model shape"),
     ("verl-tp-without-a-model-shape", "simulate --engine-defaults none --policies verl,verl-tp --out out",
-     "verl-tp prices stock verl at other uniform widths"),
+     "verl-tp prices stock verl at other single widths"),
     # closed-loop: everything checked before a server is contacted
     ("closed-loop-calibration-binary", f"closed-loop --url {SERVER} --calibration binary.jsonl", "not UTF-8 text"),
     ("closed-loop-out-is-calibration", f"closed-loop --url {SERVER} --calibration cal_nan.json --out cal_nan.json",

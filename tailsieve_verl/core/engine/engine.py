@@ -260,9 +260,9 @@ TP_WIDTHS = (1, 2, 4, 8)
 """The tensor-parallel widths a rollout replica takes within one 8-GPU node."""
 
 
-def uniform_widths(model: str, perf: PerfModel, engine: EngineConfig, gpus: int,
+def single_widths(model: str, perf: PerfModel, engine: EngineConfig, gpus: int,
                    seqs_per_gpu: float = 256) -> dict[int, EngineConfig]:
-    """Stock verl's engine at every uniform width on ``gpus`` GPUs: each width t of :data:`TP_WIDTHS` that divides
+    """Stock verl's engine at every single width on ``gpus`` GPUs: each width t of :data:`TP_WIDTHS` that divides
     the GPUs and ``model``'s KV heads, ``engine`` itself at its own width and every other one verl's rollout defaults
     at width t with ``engine``'s block size and token budget, admitting ``seqs_per_gpu`` × t requests (verl's 256 a
     GPU: at 256 a wide replica starves, what a user widening the replicas raises). Its KV cache comes from the model

@@ -38,7 +38,7 @@ POOL_ENGINE_POLICIES = ("tailsieve", "tailsieve-fixed", "best-static", "tailsiev
 STOCK_POLICIES = ("verl",) + STOCK_SPEC_POLICIES  # what a verl 0.9.1 user can run without TailSieve
 
 
-UNIFORM_TP = "verl-tp"  # stock verl at every uniform tensor-parallel width of the run's GPUs, the best in hindsight
+STOCK_TP = "verl-tp"  # stock verl at every single tensor-parallel width of the run's GPUs, the best in hindsight
 #   (SimConfig.stock_widths); a stock configuration too, weighed wherever it ran
 
 
@@ -49,7 +49,7 @@ REFERENCE_SPLITS = ("clairvoyant-split", "group-oracle-split", "prompt-oracle-sp
                     "record-oracle-split", "record-history-oracle-split")
 
 
-ALL_POLICIES = POLICIES + ("best-static", "verl-redraw", UNIFORM_TP) + SPEC_POLICIES + ("group-oracle-split", "prompt-oracle-split",
+ALL_POLICIES = POLICIES + ("best-static", "verl-redraw", STOCK_TP) + SPEC_POLICIES + ("group-oracle-split", "prompt-oracle-split",
                                                                           "history-oracle-split", "record-oracle-split",
                                                                           "record-history-oracle-split")
 
@@ -103,8 +103,8 @@ class SimConfig:
     #   speculation policies (:data:`SPEC_POLICIES`); its k scales vLLM's documented schedule
     spec_depths: tuple[int, ...] = SPEC_DEPTHS  # verl-spec's depths (best in hindsight); tailsieve-spec's
     #   tail pool speculates at the deepest
-    stock_widths: tuple[EngineConfig, ...] = ()  # verl-tp: stock verl's engine at each other uniform width, each on
-    #   the run's GPUs (n_replicas × engine.width) divided by its width (core.engine.engine.uniform_widths)
+    stock_widths: tuple[EngineConfig, ...] = ()  # verl-tp: stock verl's engine at each other single width, each on
+    #   the run's GPUs (n_replicas × engine.width) divided by its width (core.engine.engine.single_widths)
 
     def validate(self) -> None:
         if self.start_step < 0:
@@ -133,8 +133,8 @@ class SimConfig:
         gpus = self.n_replicas * self.engine.width
         if any(not isinstance(e, EngineConfig) or gpus % e.width for e in self.stock_widths):
             raise SimError(f"every stock width must be an EngineConfig of a width dividing the {gpus} GPUs")
-        if UNIFORM_TP in self.policies and not self.stock_widths:
-            raise SimError(f"{UNIFORM_TP} prices stock verl at other uniform widths; none is given (stock_widths: a "
+        if STOCK_TP in self.policies and not self.stock_widths:
+            raise SimError(f"{STOCK_TP} prices stock verl at other single widths; none is given (stock_widths: a "
                            "bundled model shape's, --engine-defaults)")
         if not isinstance(self.speculation, SpeculativeConfig):
             raise SimError(f"speculation must be a SpeculativeConfig, got {self.speculation!r}"[:200])

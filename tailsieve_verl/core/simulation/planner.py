@@ -33,8 +33,8 @@ mean steady-state makespan, and the plan's choice the fastest of TailSieve routi
 ``tailsieve-spec``, ``tailsieve-dynsd`` and that best stock configuration (the fallback). verl-spec and
 verl-dynsd-best pick their k or schedule per seed in hindsight, which flatters the stock bar.
 
-Given stock verl's engine at other uniform widths of the plan's GPUs (``widths``,
-:func:`core.engine.engine.uniform_widths`), the same seeds also run ``verl-tp`` (:class:`WidthPlan`): the strongest
+Given stock verl's engine at other single widths of the plan's GPUs (``widths``,
+:func:`core.engine.engine.single_widths`), the same seeds also run ``verl-tp`` (:class:`WidthPlan`): the strongest
 width is the one with the least mean steady-state makespan over the seeds, and where it is not the plan's own,
 TailSieve runs again on it (stock verl and adaptive TailSieve at that width, the same seeds and prompts), so that
 its gain is measured on top of the strongest stock width as well as against the plan's.
@@ -52,7 +52,7 @@ from ..engine.engine import EngineConfig, SpeculativeConfig
 from ..errors import TailSieveError
 from ..engine.perf import PerfModel
 from .forked import forked_map
-from .sim import (LAUNCH_SPEC_POLICIES, STOCK_POLICIES, UNIFORM_TP, SimConfig, SimResult, engine_label,
+from .sim import (LAUNCH_SPEC_POLICIES, STOCK_POLICIES, STOCK_TP, SimConfig, SimResult, engine_label,
                   simulate_runs, static_split_runner, tailsieve_spec_config)
 from .split_planner import prompt_copies, prompt_pool
 from ..data.trace import Trace
@@ -111,7 +111,7 @@ class EnginePlan:
 
 @dataclass(frozen=True)
 class WidthPlan:
-    """Stock verl at every uniform width of the plan's GPUs, and TailSieve on the strongest one."""
+    """Stock verl at every single width of the plan's GPUs, and TailSieve on the strongest one."""
 
     width: int  # the plan's own replicas' width
     gpus: int
@@ -165,7 +165,7 @@ class Plan:
     #   the best a per-prompt length predictor could reach on this workload (a reference, not deployable)
     fixed_out_of_sample: tuple[float, ...] = ()  # the fixed split's speedup on each seed it was not chosen on
     adaptive_left_stock: bool = True  # the adaptive controller used a tail pool on some step of some seed
-    widths: WidthPlan | None = None  # stock verl at every uniform width (given ``widths``: :func:`plan_from_trace`)
+    widths: WidthPlan | None = None  # stock verl at every single width (given ``widths``: :func:`plan_from_trace`)
 
     @property
     def fixed_out_of_sample_speedup(self) -> float | None:
@@ -204,7 +204,7 @@ class Plan:
                 "adaptive_left_stock": self.adaptive_left_stock,
                 "above_prompt_oracle": self.above_prompt_oracle} | (
                     self.engines.to_json() if self.engines else {}) | (
-                    {"uniform_widths": self.widths.to_json()} if self.widths else {})
+                    {"single_widths": self.widths.to_json()} if self.widths else {})
 
 
 def plan_from_trace(trace: Trace, n_replicas: int, perf: PerfModel, *, batch_size: int | None = None,
@@ -216,7 +216,7 @@ def plan_from_trace(trace: Trace, n_replicas: int, perf: PerfModel, *, batch_siz
     runs ``engine`` (default: no limit binds). ``batch_size`` defaults to :func:`trace_batch`'s. With ``speculation`` (acceptance, draft cost, k) the plan
     also chooses the engines (:func:`plan_engines`). ``jobs``: processes that simulate the seeds' policies side
     by side, the costliest first (the same plan: a policy's run depends on no other). ``widths``: stock verl's engine
-    at every uniform width of the plan's GPUs, ``engine`` at its own among them (:class:`WidthPlan`; None or one
+    at every single width of the plan's GPUs, ``engine`` at its own among them (:class:`WidthPlan`; None or one
     width: not weighed)."""
     if seeds < 1 or steps < 3:
         raise PlanError(f"need --seeds >= 1 and --steps >= 3, got {seeds}, {steps}")
@@ -230,7 +230,7 @@ def plan_from_trace(trace: Trace, n_replicas: int, perf: PerfModel, *, batch_siz
     if engine.speculative is not None and speculation is not None:
         raise PlanError("the plan chooses the engines' speculation: give the engine without it")
     others = tuple(e for t, e in (widths or {}).items() if t != engine.width)
-    policies = PLAN_POLICIES + (LAUNCH_SPEC_POLICIES if speculation else ()) + ((UNIFORM_TP,) if others else ())
+    policies = PLAN_POLICIES + (LAUNCH_SPEC_POLICIES if speculation else ()) + ((STOCK_TP,) if others else ())
     speedups, finals, runs = [], [], []
     configs = [SimConfig(steps=steps, n_replicas=n_replicas, batch_size=batch, n=group_size, seed=seed,
                          policies=policies, controller=controller or ControllerConfig(), prompt_record=False,
@@ -272,7 +272,7 @@ def _width_plan(results: list[SimResult], configs: list[SimConfig], pools: list[
     TailSieve and stock verl at it on the same seeds and prompts."""
     cfg = configs[0]
     width, gpus = cfg.engine.width, cfg.n_replicas * cfg.engine.width
-    per_width = {t: np.array([r.policies[UNIFORM_TP].alternatives[t].window_mean_s(steady) for r in results])
+    per_width = {t: np.array([r.policies[STOCK_TP].alternatives[t].window_mean_s(steady) for r in results])
                  for t in sorted(widths)}
     own = per_width[width]
     best = min(per_width, key=lambda t: per_width[t].mean())  # ties: the narrowest

@@ -9,7 +9,7 @@ import numpy as np
 from ..tailsieve.bias import ks_distance, ks_noise
 from ..engine.verify_cost import VerifyTable
 from ..kinds import Pool
-from .config import BASELINE, SPEC_POLICIES, STOCK_POLICIES, UNIFORM_TP, SimConfig
+from .config import BASELINE, SPEC_POLICIES, STOCK_POLICIES, STOCK_TP, SimConfig
 
 
 def _settings_json(settings) -> dict:
@@ -129,8 +129,8 @@ class SimResult:
     @property
     def best_stock(self) -> str | None:
         """The fastest stock configuration that ran (:data:`STOCK_POLICIES`: stock verl with or without
-        speculation; ``verl-tp``, its best uniform width), the bar TailSieve must clear; None when none ran."""
-        stock = [name for name in (*STOCK_POLICIES, UNIFORM_TP) if name in self.policies]
+        speculation; ``verl-tp``, its best single width), the bar TailSieve must clear; None when none ran."""
+        stock = [name for name in (*STOCK_POLICIES, STOCK_TP) if name in self.policies]
         return min(stock, key=lambda name: self.policies[name].mean_makespan_s, default=None)
 
     def length_bias(self) -> dict[str, tuple[float, float]]:

@@ -25,7 +25,7 @@ from ..tailsieve.selector import Cutoff, bulk_cutoff
 from ..kinds import Pool
 from ..data.trace import Group
 from ..data.workload import PromptPool
-from .config import STOCK_SPEC_POLICIES, UNIFORM_TP, Execute, SimConfig
+from .config import STOCK_SPEC_POLICIES, STOCK_TP, Execute, SimConfig
 from .results import GroupSpan, PolicyResult, StepRecord
 from .speculation import engine_label, stock_engines, with_speculation
 
@@ -184,7 +184,7 @@ class StaticRunner(_Runner):
     ``clairvoyant-*`` know this step's lengths (references, not deployable)."""
 
     NAMES = ("verl", "verl-redraw", "uniform", "clairvoyant-group", "clairvoyant-sample")
-    STOCK_ROUTING = ("verl", "verl-redraw", UNIFORM_TP) + STOCK_SPEC_POLICIES  # verl's per-sample least-in-flight
+    STOCK_ROUTING = ("verl", "verl-redraw", STOCK_TP) + STOCK_SPEC_POLICIES  # verl's per-sample least-in-flight
 
     def __init__(self, cfg: SimConfig, pool: PromptPool, perf: PerfModel, name: str, execute: Execute | None = None):
         self.name = name

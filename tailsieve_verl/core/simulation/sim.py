@@ -28,7 +28,7 @@ Policies:
   best in hindsight (its k named); vLLM's documented batch-size schedule (:func:`vllm_doc_schedule`); the
   best schedule of :func:`schedule_grid` in hindsight. With ``verl`` these are the stock configurations;
   ``best_stock`` names the fastest, the bar TailSieve must clear (opt-in).
-* ``verl-tp`` — stock verl at every uniform tensor-parallel width of the run's GPUs (TP t × G/t replicas,
+* ``verl-tp`` — stock verl at every single tensor-parallel width of the run's GPUs (TP t × G/t replicas,
   ``SimConfig.stock_widths``), the fastest in hindsight, its width named (:class:`UniformWidthRunner`): a
   stock configuration, weighed by ``best_stock`` (opt-in; ``simulate`` and ``plan`` run it where the model
   shape gives each width's KV cache).
@@ -96,7 +96,7 @@ from ..data.workload import PromptPool
 from .forked import forked_map
 from .config import (ALL_POLICIES, BASELINE, Execute, LAUNCH_SPEC_POLICIES, POLICIES, POOL_ENGINE_POLICIES,
                      REFERENCE_SPLITS, SimConfig, SimError, SPEC_POLICIES, STOCK_POLICIES, STOCK_SPEC_POLICIES,
-                     UNIFORM_TP)
+                     STOCK_TP)
 from .results import (GroupSpan, PolicyResult, SimResult, StepRecord)
 from .runners import (_Runner, FallbackRunner, Ledger, prompt_of, PromptStream, StaticRunner, step_times,
                       TailSieveRunner)
@@ -116,7 +116,7 @@ __all__ = ["ALL_POLICIES", "BASELINE", "BestStaticRunner", "ClairvoyantSplitRunn
            "REFERENCE_SPLITS", "SPEC_DEPTHS", "SPEC_POLICIES", "STOCK_POLICIES", "STOCK_SPEC_POLICIES", "SimConfig",
            "SimError", "SimResult", "StaticRunner", "StepRecord", "TailSieveRunner", "engine_label", "prompt_of",
            "schedule_grid", "schedule_text", "spec_label", "static_grid", "static_split_runner", "step_times",
-           "stock_engines", "stock_spec_runner", "tailsieve_spec_config", "UNIFORM_TP", "UniformWidthRunner", "vllm_doc_schedule", "with_speculation",
+           "stock_engines", "stock_spec_runner", "tailsieve_spec_config", "STOCK_TP", "UniformWidthRunner", "vllm_doc_schedule", "with_speculation",
            "adaptive_runner", "build_runners", "planner_for", "simulate", "simulate_runs"]
 
 
@@ -130,7 +130,7 @@ def build_runners(cfg: SimConfig, pool: PromptPool, perf: PerfModel,
             runners.append(StaticRunner(cfg, pool, perf, name, execute))
         elif name in STOCK_SPEC_POLICIES:
             runners.append(stock_spec_runner(cfg, pool, perf, name))
-        elif name == UNIFORM_TP:
+        elif name == STOCK_TP:
             runners.append(UniformWidthRunner(cfg, pool, perf, name))
         elif name == "tailsieve-auto":
             runners.append(FallbackRunner(cfg, pool, perf, name))
