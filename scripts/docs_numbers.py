@@ -68,7 +68,9 @@ def default_cells() -> dict[tuple[str, str, int], dict]:
     for key in dict.fromkeys((r["cell"], r["shape"], r["epoch"]) for r in runs):
         rs = [r for r in runs if (r["cell"], r["shape"], r["epoch"]) == key]
         ts = np.array([r["speedup_vs_verl"] for r in rs])
-        cells[key] = {"seeds": len(rs), "mean": float(ts.mean()), "worst": float(ts.min()),
+        noise = float(np.std([r["redraw_vs_verl"] for r in rs], ddof=1))  # one stock run against another's draws
+        cells[key] = {"seeds": len(rs), "mean": float(ts.mean()), "worst": float(ts.min()), "noise": noise,
+                      "below_noise": int((ts < 1 - 2 * noise).sum()), "below_097": int((ts < 0.97).sum()),
                       "split_steps": float(np.mean([r["split_steps"] for r in rs])),
                       "deferral": max(r["max_deferral_steps"] for r in rs),
                       "lost_dup_stale": sum(r["lost_dup_stale"] for r in rs),
@@ -111,15 +113,15 @@ def current_seeds() -> str:
 def current_detail() -> str:
     """docs/results.md's current table: every cell and epoch with its seeds, split steps and, in the first epoch,
     the per-prompt oracle."""
-    lines = ["| cell | shape | epoch | seeds | TailSieve, mean [worst run] | per-prompt oracle (first epoch) | "
-             "share of the oracle's gain | split steps | most steps a prompt waited |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines = ["| cell | shape | epoch | seeds | TailSieve, mean [worst run] | noise of a run (σ) | "
+             "per-prompt oracle (first epoch) | share of the oracle's gain | split steps | most steps a prompt waited |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for (cell, shape, epoch), c in sorted(default_cells().items(),
                                           key=lambda kv: (kv[0][2], SHAPES.index(kv[0][1]), kv[0][0])):
         oracle = c["oracle"]
         share = f"{(c['mean'] - 1) / (oracle - 1) * 100:.0f} %" if oracle is not None and oracle >= 1.05 else "–"
         lines.append(f"| {cell} | {shape} | {epoch} | {c['seeds']} | {c['mean']:.3f} [{c['worst']:.3f}] | "
-                     f"{'–' if oracle is None else f'{oracle:.3f}'} | {share} | {c['split_steps']:.1f} | {c['deferral']} |")
+                     f"{c['noise']:.3f} | {'–' if oracle is None else f'{oracle:.3f}'} | {share} | {c['split_steps']:.1f} | {c['deferral']} |")
     return "\n" + "\n".join(lines) + "\n"
 
 
@@ -161,6 +163,27 @@ def lowest_run() -> str:
     """The worst run of any cell and epoch, and its cell."""
     (cell, shape, epoch), c = min(default_cells().items(), key=lambda kv: kv[1]["worst"])
     return f"{c['worst']:.3f} ({cell} {_shape_label(shape)}, {EPOCHS[epoch]})"
+
+
+def runs_below_noise() -> str:
+    """TailSieve's runs below 0.97x stock verl, and below 1 - 2σ of their cell and epoch, σ the spread of one stock
+    verl run against another with its own length draws (``verl-redraw``): what an A/B of two stock runs reads."""
+    cells = default_cells().values()
+    return (f"{sum(c['below_097'] for c in cells)} of {sum(c['seeds'] for c in cells)} runs below 0.97×, "
+            f"{sum(c['below_noise'] for c in cells)} below 1 − 2σ of their cell")
+
+
+def plan_skill(shape: str = "64x8@16384") -> str:
+    """How well the planned probe foresees a split at ``shape``: over the default's runs there whose split steps were
+    measured, the correlation of the plan's predicted relative makespan with the split steps' makespan over stock
+    verl's on the same steps, and how many runs."""
+    runs = [r for r in _judge_runs() if r["rule"] == "new" and r["shape"] == shape and "plan" in r and "truth" in r]
+    return f"{np.corrcoef([r['plan'][0] for r in runs], [r['truth'] for r in runs])[0, 1]:.2f} over {len(runs)} runs"
+
+
+def noise_span(shape: str = "64x8@16384") -> str:
+    """σ of one stock verl run against another with its own length draws, over ``shape``'s cells and epochs."""
+    return _span([c["noise"] for (_, s, _), c in default_cells().items() if s == shape])
 
 
 def lowest_mean() -> str:
@@ -828,6 +851,9 @@ RENDERERS = {
     "elsewhere-count": elsewhere_count,
     "elsewhere-oracle-gain": elsewhere_oracle_gain,
     "lowest-run": lowest_run,
+    "runs-below-noise": runs_below_noise,
+    "noise-64x8": noise_span,
+    "plan-skill-64x8": plan_skill,
     "lowest-mean": lowest_mean,
     "judge-table": judge_table,
     "judge-worst-old": judge_worst_old,

@@ -9,9 +9,10 @@ clears ``probe_z`` standard errors of the plan, and left as soon as its fair rel
 against one shared pool's. ``--rule old`` runs the judge it replaced (the consumed batch's price alone, no standard
 errors) on the same draws.
 
-Per run: the speedup over stock verl on the measured steps (epoch 1: the whole 30-step run; later epochs: the steps
-after ``warm`` first-epoch ones, ``record_plan.py``'s later-epoch setup), the split steps among them, the most steps a
-prompt waited, lost/duplicated/stale prompts, and on the split steps: ``truth`` (their makespans over stock verl's on
+Per run: the speedup over stock verl over a whole 30-step run that starts at the epoch's first step (epoch 1: no
+prompt recurs; 2: every prompt ran once an epoch earlier and lengths have grown with the trend): a run measured from
+the controller's first step carries no work into its window from steps outside it (``window_mean_s`` pays carried-in
+work, not credits it), the split steps, the most steps a prompt waited, lost/duplicated/stale prompts, and on the split steps: ``truth`` (their makespans over stock verl's on
 the same steps), ``consumed_read`` (their makespans over the consumed batches' price, over one shared pool's measured
 ratio: what the old judge saw) and ``fair_read`` (the same over stock verl's price of the pulls: what the new judge
 sees). One JSON line per run::
@@ -32,7 +33,7 @@ import numpy as np
 
 from record_plan import map_to_jsonl, setting
 from signal_gap import CELLS
-from tailsieve_verl.core.simulation import sim
+from tailsieve_verl.core.simulation import sim, split_planner
 from tailsieve_verl.core.tailsieve import controller as ctl
 from tailsieve_verl.core.tailsieve.fluid import ConsumedBatch
 
@@ -54,6 +55,9 @@ def _tap(measure):
 
 
 ctl.HierarchicalController._measure_split = _tap(ctl.HierarchicalController._measure_split)
+_plans: list = []  # the plans of this process's runs (the tap below)
+_plan = split_planner.OnlineSplitPlanner.__call__
+split_planner.OnlineSplitPlanner.__call__ = lambda self, *args: _plans.append(_plan(self, *args)) or _plans[-1]
 
 
 def _old_rule(config: ctl.ControllerConfig) -> ctl.ControllerConfig:
@@ -65,21 +69,22 @@ def run(job: dict) -> dict:
     cfg, pool, perf, _ = setting(job, ("verl", "tailsieve"))
     controller = replace(cfg.controller, record_plan=False)
     old = job["rule"] == "old"
-    cfg = replace(cfg, policies=("verl", "tailsieve"), controller=_old_rule(controller) if old else controller)
+    cfg = replace(cfg, policies=("verl", "verl-redraw", "tailsieve"), controller=_old_rule(controller) if old else controller)
     real_fair_loss = ctl.HierarchicalController._fair_loss_resolved
     if old:
         ctl.HierarchicalController._fair_loss_resolved = lambda self, split, shared: False
     _seen.clear()
+    _plans.clear()
     try:
         result = sim.simulate(cfg, pool(), perf)
     finally:
         ctl.HierarchicalController._fair_loss_resolved = real_fair_loss
     stock, ts = result.policies["verl"], result.policies["tailsieve"]
-    measured = slice(None) if job["epoch"] == 1 else slice(job["warm"] + 1, None)
-    first = range(len(stock.records))[measured].start
-    out = {**job, "speedup_vs_verl": stock.window_mean_s(measured) / ts.window_mean_s(measured),
-           "split_steps": sum(r.m > 0 for r in ts.records[measured]), "max_deferral_steps": ts.max_deferral_steps,
-           "lost_dup_stale": ts.lost + ts.duplicated + ts.stale}
+    out = {**job, "speedup_vs_verl": stock.mean_makespan_s / ts.mean_makespan_s,
+           "redraw_vs_verl": stock.mean_makespan_s / result.policies["verl-redraw"].mean_makespan_s,
+           "split_steps": sum(r.m > 0 for r in ts.records), "max_deferral_steps": ts.max_deferral_steps,
+           "lost_dup_stale": ts.lost + ts.duplicated + ts.stale,
+           **({"plan": [_plans[-1].relative, _plans[-1].spread, _plans[-1].q, _plans[-1].m]} if _plans else {})}
     # the run's own controller: the one that measured the most split steps (the planner's run a few steps each)
     by_controller: dict[int, list] = {}
     for s in _seen:
@@ -87,7 +92,6 @@ def run(job: dict) -> dict:
     steps = max(by_controller.values(), key=len, default=[])
     shared_record = steps[0]["controller"].state.splits.get(0) if steps else None
     shared = shared_record.fair.mean if shared_record is not None and shared_record.fair.n else None
-    steps = [s for s in steps if s["step"] - 1 >= first]
     if steps and shared:
         makespan = sum(s["makespan_s"] for s in steps)
         out.update(truth=makespan / sum(stock.records[s["step"] - 1].makespan_s for s in steps),
@@ -102,7 +106,7 @@ def main() -> int:
     ap.add_argument("--shapes", default="64x8@16384")
     ap.add_argument("--seeds", type=int, default=2)
     ap.add_argument("--first-seed", type=int, default=0)
-    ap.add_argument("--epochs", default="1,2", help="1: a 30-step first epoch; 2: record_plan.py's later-epoch setup")
+    ap.add_argument("--epochs", default="1,2", help="runs of 30 steps from the first step of these epochs")
     ap.add_argument("--rules", default="new", help="new (the controller's judge), old (the one it replaced), or both")
     ap.add_argument("--trend", type=float, default=0.004)
     ap.add_argument("--pool", type=int, default=17000)
@@ -116,13 +120,11 @@ def main() -> int:
     jobs = []
     for epoch in map(int, args.epochs.split(",")):
         for shape in args.shapes.split(","):
-            later = {"warm": 8, "steps": 12 if shape.startswith("512x") else 10}
             for cell in args.cells.split(","):
                 for seed in range(args.first_seed, args.first_seed + args.seeds):
                     for rule in args.rules.split(","):
                         jobs.append({"cell": cell, "shape": shape, "seed": seed, "epoch": epoch, "rule": rule,
-                                     "trend": args.trend, "pool": args.pool,
-                                     **({"warm": 0, "steps": 29} if epoch == 1 else later)})
+                                     "trend": args.trend, "pool": args.pool, "warm": 0, "steps": 29})
     map_to_jsonl(run, jobs, args.jobs, args.out)
     return 0
 
