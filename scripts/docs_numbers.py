@@ -181,9 +181,10 @@ def plan_skill(shape: str = "64x8@16384") -> str:
     return f"{np.corrcoef([r['plan'][0] for r in runs], [r['truth'] for r in runs])[0, 1]:.2f} over {len(runs)} runs"
 
 
-def noise_span(shape: str = "64x8@16384") -> str:
-    """σ of one stock verl run against another with its own length draws, over ``shape``'s cells and epochs."""
-    return _span([c["noise"] for (_, s, _), c in default_cells().items() if s == shape])
+def noise_below() -> str:
+    """σ, one stock verl run against another with its own length draws, in the cells and epochs that hold a run of
+    TailSieve below 0.97x stock verl."""
+    return _span([c["noise"] for c in default_cells().values() if c["below_097"]])
 
 
 def lowest_mean() -> str:
@@ -852,7 +853,7 @@ RENDERERS = {
     "elsewhere-oracle-gain": elsewhere_oracle_gain,
     "lowest-run": lowest_run,
     "runs-below-noise": runs_below_noise,
-    "noise-64x8": noise_span,
+    "noise-below": noise_below,
     "plan-skill-64x8": plan_skill,
     "lowest-mean": lowest_mean,
     "judge-table": judge_table,
