@@ -55,9 +55,18 @@ def _tap(measure):
 
 
 ctl.HierarchicalController._measure_split = _tap(ctl.HierarchicalController._measure_split)
-_plans: list = []  # the plans of this process's runs (the tap below)
-_plan = split_planner.OnlineSplitPlanner.__call__
-split_planner.OnlineSplitPlanner.__call__ = lambda self, *args: _plans.append(_plan(self, *args)) or _plans[-1]
+_plans: list = []  # every plan the planners of this process made (the tap below)
+
+
+def _tap_plans(plan):
+    """Each plan the planner returns (read only)."""
+    def tapped(self, *args):
+        _plans.append(plan(self, *args))
+        return _plans[-1]
+    return tapped
+
+
+split_planner.OnlineSplitPlanner.__call__ = _tap_plans(split_planner.OnlineSplitPlanner.__call__)
 
 
 def _old_rule(config: ctl.ControllerConfig) -> ctl.ControllerConfig:

@@ -85,9 +85,9 @@ def pool_speculation_overrides(pool: str, label: str) -> str:
 
 
 def tp_overrides(width: int, max_num_seqs: int | None) -> str:
-    """The verl overrides that launch every rollout replica at ``width`` GPUs with that admission cap."""
-    cap = f" actor_rollout_ref.rollout.max_num_seqs={max_num_seqs}" if max_num_seqs else ""
-    return f"actor_rollout_ref.rollout.tensor_model_parallel_size={width}{cap}"
+    """The verl overrides that launch every rollout replica at ``width`` GPUs admitting ``max_num_seqs`` requests."""
+    seqs = f" actor_rollout_ref.rollout.max_num_seqs={max_num_seqs}" if max_num_seqs else ""
+    return f"actor_rollout_ref.rollout.tensor_model_parallel_size={width}{seqs}"
 
 
 def adaptive_start(q: int, m: int) -> str:

@@ -188,7 +188,6 @@ def _print_summary(result: SimResult, out: Path, plots: list) -> None:
     console.print(f"wrote {out / 'simulate.json'}" + "".join(f", {p}" for p in plots))
 
 
-
 def width_line(result: SimResult) -> str:
     """Stock verl at each single width of the run's GPUs against the run's own, and the strongest: the baseline."""
     c, tp = result.config, result.policies[STOCK_TP]

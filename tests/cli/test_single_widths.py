@@ -30,7 +30,7 @@ def _run(module, argv: list[str], capsys) -> list[str]:
 
 def test_plan_switches_stock_verl_to_the_width_that_wins_and_prices_tailsieve_on_it(capsys):
     """The MoE on 8 GPUs (its 4 KV heads allow TP1, TP2, TP4): a one-GPU replica keeps little KV cache beside the
-    weights, so a wider stock layout wins; the plan names it, gives the overrides that switch to it (the admission cap
+    weights, so a wider stock layout wins; the plan names it, gives the overrides that switch to it (max_num_seqs
     at 256 a GPU with it) and measures TailSieve on top of that same width."""
     argv = ["plan", *SHORT, "--pool-size", "64", "--batch", "32", "--perf-model", "table:h200-moe"]
     lines = _run(plan_cli, argv, capsys)
@@ -86,7 +86,7 @@ def test_simulate_recommends_the_strongest_width_with_its_overrides(tmp_path, ca
 
 def test_simulate_at_a_width_runs_every_policy_on_replicas_of_that_width(tmp_path, capsys):
     """--tensor-parallel-size T: --replicas counts replicas of T GPUs; stock verl is priced at every width of those
-    GPUs, its own width as run (verl's cap 256), the others at 256 a GPU."""
+    GPUs, its own width as run (verl's max_num_seqs 256), the others at 256 a GPU."""
     _run(simulate_cli, ["simulate", "--workload", "real", "--n", "8", "--batch", "16", "--replicas", "2",
                         "--tensor-parallel-size", "4", "--perf-model", "table:h200-dense:qwen3-8b", "--steps", "3",
                         "--policies", "verl,tailsieve,verl-tp", "--jobs", "1", "--out", str(tmp_path),

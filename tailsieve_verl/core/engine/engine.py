@@ -215,7 +215,7 @@ class EngineConfig:
                                     f"{1 + self.speculative.num_speculative_tokens} verify tokens")
 
     @property
-    def binds_beyond_cap(self) -> bool:
+    def binds_beyond_max_num_seqs(self) -> bool:
         """Whether anything but max_num_seqs shapes the run (else the closed form is exact)."""
         return (self.num_gpu_blocks is not None or self.max_num_batched_tokens is not None
                 or self.prefill_s_per_token > 0 or self.speculative is not None)

@@ -44,7 +44,7 @@ def simulate_replica(lengths: Sequence[int], perf: PerfModel, prompt_lens: Seque
     if np.any(lengths < 0):
         raise ValueError("response lengths must be >= 0")
     prompt = np.zeros(n, dtype=np.int64) if prompt_lens is None else np.asarray(prompt_lens, dtype=np.int64)
-    if engine.binds_beyond_cap:
+    if engine.binds_beyond_max_num_seqs:
         group_ids = None if groups is None else _first_seen_labels(np.asarray(groups))
         key = (id(perf), engine, lengths.tobytes(), prompt.tobytes(), None if group_ids is None else group_ids.tobytes())
         cached = _RUNS.get(key)

@@ -168,19 +168,20 @@ class SetCost:
         total = sum(len(x) for x in self.lengths)
         max_len = max((int(x.max()) for x in self.lengths if len(x)), default=0)
         prompt_lens = {g.prompt_len for g in self.groups}
-        uncapped = not engine.binds_beyond_cap and (engine.max_num_seqs is None or engine.max_num_seqs >= total)
+        unlimited = not engine.binds_beyond_max_num_seqs and (engine.max_num_seqs is None
+                                                               or engine.max_num_seqs >= total)
         # Round the step axis up to a power of two so instances of one workload share a table.
         steps = 1 << max(0, int(max_len - 1).bit_length())
         small = (total + 1) * (steps + 1) <= MAX_TABLE_CELLS
         self.table = (StepCostTable.shared(perf, total, steps, prompt_lens.pop())
-                      if uncapped and len(prompt_lens) == 1 and small else None)
+                      if unlimited and len(prompt_lens) == 1 and small else None)
         self.bounded = self.table is not None
         # Adding a group never shortens a replica: true for a step model non-decreasing in active
         # requests when every request starts at t=0 with one prompt length (no FIFO anomalies).
         if self.table is not None:
             self.monotone = self.table.monotone
         else:
-            self.monotone = uncapped and len({g.prompt_len for g in self.groups}) == 1 and \
+            self.monotone = unlimited and len({g.prompt_len for g in self.groups}) == 1 and \
                 _monotone_in_active(perf, total, max_len + self.groups[0].prompt_len)
         self._cache: dict[tuple[int, ...], float] = {}
 

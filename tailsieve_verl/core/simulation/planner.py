@@ -117,7 +117,7 @@ class WidthPlan:
     gpus: int
     speedups: dict  # width -> stock verl there, its mean steady-state speedup over stock verl at ``width``
     best: int  # the strongest width: the least mean steady-state makespan over the seeds
-    best_max_num_seqs: int | None  # its admission cap (part of switching to it)
+    best_max_num_seqs: int | None  # its max_num_seqs (part of switching to it)
     best_per_seed: tuple[float, ...]  # stock verl at ``best`` over stock verl at ``width``, per seed
     tailsieve: tuple[float, ...] = ()  # adaptive TailSieve at ``best`` over stock verl at ``best``, per seed
     #   (empty where ``best`` is the plan's own width, or leaves one replica: no split)

@@ -242,7 +242,7 @@ class BestStaticRunner(HindsightRunner):
         return f"q={key[0]}, m={key[1]}"
 
 
-class UniformWidthRunner(HindsightRunner):
+class SingleWidthRunner(HindsightRunner):
     """``verl-tp``: stock verl at every single width of the run's GPUs (``cfg.engine`` on ``cfg.n_replicas``
     replicas, each of ``cfg.stock_widths`` on the GPUs over its width), the fastest in hindsight: a width is fixed
     at launch, so a user picks it once, as this does over the whole run."""

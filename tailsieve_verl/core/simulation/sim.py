@@ -29,7 +29,7 @@ Policies:
   best schedule of :func:`schedule_grid` in hindsight. With ``verl`` these are the stock configurations;
   ``best_stock`` names the fastest, the bar TailSieve must clear (opt-in).
 * ``verl-tp`` — stock verl at every single tensor-parallel width of the run's GPUs (TP t × G/t replicas,
-  ``SimConfig.stock_widths``), the fastest in hindsight, its width named (:class:`UniformWidthRunner`): a
+  ``SimConfig.stock_widths``), the fastest in hindsight, its width named (:class:`SingleWidthRunner`): a
   stock configuration, weighed by ``best_stock`` (opt-in; ``simulate`` and ``plan`` run it where the model
   shape gives each width's KV cache).
 * ``tailsieve-spec`` — TailSieve with route-specialised speculation: the tail pool (pinned at
@@ -102,7 +102,7 @@ from .runners import (_Runner, FallbackRunner, Ledger, prompt_of, PromptStream, 
                       TailSieveRunner)
 from .references import (BestStaticRunner, ClairvoyantSplitRunner, GroupOracleSplitRunner, HindsightRunner,
                          PromptOracleSplitRunner, HistoryOracleSplitRunner, RecordOracleSplitRunner,
-                         RecordHistoryOracleSplitRunner, UniformWidthRunner, static_grid, static_split_runner,
+                         RecordHistoryOracleSplitRunner, SingleWidthRunner, static_grid, static_split_runner,
                          stock_spec_runner)
 from .split_planner import planner_for
 from .step_split import step_planner_for
@@ -116,7 +116,8 @@ __all__ = ["ALL_POLICIES", "BASELINE", "BestStaticRunner", "ClairvoyantSplitRunn
            "REFERENCE_SPLITS", "SPEC_DEPTHS", "SPEC_POLICIES", "STOCK_POLICIES", "STOCK_SPEC_POLICIES", "SimConfig",
            "SimError", "SimResult", "StaticRunner", "StepRecord", "TailSieveRunner", "engine_label", "prompt_of",
            "schedule_grid", "schedule_text", "spec_label", "static_grid", "static_split_runner", "step_times",
-           "stock_engines", "stock_spec_runner", "tailsieve_spec_config", "STOCK_TP", "UniformWidthRunner", "vllm_doc_schedule", "with_speculation",
+           "stock_engines", "stock_spec_runner", "tailsieve_spec_config", "STOCK_TP", "SingleWidthRunner", "vllm_doc_schedule",
+           "with_speculation",
            "adaptive_runner", "build_runners", "planner_for", "simulate", "simulate_runs"]
 
 
@@ -131,7 +132,7 @@ def build_runners(cfg: SimConfig, pool: PromptPool, perf: PerfModel,
         elif name in STOCK_SPEC_POLICIES:
             runners.append(stock_spec_runner(cfg, pool, perf, name))
         elif name == STOCK_TP:
-            runners.append(UniformWidthRunner(cfg, pool, perf, name))
+            runners.append(SingleWidthRunner(cfg, pool, perf, name))
         elif name == "tailsieve-auto":
             runners.append(FallbackRunner(cfg, pool, perf, name))
         elif name == "clairvoyant-split":
